@@ -1,0 +1,1 @@
+"""Everything about engines: adapters per engine kind, launch specs, meters, the simulator."""

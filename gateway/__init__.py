@@ -1,0 +1,1 @@
+"""The wattgate proxy: HTTP API, routing, streaming relay, timing, SLOs, tenants."""

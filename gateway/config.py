@@ -1,0 +1,421 @@
+"""Typed, frozen gateway configuration, validated once at the edge.
+
+`load_config(path)` reads YAML and returns a `GatewayConfig` or raises `ConfigError` naming the
+field path (e.g. `models[0].endpoints[1].precision`) and the allowed values. Nothing here
+touches the network; API keys are resolved from environment variables or stored as SHA-256
+hashes and are never printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.errors import ConfigError
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
+ENGINE_KINDS: tuple[str, ...] = ("vllm", "trtllm", "openai")
+ROUTING_POLICIES: tuple[str, ...] = ("round_robin", "least_load", "prefix_affinity")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One engine server behind a model alias."""
+
+    name: str
+    url: str
+    kind: str
+    precision: str
+    gpus: int = 1
+    upstream_model: str = ""  # model name the engine serves; defaults to the alias
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelPool:
+    name: str
+    endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionPolicy:
+    allowed: tuple[str, ...] = PRECISIONS
+    preferred: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    key_sha256: str = field(repr=False)
+    slo_class: str
+    precision: PrecisionPolicy = PrecisionPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    name: str
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 2.0
+    first_byte_s: float = 60.0  # request sent -> response headers
+    read_s: float = 30.0  # longest silence between two reads of a stream
+    total_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    max_attempts: int = 3
+    deadline_s: float = 10.0  # no new attempt starts after this many seconds
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheck:
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    unhealthy_after: int = 2  # consecutive failures before ejection
+    healthy_after: int = 1  # consecutive successes before recovery
+    scrape_metrics: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    policy: str = "least_load"
+    prefix_chars: int = 256
+    load_bound: float = 1.25  # prefix_affinity: skip endpoints above bound x mean load
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    listen: Listen
+    models: tuple[ModelPool, ...]
+    tenants: tuple[Tenant, ...]
+    slo_classes: tuple[SloClass, ...]
+    default_slo_class: str
+    routing: Routing = Routing()
+    timeouts: Timeouts = Timeouts()
+    retries: Retries = Retries()
+    health: HealthCheck = HealthCheck()
+    max_body_bytes: int = 4 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+    admin_key_sha256: str = field(default="", repr=False)
+    auth_required: bool = True
+
+    def model(self, name: str) -> ModelPool | None:
+        for pool in self.models:
+            if pool.name == name:
+                return pool
+        return None
+
+    def slo(self, name: str) -> SloClass:
+        for slo in self.slo_classes:
+            if slo.name == name:
+                return slo
+        raise KeyError(name)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# --- validation helpers -------------------------------------------------------------------
+
+
+class _Reader:
+    """Reads one mapping of the YAML tree, remembering its path for error messages."""
+
+    def __init__(self, data: Any, path: str):
+        if not isinstance(data, Mapping):
+            raise ConfigError(path or "<root>", f"expected a mapping, got {type(data).__name__}")
+        self.data = data
+        self.path = path
+        self.used: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        return self.data.get(key, default)
+
+    def str(self, key: str, default: str | None = None) -> str:
+        value = self.get(key, default)
+        if value is None:
+            raise ConfigError(self.at(key), "is required")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.at(key), "must be a non-empty string")
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> str:
+        value = self.str(key, default)
+        if value not in allowed:
+            raise ConfigError(self.at(key), f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def num(self, key: str, default: float | None, *, minimum: float = 0.0,
+            inclusive: bool = False) -> float:
+        """A number > minimum (>= minimum when inclusive)."""
+        value = self.get(key, default)
+        if value is None:
+            raise ConfigError(self.at(key), "is required")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(self.at(key), "must be a number")
+        if value < minimum or (value == minimum and not inclusive):
+            raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
+        return float(value)
+
+    def opt_num(self, key: str) -> float | None:
+        if self.get(key) is None:
+            return None
+        return self.num(key, None)
+
+    def int(self, key: str, default: int | None, *, minimum: int = 1) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.at(key), "must be an integer")
+        if value < minimum:
+            raise ConfigError(self.at(key), f"must be >= {minimum}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(self.at(key), "must be true or false")
+        return value
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.get(key) or {}, self.at(key))
+
+    def items(self, key: str, *, required: bool = True) -> list[tuple[str, Any]]:
+        value = self.get(key)
+        if value is None and not required:
+            return []
+        if not isinstance(value, list) or (required and not value):
+            raise ConfigError(self.at(key), "must be a non-empty list")
+        return [(f"{self.at(key)}[{i}]", item) for i, item in enumerate(value)]
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise ConfigError(self.at(str(unknown[0])), "unknown field")
+
+
+def _secret_hash(r: _Reader, env: Mapping[str, str], prefix: str, *, required: bool) -> str:
+    """A key given as `<prefix>_env` (env var name) or `<prefix>_sha256` (hex digest)."""
+    env_name = r.get(f"{prefix}_env")
+    digest = r.get(f"{prefix}_sha256")
+    if env_name and digest:
+        raise ConfigError(r.at(f"{prefix}_env"), f"give {prefix}_env or {prefix}_sha256, not both")
+    if digest:
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise ConfigError(r.at(f"{prefix}_sha256"), "must be 64 hex digits (sha256)")
+        try:
+            int(digest, 16)
+        except ValueError:
+            raise ConfigError(r.at(f"{prefix}_sha256"), "must be 64 hex digits") from None
+        return digest.lower()
+    if env_name:
+        if not isinstance(env_name, str):
+            raise ConfigError(r.at(f"{prefix}_env"), "must be an environment variable name")
+        value = env.get(env_name)
+        if not value:
+            raise ConfigError(r.at(f"{prefix}_env"), f"environment variable {env_name} is unset")
+        return hash_key(value)
+    if required:
+        raise ConfigError(r.at(f"{prefix}_env"), f"one of {prefix}_env or {prefix}_sha256 is required")
+    return ""
+
+
+def _precisions(r: _Reader, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = r.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        raise ConfigError(r.at(key), "must be a list of precisions")
+    for i, p in enumerate(value):
+        if p not in PRECISIONS:
+            raise ConfigError(f"{r.at(key)}[{i}]", f"{p!r} is not one of {', '.join(PRECISIONS)}")
+    return tuple(value)
+
+
+def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
+    r = _Reader(raw, path)
+    url = r.str("url").rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(r.at("url"), "must start with http:// or https://")
+    ep = Endpoint(
+        name=r.str("name", url.split("://", 1)[1]),
+        url=url,
+        kind=r.choice("kind", ENGINE_KINDS, "vllm"),
+        precision=r.choice("precision", PRECISIONS),
+        gpus=r.int("gpus", 1),
+        upstream_model=r.str("model", alias),
+        weight=r.num("weight", 1.0),
+    )
+    r.finish()
+    return ep
+
+
+def _models(root: _Reader) -> tuple[ModelPool, ...]:
+    pools = []
+    seen_endpoints: set[str] = set()
+    for path, raw in root.items("models"):
+        r = _Reader(raw, path)
+        name = r.str("name")
+        if "@" in name:
+            raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
+        endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
+        for i, ep in enumerate(endpoints):
+            if ep.name in seen_endpoints:
+                raise ConfigError(f"{r.at('endpoints')}[{i}].name", f"duplicate endpoint {ep.name!r}")
+            seen_endpoints.add(ep.name)
+        r.finish()
+        if any(p.name == name for p in pools):
+            raise ConfigError(r.at("name"), f"duplicate model {name!r}")
+        pools.append(ModelPool(name=name, endpoints=endpoints))
+    return tuple(pools)
+
+
+def _slo_classes(root: _Reader) -> tuple[SloClass, ...]:
+    raw = root.get("slo_classes") or {"default": {}}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(root.at("slo_classes"), "must be a mapping of name -> limits")
+    out = []
+    for name, limits in raw.items():
+        r = _Reader(limits or {}, f"{root.at('slo_classes')}.{name}")
+        out.append(
+            SloClass(
+                name=str(name), ttft_s=r.opt_num("ttft_s"), tpot_s=r.opt_num("tpot_s"),
+                e2e_s=r.opt_num("e2e_s"),
+            )
+        )
+        r.finish()
+    return tuple(out)
+
+
+def _tenants(root: _Reader, env: Mapping[str, str], slo_names: set[str], default_slo: str
+             ) -> tuple[Tenant, ...]:
+    tenants = []
+    for path, raw in root.items("tenants", required=False):
+        r = _Reader(raw, path)
+        name = r.str("name")
+        slo = r.str("slo_class", default_slo)
+        if slo not in slo_names:
+            raise ConfigError(r.at("slo_class"), f"{slo!r} is not one of {', '.join(sorted(slo_names))}")
+        pr = r.sub("precisions")
+        allowed = _precisions(pr, "allowed", PRECISIONS)
+        preferred = _precisions(pr, "preferred", ())
+        bad = [p for p in preferred if p not in allowed]
+        if bad:
+            raise ConfigError(pr.at("preferred"), f"{bad[0]!r} is not in allowed")
+        pr.finish()
+        tenant = Tenant(
+            name=name, key_sha256=_secret_hash(r, env, "api_key", required=True), slo_class=slo,
+            precision=PrecisionPolicy(allowed=allowed, preferred=preferred),
+        )
+        r.finish()
+        if any(t.key_sha256 == tenant.key_sha256 for t in tenants):
+            raise ConfigError(path, "two tenants share one API key")
+        tenants.append(tenant)
+    return tuple(tenants)
+
+
+def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Validate a decoded YAML document into a GatewayConfig (pure; env passed in)."""
+    env = os.environ if env is None else env
+    root = _Reader(data if data is not None else {}, "")
+    lr = root.sub("listen")
+    listen = Listen(host=lr.str("host", "127.0.0.1"), port=lr.int("port", 8080, minimum=0))
+    lr.finish()
+    slo_classes = _slo_classes(root)
+    slo_names = {s.name for s in slo_classes}
+    default_slo = root.str("default_slo_class", slo_classes[0].name)
+    if default_slo not in slo_names:
+        raise ConfigError("default_slo_class", f"{default_slo!r} is not one of {', '.join(sorted(slo_names))}")
+    tenants = _tenants(root, env, slo_names, default_slo)
+    rr = root.sub("routing")
+    routing = Routing(
+        policy=rr.choice("policy", ROUTING_POLICIES, "least_load"),
+        prefix_chars=rr.int("prefix_chars", 256),
+        load_bound=rr.num("load_bound", 1.25, minimum=1.0, inclusive=True),
+    )
+    rr.finish()
+    tr = root.sub("timeouts")
+    timeouts = Timeouts(
+        connect_s=tr.num("connect_s", 2.0), first_byte_s=tr.num("first_byte_s", 60.0),
+        read_s=tr.num("read_s", 30.0), total_s=tr.num("total_s", 600.0),
+    )
+    tr.finish()
+    rt = root.sub("retries")
+    retries = Retries(max_attempts=rt.int("max_attempts", 3), deadline_s=rt.num("deadline_s", 10.0))
+    rt.finish()
+    hr = root.sub("health")
+    health = HealthCheck(
+        interval_s=hr.num("interval_s", 2.0), timeout_s=hr.num("timeout_s", 1.0),
+        unhealthy_after=hr.int("unhealthy_after", 2), healthy_after=hr.int("healthy_after", 1),
+        scrape_metrics=hr.bool("scrape_metrics", True),
+    )
+    hr.finish()
+    ar = root.sub("admin")
+    admin_hash = _secret_hash(ar, env, "api_key", required=False)
+    ar.finish()
+    config = GatewayConfig(
+        listen=listen,
+        models=_models(root),
+        tenants=tenants,
+        slo_classes=slo_classes,
+        default_slo_class=default_slo,
+        routing=routing,
+        timeouts=timeouts,
+        retries=retries,
+        health=health,
+        max_body_bytes=root.int("max_body_bytes", 4 * 1024 * 1024),
+        drain_timeout_s=root.num("drain_timeout_s", 30.0),
+        admin_key_sha256=admin_hash,
+        auth_required=root.bool("auth_required", True),
+    )
+    if config.auth_required and not tenants:
+        raise ConfigError("tenants", "at least one tenant is required when auth_required is true")
+    root.finish()
+    return config
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a YAML config file; raises ConfigError naming the bad field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(p), f"invalid YAML: {exc}") from None
+    return parse_config(data, env)
+
+
+def normalised(config: GatewayConfig) -> dict[str, Any]:
+    """The config as plain data for `wattgate config check`; secrets shown only as present."""
+    from dataclasses import asdict
+
+    data = asdict(config)
+    for tenant in data["tenants"]:
+        tenant["key_sha256"] = "<set>"
+    data["admin_key_sha256"] = "<set>" if config.admin_key_sha256 else "<unset>"
+    return data

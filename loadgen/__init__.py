@@ -1,0 +1,1 @@
+"""Load generation: arrivals, workloads, traces, client, runner, metrics, reports."""

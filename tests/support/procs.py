@@ -1,0 +1,79 @@
+"""Start real processes on 127.0.0.1 free ports for integration tests, and always stop them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wattgate_cmd(*args: str) -> list[str]:
+    """The `wattgate` CLI run with this interpreter (works without the console script)."""
+    return [sys.executable, "-m", "wattgate_cli", *args]
+
+
+def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status < 500:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+            last = exc
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout_s}s: {last}")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def running(cmd: Sequence[str], ready_url: str | None = None, *, timeout_s: float = 30.0,
+            env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` in its own process group; wait for `ready_url`; kill the group on exit."""
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        if ready_url:
+            wait_http(ready_url, timeout_s, proc)
+        yield proc
+    finally:
+        stop(proc)
+        if log:
+            out.close()  # type: ignore[union-attr]
