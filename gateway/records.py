@@ -1,0 +1,50 @@
+"""The record every finished request emits; it feeds Prometheus and the accounting service.
+
+Durations use the monotonic clock (seconds); `arrived_wall_s` anchors them to wall-clock time
+for the ledger and the interval grid: wall(t) = arrived_wall_s + (t - arrived_s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.timing import Latency
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    tenant: str
+    model: str
+    engine: str  # endpoint name; "" when no endpoint was chosen
+    precision: str  # "" when no endpoint was chosen
+    slo_class: str
+    status: str  # "ok" or an error code (e.g. "upstream_timeout", "invalid_json")
+    http_status: int
+    stream: bool
+    arrived_wall_s: float
+    arrived_s: float
+    dispatched_s: float | None  # last upstream attempt sent
+    first_byte_s: float | None
+    first_token_s: float | None
+    finished_s: float
+    reads: tuple[tuple[float, int], ...]  # (monotonic s, token-bearing events in that read)
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+    latency: Latency
+    slo_met: bool
+
+    def wall(self, t_s: float) -> float:
+        """Wall-clock seconds of a monotonic timestamp of this request."""
+        return self.arrived_wall_s + (t_s - self.arrived_s)
+
+    @property
+    def gateway_queue_s(self) -> float | None:
+        """Time spent in the gateway before the (last) upstream dispatch."""
+        return None if self.dispatched_s is None else self.dispatched_s - self.arrived_s
+
+    @property
+    def upstream_s(self) -> float | None:
+        """Time from dispatch to the end of the response."""
+        return None if self.dispatched_s is None else self.finished_s - self.dispatched_s

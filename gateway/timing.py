@@ -1,0 +1,108 @@
+"""Latency metrics from a request's timeline (pure). Names and definitions follow `vllm bench serve`.
+
+- TTFT: first token-bearing SSE event - request start (not the first byte).
+- TPOT: (last token event - first token event) / (completion_tokens - 1), from the server's usage
+  count, never from counting chunks (engines coalesce several tokens per event).
+- ITL: every gap between consecutive token-bearing events. Events that arrived in one read share
+  one timestamp, so their gaps are 0, as in `vllm bench serve`'s client.
+- Token-normalised ITL: each gap divided by the mean tokens per event of the request
+  ((completion_tokens - 1) / (events - 1)), because a chunk may carry more than one token.
+- E2E: last token event (or the end of a non-streamed body) - request start.
+
+GuideLLM and AIPerf call vLLM's TPOT "ITL"; here ITL always means the per-gap value.
+All times are seconds on one monotonic clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.config import SloClass
+
+
+def ttft_s(start_s: float, first_token_s: float | None) -> float | None:
+    return None if first_token_s is None else first_token_s - start_s
+
+
+def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_tokens: int
+           ) -> float | None:
+    """Time per output token after the first; None when fewer than two tokens were produced."""
+    if first_token_s is None or last_token_s is None or completion_tokens < 2:
+        return None
+    return (last_token_s - first_token_s) / (completion_tokens - 1)
+
+
+def itl_gaps_s(event_times_s: Sequence[float]) -> list[float]:
+    """Gaps between consecutive token-bearing events (one timestamp per event)."""
+    return [b - a for a, b in zip(event_times_s, event_times_s[1:], strict=False)]
+
+
+def tokens_per_event(completion_tokens: int, events: int) -> float:
+    """Mean tokens carried by each event after the first (>= 1 for a sane stream)."""
+    if events < 2 or completion_tokens < 2:
+        return 1.0
+    return max(1.0, (completion_tokens - 1) / (events - 1))
+
+
+def expand_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
+    """Per-event timestamps from per-read (timestamp, token events in that read) pairs."""
+    out: list[float] = []
+    for t, n in reads:
+        out.extend([t] * n)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """The user-felt latencies of one request, seconds."""
+
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    itl_s: tuple[float, ...]
+    itl_norm_s: tuple[float, ...]
+
+
+def latency(start_s: float, reads: Sequence[tuple[float, int]], completion_tokens: int,
+            end_s: float | None) -> Latency:
+    """Latencies from the start time and per-read token events.
+
+    `end_s` is used as the end for non-streamed responses (no token events).
+    """
+    events = expand_reads(reads)
+    if not events:
+        e2e = None if end_s is None else end_s - start_s
+        # A non-streamed body: its first token is only visible at the end.
+        return Latency(ttft_s=e2e if completion_tokens else None, tpot_s=None, e2e_s=e2e,
+                       itl_s=(), itl_norm_s=())
+    first, last = events[0], events[-1]
+    gaps = itl_gaps_s(events)
+    per_event = tokens_per_event(completion_tokens, len(events))
+    return Latency(
+        ttft_s=first - start_s,
+        tpot_s=tpot_s(first, last, completion_tokens),
+        e2e_s=last - start_s,
+        itl_s=tuple(gaps),
+        itl_norm_s=tuple(g / per_event for g in gaps),
+    )
+
+
+def slo_met(slo: SloClass, lat: Latency, ok: bool) -> bool:
+    """True when the request succeeded and met every limit its SLO class sets."""
+    if not ok:
+        return False
+    if slo.ttft_s is not None and (lat.ttft_s is None or lat.ttft_s > slo.ttft_s):
+        return False
+    if slo.tpot_s is not None and lat.tpot_s is not None and lat.tpot_s > slo.tpot_s:
+        return False
+    return not (slo.e2e_s is not None and (lat.e2e_s is None or lat.e2e_s > slo.e2e_s))
+
+
+def goodput(met_flags: Sequence[bool], duration_s: float) -> tuple[float, float]:
+    """(goodput req/s, attainment) over all requests sent, errors included (DistServe)."""
+    if not met_flags:
+        return 0.0, 0.0
+    good = sum(1 for m in met_flags if m)
+    rate = good / duration_s if duration_s > 0 else 0.0
+    return rate, good / len(met_flags)
