@@ -154,7 +154,7 @@ class _Reader:
         self.used.add(key)
         return self.data.get(key, default)
 
-    def str(self, key: str, default: str | None = None) -> str:
+    def text(self, key: str, default: str | None = None) -> str:
         value = self.get(key, default)
         if value is None:
             raise ConfigError(self.at(key), "is required")
@@ -163,12 +163,12 @@ class _Reader:
         return value
 
     def choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> str:
-        value = self.str(key, default)
+        value = self.text(key, default)
         if value not in allowed:
             raise ConfigError(self.at(key), f"{value!r} is not one of {', '.join(allowed)}")
         return value
 
-    def num(self, key: str, default: float | None, *, minimum: float = 0.0,
+    def number(self, key: str, default: float | None, *, minimum: float = 0.0,
             inclusive: bool = False) -> float:
         """A number > minimum (>= minimum when inclusive)."""
         value = self.get(key, default)
@@ -183,9 +183,9 @@ class _Reader:
     def opt_num(self, key: str) -> float | None:
         if self.get(key) is None:
             return None
-        return self.num(key, None)
+        return self.number(key, None)
 
-    def int(self, key: str, default: int | None, *, minimum: int = 1) -> int:
+    def integer(self, key: str, default: int | None, *, minimum: int = 1) -> int:
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(self.at(key), "must be an integer")
@@ -193,7 +193,7 @@ class _Reader:
             raise ConfigError(self.at(key), f"must be >= {minimum}")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         value = self.get(key, default)
         if not isinstance(value, bool):
             raise ConfigError(self.at(key), "must be true or false")
@@ -256,28 +256,28 @@ def _precisions(r: _Reader, key: str, default: tuple[str, ...]) -> tuple[str, ..
 
 def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
     r = _Reader(raw, path)
-    url = r.str("url").rstrip("/")
+    url = r.text("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(r.at("url"), "must start with http:// or https://")
     ep = Endpoint(
-        name=r.str("name", url.split("://", 1)[1]),
+        name=r.text("name", url.split("://", 1)[1]),
         url=url,
         kind=r.choice("kind", ENGINE_KINDS, "vllm"),
         precision=r.choice("precision", PRECISIONS),
-        gpus=r.int("gpus", 1),
-        upstream_model=r.str("model", alias),
-        weight=r.num("weight", 1.0),
+        gpus=r.integer("gpus", 1),
+        upstream_model=r.text("model", alias),
+        weight=r.number("weight", 1.0),
     )
     r.finish()
     return ep
 
 
 def _models(root: _Reader) -> tuple[ModelPool, ...]:
-    pools = []
+    pools: list[ModelPool] = []
     seen_endpoints: set[str] = set()
     for path, raw in root.items("models"):
         r = _Reader(raw, path)
-        name = r.str("name")
+        name = r.text("name")
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
@@ -311,11 +311,11 @@ def _slo_classes(root: _Reader) -> tuple[SloClass, ...]:
 
 def _tenants(root: _Reader, env: Mapping[str, str], slo_names: set[str], default_slo: str
              ) -> tuple[Tenant, ...]:
-    tenants = []
+    tenants: list[Tenant] = []
     for path, raw in root.items("tenants", required=False):
         r = _Reader(raw, path)
-        name = r.str("name")
-        slo = r.str("slo_class", default_slo)
+        name = r.text("name")
+        slo = r.text("slo_class", default_slo)
         if slo not in slo_names:
             raise ConfigError(r.at("slo_class"), f"{slo!r} is not one of {', '.join(sorted(slo_names))}")
         pr = r.sub("precisions")
@@ -341,35 +341,36 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConf
     env = os.environ if env is None else env
     root = _Reader(data if data is not None else {}, "")
     lr = root.sub("listen")
-    listen = Listen(host=lr.str("host", "127.0.0.1"), port=lr.int("port", 8080, minimum=0))
+    listen = Listen(host=lr.text("host", "127.0.0.1"), port=lr.integer("port", 8080, minimum=0))
     lr.finish()
     slo_classes = _slo_classes(root)
     slo_names = {s.name for s in slo_classes}
-    default_slo = root.str("default_slo_class", slo_classes[0].name)
+    default_slo = root.text("default_slo_class", slo_classes[0].name)
     if default_slo not in slo_names:
-        raise ConfigError("default_slo_class", f"{default_slo!r} is not one of {', '.join(sorted(slo_names))}")
+        raise ConfigError("default_slo_class",
+                          f"{default_slo!r} is not one of {', '.join(sorted(slo_names))}")
     tenants = _tenants(root, env, slo_names, default_slo)
     rr = root.sub("routing")
     routing = Routing(
         policy=rr.choice("policy", ROUTING_POLICIES, "least_load"),
-        prefix_chars=rr.int("prefix_chars", 256),
-        load_bound=rr.num("load_bound", 1.25, minimum=1.0, inclusive=True),
+        prefix_chars=rr.integer("prefix_chars", 256),
+        load_bound=rr.number("load_bound", 1.25, minimum=1.0, inclusive=True),
     )
     rr.finish()
     tr = root.sub("timeouts")
     timeouts = Timeouts(
-        connect_s=tr.num("connect_s", 2.0), first_byte_s=tr.num("first_byte_s", 60.0),
-        read_s=tr.num("read_s", 30.0), total_s=tr.num("total_s", 600.0),
+        connect_s=tr.number("connect_s", 2.0), first_byte_s=tr.number("first_byte_s", 60.0),
+        read_s=tr.number("read_s", 30.0), total_s=tr.number("total_s", 600.0),
     )
     tr.finish()
     rt = root.sub("retries")
-    retries = Retries(max_attempts=rt.int("max_attempts", 3), deadline_s=rt.num("deadline_s", 10.0))
+    retries = Retries(max_attempts=rt.integer("max_attempts", 3), deadline_s=rt.number("deadline_s", 10.0))
     rt.finish()
     hr = root.sub("health")
     health = HealthCheck(
-        interval_s=hr.num("interval_s", 2.0), timeout_s=hr.num("timeout_s", 1.0),
-        unhealthy_after=hr.int("unhealthy_after", 2), healthy_after=hr.int("healthy_after", 1),
-        scrape_metrics=hr.bool("scrape_metrics", True),
+        interval_s=hr.number("interval_s", 2.0), timeout_s=hr.number("timeout_s", 1.0),
+        unhealthy_after=hr.integer("unhealthy_after", 2), healthy_after=hr.integer("healthy_after", 1),
+        scrape_metrics=hr.flag("scrape_metrics", True),
     )
     hr.finish()
     ar = root.sub("admin")
@@ -385,10 +386,10 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConf
         timeouts=timeouts,
         retries=retries,
         health=health,
-        max_body_bytes=root.int("max_body_bytes", 4 * 1024 * 1024),
-        drain_timeout_s=root.num("drain_timeout_s", 30.0),
+        max_body_bytes=root.integer("max_body_bytes", 4 * 1024 * 1024),
+        drain_timeout_s=root.number("drain_timeout_s", 30.0),
         admin_key_sha256=admin_hash,
-        auth_required=root.bool("auth_required", True),
+        auth_required=root.flag("auth_required", True),
     )
     if config.auth_required and not tenants:
         raise ConfigError("tenants", "at least one tenant is required when auth_required is true")

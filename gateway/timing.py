@@ -15,6 +15,7 @@ All times are seconds on one monotonic clock.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_t
 
 def itl_gaps_s(event_times_s: Sequence[float]) -> list[float]:
     """Gaps between consecutive token-bearing events (one timestamp per event)."""
-    return [b - a for a, b in zip(event_times_s, event_times_s[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(event_times_s)]
 
 
 def tokens_per_event(completion_tokens: int, events: int) -> float:

@@ -1,0 +1,1 @@
+"""Energy accounting: interval grid, apportioning, carbon and cost, the ledger, chargeback."""

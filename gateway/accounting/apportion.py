@@ -1,0 +1,81 @@
+"""The apportioner (pure): one engine-interval's measured energy split over the requests in it.
+
+static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
+- static is charged for the time the engine had work resident: static * busy_s / dt (busy_s
+  is the union of the requests' residency spans), shared by residency seconds; the static
+  energy of the interval's empty time goes to the engine's idle account.
+- dynamic is shared by alpha * prefill_tokens + beta * decode_tokens; a request that did no
+  token work gets none. An interval with residency but no token work sends its dynamic
+  energy to the idle account, and an interval with no request sends all of dE there.
+Sums use math.fsum, so the result does not depend on the order of the rows, and
+sum(shares) + idle == dE up to one rounding per share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.accounting.work import WorkRow
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    request_id: str
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    busy_s: float  # this request's share of the engine's busy time (engine-seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Apportionment:
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    idle_j: float
+    idle_s: float  # engine time with no request resident
+    shares: tuple[Share, ...]
+
+
+def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
+    """Length of the union of the rows' residency spans, clipped to the interval."""
+    spans = sorted((r.start_s, min(interval_s, r.start_s + r.residency_s))
+                   for r in rows if r.residency_s > 0.0)
+    total = 0.0
+    cur_lo = cur_hi = -1.0
+    for lo, hi in spans:
+        if lo > cur_hi:
+            total += max(0.0, cur_hi - cur_lo)
+            cur_lo, cur_hi = lo, hi
+        elif hi > cur_hi:
+            cur_hi = hi
+    total += max(0.0, cur_hi - cur_lo)
+    return min(total, interval_s)
+
+
+def apportion(energy_j: float, interval_s: float, idle_power_w: float,
+              rows: Sequence[WorkRow], alpha: float, beta: float) -> Apportionment:
+    """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
+    if energy_j < 0.0 or not math.isfinite(energy_j):
+        raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
+    static = min(max(idle_power_w, 0.0) * interval_s, energy_j)
+    dynamic = energy_j - static
+    res_total = math.fsum(r.residency_s for r in rows)
+    work_total = math.fsum(alpha * r.prefill_tokens + beta * r.decode_tokens for r in rows)
+    busy = busy_seconds(rows, interval_s) if res_total > 0.0 else 0.0
+    static_busy = static * (busy / interval_s) if res_total > 0.0 else 0.0
+    idle = (static - static_busy) + (dynamic if work_total <= 0.0 else 0.0)
+    shares = []
+    for r in rows:
+        f_res = r.residency_s / res_total if res_total > 0.0 else 0.0
+        w = alpha * r.prefill_tokens + beta * r.decode_tokens
+        f_work = w / work_total if work_total > 0.0 else 0.0
+        if f_res <= 0.0 and f_work <= 0.0:
+            continue
+        s = static_busy * f_res
+        d = dynamic * f_work
+        shares.append(Share(r.request_id, s + d, s, d, busy * f_res))
+    return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
+                         idle_s=interval_s - busy, shares=tuple(shares))

@@ -1,0 +1,153 @@
+"""The aiohttp application: routes, shared state (AppKeys) and lifecycle (cleanup_ctx)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.errors import AuthError, WattgateError, error_body
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.proxy import Proxy, Sink
+from gateway.upstreams import Upstreams
+
+log = logging.getLogger("wattgate.app")
+
+CONFIG = web.AppKey("config", GatewayConfig)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+UPSTREAMS = web.AppKey("upstreams", Upstreams)
+PROXY = web.AppKey("proxy", Proxy)
+
+_STATUS_CODES = {404: ("not_found", "invalid_request_error"),
+                 405: ("method_not_allowed", "invalid_request_error"),
+                 413: ("request_too_large", "invalid_request_error")}
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Callable[[web.Request], object]
+                      ) -> web.StreamResponse:
+    """Every error leaves as OpenAI-style JSON; nothing internal (trace, URL) is exposed."""
+    try:
+        response = await handler(request)  # type: ignore[misc]
+        assert isinstance(response, web.StreamResponse)
+        return response
+    except WattgateError as exc:
+        return web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code, kind = _STATUS_CODES.get(exc.status, ("http_error", "invalid_request_error"))
+        return web.Response(status=exc.status, content_type="application/json",
+                            body=error_body(exc.reason, kind, code))
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # last line of defence: log the trace, show the client none of it
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.Response(status=500, content_type="application/json",
+                            body=error_body("internal gateway error", "server_error",
+                                            "internal_error"))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[PROXY].handle(request)
+
+
+async def models(request: web.Request) -> web.Response:
+    app = request.app
+    config = app[CONFIG]
+    app[PROXY].auth.tenant(request.headers.get("Authorization"))
+    upstreams = app[UPSTREAMS]
+    data = [{"id": pool.name, "object": "model", "created": 0, "owned_by": "wattgate",
+             "precisions": sorted({s.endpoint.precision for s in upstreams.pools[pool.name]})}
+            for pool in config.models]
+    return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                        content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    upstreams = request.app[UPSTREAMS]
+    ready = upstreams.ready() and not proxy.draining
+    pools = {name: sum(1 for s in states if s.healthy and s.checked)
+             for name, states in upstreams.pools.items()}
+    body = {"status": "ready" if ready else "not_ready", "draining": proxy.draining,
+            "healthy_endpoints": pools}
+    return web.Response(status=200 if ready else 503, body=orjson.dumps(body),
+                        content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def require_admin(request: web.Request) -> None:
+    if not request.app[PROXY].auth.is_admin(request.headers.get("Authorization")):
+        raise AuthError("admin endpoints need the admin API key", code="invalid_admin_key")
+
+
+def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """The one shared keep-alive session to all engines, with explicit limits and timeouts."""
+    t = config.timeouts
+    connector = aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=60.0,
+                                     ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s,
+                                    sock_read=t.read_s)
+    # auto_decompress off: bytes are relayed as the engine sent them.
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent",))
+
+
+def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
+              clock: Callable[[], float] = time.monotonic,
+              wall: Callable[[], float] = time.time) -> web.Application:
+    """The gateway application; engine sessions and health checks start with the app."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app[CONFIG] = config
+    gateway_metrics = GatewayMetrics()
+    app[METRICS] = gateway_metrics
+    upstreams = Upstreams(config)
+    app[UPSTREAMS] = upstreams
+    for state in upstreams.by_name.values():
+        ep = state.endpoint
+        gateway_metrics.inflight.labels(state.model, ep.name).set_function(state.inflight_now)
+        gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
+            state.healthy_now)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        session = upstream_session(config)
+        app[PROXY] = Proxy(config, upstreams, session, gateway_metrics, sinks, clock=clock,
+                           wall=wall)
+        async with upstreams.running(session):
+            yield
+            await drain(app)
+        await session.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def drain(app: web.Application) -> None:
+    """Refuse new requests and wait (bounded) for in-flight ones to finish."""
+    proxy = app[PROXY]
+    proxy.draining = True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(app[CONFIG].drain_timeout_s):
+            await proxy.idle.wait()

@@ -1,0 +1,91 @@
+"""The gateway's subcommands: `serve`, `config check` (and `report`, from accounting)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import click
+import orjson
+
+from gateway.config import GatewayConfig, Listen, load_config, normalised
+from gateway.errors import ConfigError
+
+
+def _load_or_exit(path: str) -> GatewayConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        click.echo(f"wattgate: invalid config: {exc.message}", err=True)
+        sys.exit(2)
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="Gateway YAML config (see deploy/examples/local.yaml).")
+@click.option("--host", default=None, help="Listen address (overrides listen.host).")
+@click.option("--port", default=None, type=int, help="Listen port (overrides listen.port).")
+@click.option("--reuse-port", is_flag=True, help="SO_REUSEPORT: several processes share a port.")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
+def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool,
+          log_level: str) -> None:
+    """Run the gateway (aiohttp on uvloop). Exits 2 on a bad config before binding a port."""
+    config = _load_or_exit(config_path)
+    listen = Listen(host=host or config.listen.host,
+                    port=config.listen.port if port is None else port)
+    config = dataclasses.replace(config, listen=listen)
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    uvloop.run(_serve(config, reuse_port=reuse_port))
+
+
+async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
+    from aiohttp import web
+
+    from gateway.app import PROXY, build_app
+
+    app = build_app(config)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           shutdown_timeout=config.drain_timeout_s, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, config.listen.host, config.listen.port, backlog=2048,
+                       reuse_port=reuse_port or None)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        click.echo(f"wattgate: cannot listen on {config.listen.host}:{config.listen.port}: "
+                   f"{exc.strerror}", err=True)
+        sys.exit(1)
+    click.echo(f"wattgate listening on http://{config.listen.host}:{config.listen.port}",
+               err=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    click.echo("wattgate: draining", err=True)
+    app[PROXY].draining = True
+    await runner.cleanup()
+
+
+@click.group()
+def config() -> None:
+    """Inspect gateway configs."""
+
+
+@config.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+def config_check(path: str) -> None:
+    """Validate PATH and print the normalised config as JSON (secrets hidden)."""
+    cfg = _load_or_exit(path)
+    click.echo(orjson.dumps(normalised(cfg), option=orjson.OPT_INDENT_2).decode())
+    click.echo(f"{Path(path)}: ok ({len(cfg.models)} models, "
+               f"{sum(len(m.endpoints) for m in cfg.models)} endpoints, "
+               f"{len(cfg.tenants)} tenants)", err=True)

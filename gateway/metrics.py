@@ -1,0 +1,102 @@
+"""Prometheus metrics on an explicit registry, with bounded labels only.
+
+Labels: model, precision, engine, tenant, slo_class, status — never request ids. Goodput per SLO
+class is `rate(wattgate_slo_met_total[5m])`; attainment divides by `rate(wattgate_requests_total)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from gateway.records import RequestRecord
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
+                    2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TOKEN_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                       0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+REQUEST_LABELS = ("model", "precision", "engine", "tenant", "slo_class")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class GatewayMetrics:
+    """The gateway's metric families; `observe(record)` is the one call on the request path."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("wattgate_requests", "Requests finished, by outcome",
+                                [*REQUEST_LABELS, "status"], registry=r)
+        self.slo_met = Counter("wattgate_slo_met", "Requests that met every limit of their SLO class",
+                               REQUEST_LABELS, registry=r)
+        self.ttft = Histogram("wattgate_ttft_seconds", "Time to first token-bearing event",
+                              REQUEST_LABELS, buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("wattgate_tpot_seconds", "Time per output token after the first",
+                              REQUEST_LABELS, buckets=_TOKEN_TIME_BUCKETS, registry=r)
+        self.itl = Histogram("wattgate_itl_seconds", "Gap between consecutive token-bearing events",
+                             ("model", "precision", "engine"), buckets=_TOKEN_TIME_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram("wattgate_e2e_seconds", "Request start to last token",
+                             REQUEST_LABELS, buckets=_E2E_BUCKETS, registry=r)
+        self.queue = Histogram("wattgate_gateway_queue_seconds",
+                               "Arrival to upstream dispatch inside the gateway",
+                               ("model",), buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                    0.01, 0.05, 0.1, 0.5, 1.0), registry=r)
+        self.prompt_tokens = Counter("wattgate_prompt_tokens", "Prompt tokens (engine usage)",
+                                     REQUEST_LABELS, registry=r)
+        self.completion_tokens = Counter("wattgate_completion_tokens",
+                                         "Completion tokens (engine usage)", REQUEST_LABELS,
+                                         registry=r)
+        self.inflight = Gauge("wattgate_requests_in_flight", "Requests being served now",
+                              ("model", "engine"), registry=r)
+        self.upstream_errors = Counter("wattgate_upstream_errors",
+                                       "Upstream failures by engine and reason",
+                                       ("engine", "reason"), registry=r)
+        self.retries = Counter("wattgate_retries", "Requests re-sent to another endpoint",
+                               ("model",), registry=r)
+        self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
+                                      "1 when the endpoint passes health checks",
+                                      ("model", "engine", "precision"), registry=r)
+        # labels() costs a dict lookup plus a lock; cache children per label tuple.
+        self._children: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def _request_children(self, key: tuple[str, ...]) -> tuple[Any, ...]:
+        children = self._children.get(key)
+        if children is None:
+            model, precision, engine = key[0], key[1], key[2]
+            children = (self.slo_met.labels(*key), self.ttft.labels(*key), self.tpot.labels(*key),
+                        self.e2e.labels(*key), self.prompt_tokens.labels(*key),
+                        self.completion_tokens.labels(*key),
+                        self.itl.labels(model, precision, engine))
+            self._children[key] = children
+        return children
+
+    def observe(self, rec: RequestRecord) -> None:
+        key = (rec.model, rec.precision, rec.engine, rec.tenant, rec.slo_class)
+        self.requests.labels(*key, rec.status).inc()
+        slo_met, ttft, tpot, e2e, prompt, completion, itl = self._request_children(key)
+        if rec.slo_met:
+            slo_met.inc()
+        lat = rec.latency
+        if rec.status == "ok":
+            if lat.ttft_s is not None:
+                ttft.observe(lat.ttft_s)
+            if lat.tpot_s is not None:
+                tpot.observe(lat.tpot_s)
+            if lat.e2e_s is not None:
+                e2e.observe(lat.e2e_s)
+            for gap in lat.itl_s:
+                itl.observe(gap)
+        if rec.prompt_tokens:
+            prompt.inc(rec.prompt_tokens)
+        if rec.completion_tokens:
+            completion.inc(rec.completion_tokens)
+        if rec.gateway_queue_s is not None:
+            self.queue.labels(rec.model).observe(rec.gateway_queue_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,365 @@
+"""The request path: authenticate, parse, route, relay, time, record.
+
+One `Proxy` per process holds the shared upstream session and live endpoint state. Every request,
+good or bad, ends in exactly one `RequestRecord` handed to the sinks (metrics, accounting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+import aiohttp
+from aiohttp import web
+
+from gateway.auth import Authenticator
+from gateway.config import GatewayConfig, Tenant
+from gateway.errors import (
+    ModelNotFoundError,
+    PayloadTooLargeError,
+    RoutingError,
+    ShuttingDownError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    WattgateError,
+    error_body,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.records import RequestRecord
+from gateway.requests import (
+    ParsedRequest,
+    check_content_type,
+    parse_body,
+    prefix_key,
+    upstream_body,
+)
+from gateway.routing import RoutingContext, policy_for, select_precisions
+from gateway.sse import SseScanner, usage_of_body
+from gateway.timing import latency, slo_met
+from gateway.upstreams import EndpointState, Upstreams
+
+log = logging.getLogger("wattgate.proxy")
+
+Sink = Callable[[RequestRecord], None]
+REQUEST_ID_HEADER = "x-wattgate-request-id"
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                         "te", "trailers", "transfer-encoding", "upgrade", "host",
+                         "content-length", "authorization", "cookie"})
+_UPSTREAM_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                            aiohttp.ClientOSError)
+
+
+class Flight:
+    """Mutable timeline and outcome of one request while it is served."""
+
+    __slots__ = ("arrived_s", "arrived_wall_s", "attempts", "completion_tokens", "dispatched_s",
+                 "endpoint", "first_byte_s", "first_token_s", "http_status", "model",
+                 "prompt_tokens", "reads", "request_id", "slo_class", "status", "stream", "tenant")
+
+    def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
+        self.request_id = request_id
+        self.arrived_s = arrived_s
+        self.arrived_wall_s = arrived_wall_s
+        self.tenant = "unauthenticated"
+        self.model = "unknown"
+        self.slo_class = slo_class
+        self.stream = False
+        self.endpoint: EndpointState | None = None
+        self.dispatched_s: float | None = None
+        self.first_byte_s: float | None = None
+        self.first_token_s: float | None = None
+        self.reads: list[tuple[float, int]] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.attempts = 0
+        self.status = "ok"
+        self.http_status = 200
+
+    def fail(self, exc: WattgateError) -> None:
+        self.status = exc.code
+        self.http_status = exc.status
+
+
+class Proxy:
+    def __init__(self, config: GatewayConfig, upstreams: Upstreams, session: aiohttp.ClientSession,
+                 metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
+                 wall: Callable[[], float]):
+        self.config = config
+        self.metrics = metrics
+        self.upstreams = upstreams
+        self.session = session
+        self.sinks = [metrics.observe, *sinks]
+        self.clock = clock
+        self.wall = wall
+        self.auth = Authenticator(config)
+        self.policy = policy_for(config.routing.policy)
+        self.draining = False
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        t = config.timeouts
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s,
+                                                     sock_connect=t.connect_s, sock_read=t.read_s)
+
+    # --- entry point --------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        flight = Flight(os.urandom(12).hex(), self.clock(), self.wall(),
+                        self.config.default_slo_class)
+        self.inflight += 1
+        self.idle.clear()
+        try:
+            return await self._serve(request, flight)
+        except WattgateError as exc:
+            flight.fail(exc)
+            return web.Response(status=exc.status, body=exc.body(), content_type="application/json",
+                                headers={REQUEST_ID_HEADER: flight.request_id})
+        except asyncio.CancelledError:
+            flight.status, flight.http_status = "client_disconnected", 499
+            raise
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.idle.set()
+            self._finish(flight)
+
+    async def _serve(self, request: web.Request, flight: Flight) -> web.StreamResponse:
+        if self.draining:
+            raise ShuttingDownError("the gateway is shutting down; retry on another replica")
+        tenant = self.auth.tenant(request.headers.get("Authorization"))
+        flight.tenant, flight.slo_class = tenant.name, tenant.slo_class
+        check_content_type(request.headers.get("Content-Type", ""))
+        raw = await self._read_body(request)
+        parsed = parse_body(raw, request.headers.get("x-wattgate-precision"))
+        flight.stream = parsed.stream
+        if self.config.model(parsed.model) is None:
+            raise ModelNotFoundError(f"the model {parsed.model!r} does not exist",
+                                     param="model")
+        flight.model = parsed.model
+        return await self._dispatch(request, flight, tenant, parsed, raw)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise PayloadTooLargeError(f"request body exceeds {limit} bytes")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise PayloadTooLargeError(f"request body exceeds {limit} bytes") from None
+
+    # --- routing and retries ------------------------------------------------------------
+
+    def _choose(self, tenant: Tenant, parsed: ParsedRequest, tried: Sequence[str]) -> EndpointState:
+        healthy = self.upstreams.healthy(parsed.model, exclude=tried)
+        precisions = select_precisions(tenant.precision, parsed.precision,
+                                       {s.endpoint.precision for s in healthy})
+        states = [s for s in healthy if s.endpoint.precision in precisions]
+        if not states:
+            wanted = f" at precision {parsed.precision}" if parsed.precision else ""
+            raise RoutingError(f"no healthy endpoint can serve model {parsed.model!r}{wanted}")
+        if len(states) == 1:
+            return states[0]
+        routing = self.config.routing
+        key = (prefix_key(parsed.body, routing.prefix_chars)
+               if routing.policy == "prefix_affinity" else b"")
+        ctx = RoutingContext(self.upstreams.next_sequence(parsed.model), key, routing.load_bound)
+        return states[self.policy([s.candidate() for s in states], ctx)]
+
+    async def _dispatch(self, request: web.Request, flight: Flight, tenant: Tenant,
+                        parsed: ParsedRequest, raw: bytes) -> web.StreamResponse:
+        retries = self.config.retries
+        deadline = flight.arrived_s + retries.deadline_s
+        tried: list[str] = []
+        last_error: WattgateError | None = None
+        while flight.attempts < retries.max_attempts and (not tried or self.clock() < deadline):
+            try:
+                state = self._choose(tenant, parsed, tried)
+            except RoutingError:
+                if last_error is not None:
+                    raise last_error from None
+                raise
+            tried.append(state.endpoint.name)
+            flight.attempts += 1
+            if flight.attempts > 1:
+                self.metrics.retries.labels(parsed.model).inc()
+            flight.endpoint = state
+            try:
+                return await self._attempt(request, flight, state, parsed, raw)
+            except _RetryableError as exc:
+                last_error = exc.error
+        assert last_error is not None
+        raise last_error
+
+    def upstream_error(self, engine: str, reason: str) -> None:
+        self.metrics.upstream_errors.labels(engine, reason).inc()
+
+    async def _attempt(self, request: web.Request, flight: Flight, state: EndpointState,
+                       parsed: ParsedRequest, raw: bytes) -> web.StreamResponse:
+        ep = state.endpoint
+        headers = {"Content-Type": "application/json", "x-request-id": flight.request_id}
+        for name, value in request.headers.items():
+            lname = name.lower()
+            if lname.startswith("x-") and not lname.startswith("x-wattgate-") \
+                    and lname not in _HOP_BY_HOP and lname != "x-request-id":
+                headers[name] = value
+        url = ep.url + request.path
+        body = upstream_body(parsed, raw, ep.upstream_model)
+        state.inflight += 1
+        flight.dispatched_s = self.clock()
+        try:
+            remaining = self.config.timeouts.total_s - (flight.dispatched_s - flight.arrived_s)
+            async with asyncio.timeout(remaining):
+                try:
+                    async with asyncio.timeout(self.config.timeouts.first_byte_s):
+                        upstream = await self.session.post(url, data=body, headers=headers,
+                                                           timeout=self._stream_timeout)
+                except _UPSTREAM_CONNECT_ERRORS as exc:
+                    self.upstream_error(ep.name, "connect")
+                    self.upstreams.eject(state)
+                    raise _RetryableError(UpstreamError(
+                        f"engine {ep.name} is unreachable")) from exc
+                except TimeoutError:
+                    self.upstream_error(ep.name, "timeout")
+                    raise UpstreamTimeoutError(
+                        f"engine {ep.name} did not answer within "
+                        f"{self.config.timeouts.first_byte_s:g} s") from None
+                async with upstream:
+                    flight.first_byte_s = self.clock()
+                    if upstream.status >= 500:
+                        await upstream.read()
+                        self.upstream_error(ep.name, f"http_{upstream.status}")
+                        raise _RetryableError(UpstreamError(
+                            f"engine {ep.name} answered HTTP {upstream.status}"))
+                    if parsed.stream and upstream.status == 200:
+                        return await self._relay_stream(request, flight, upstream, parsed)
+                    return await self._relay_body(flight, upstream)
+        except TimeoutError:
+            self.upstream_error(ep.name, "timeout")
+            raise UpstreamTimeoutError("the engine did not finish within the request deadline"
+                                       ) from None
+        finally:
+            state.inflight -= 1
+
+    # --- relays -------------------------------------------------------------------------
+
+    def _response_headers(self, flight: Flight) -> dict[str, str]:
+        ep = flight.endpoint
+        headers = {REQUEST_ID_HEADER: flight.request_id}
+        if ep is not None:
+            headers["x-wattgate-endpoint"] = ep.endpoint.name
+            headers["x-wattgate-precision"] = ep.endpoint.precision
+        return headers
+
+    async def _relay_body(self, flight: Flight, upstream: aiohttp.ClientResponse) -> web.Response:
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "", "body")
+            raise UpstreamError("the engine closed the connection before the response ended"
+                                ) from exc
+        usage = usage_of_body(body) if upstream.status == 200 else None
+        if usage:
+            flight.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            flight.completion_tokens = int(usage.get("completion_tokens") or 0)
+        if upstream.status != 200:
+            flight.status, flight.http_status = f"upstream_http_{upstream.status}", upstream.status
+        return web.Response(status=upstream.status, body=body,
+                            content_type=upstream.content_type or "application/json",
+                            headers=self._response_headers(flight))
+
+    async def _relay_stream(self, request: web.Request, flight: Flight,
+                            upstream: aiohttp.ClientResponse, parsed: ParsedRequest
+                            ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            **self._response_headers(flight)})
+        await response.prepare(request)
+        scanner = SseScanner(strip_usage=not parsed.client_wants_usage)
+        clock = self.clock
+        reads = flight.reads
+        error: WattgateError | None = None
+        try:
+            async for data in upstream.content.iter_any():
+                now = clock()
+                out, tokens = scanner.feed(data)
+                if tokens:
+                    if flight.first_token_s is None:
+                        flight.first_token_s = now
+                    reads.append((now, tokens))
+                if out and not await _write(response, out):
+                    flight.status, flight.http_status = "client_disconnected", 499
+                    upstream.close()  # drops the connection: the engine aborts the request
+                    return response
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            log.warning("request %s: engine stream broke: %s", flight.request_id, type(exc).__name__)
+            error = UpstreamError("the engine stream ended before the response was complete",
+                                  code="upstream_stream_error")
+        except TimeoutError:
+            error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
+                                         code="upstream_timeout")
+        if scanner.usage:
+            flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
+            flight.completion_tokens = int(scanner.usage.get("completion_tokens") or 0)
+        elif reads:
+            # No usage arrived (broken stream): count events, the best lower bound left.
+            flight.completion_tokens = sum(n for _, n in reads)
+        tail = scanner.pending()
+        if error is None and tail:
+            await _write(response, tail)
+        if error is not None:
+            self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "",
+                                "stream")
+            flight.fail(error)
+            await _write(response, b"data: " + error_body(error.message, error.error_type,
+                                                          error.code) + b"\n\n")
+        elif scanner.error:
+            flight.status, flight.http_status = "upstream_error_event", 200
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    # --- recording ----------------------------------------------------------------------
+
+    def _finish(self, flight: Flight) -> None:
+        finished = self.clock()
+        ep = flight.endpoint
+        ok = flight.status == "ok"
+        lat = latency(flight.arrived_s, flight.reads, flight.completion_tokens,
+                      finished if flight.first_byte_s is not None else None)
+        slo = self.config.slo(flight.slo_class)
+        record = RequestRecord(
+            request_id=flight.request_id, tenant=flight.tenant, model=flight.model,
+            engine=ep.endpoint.name if ep else "", precision=ep.endpoint.precision if ep else "",
+            slo_class=flight.slo_class, status=flight.status, http_status=flight.http_status,
+            stream=flight.stream, arrived_wall_s=flight.arrived_wall_s,
+            arrived_s=flight.arrived_s, dispatched_s=flight.dispatched_s,
+            first_byte_s=flight.first_byte_s, first_token_s=flight.first_token_s,
+            finished_s=finished, reads=tuple(flight.reads), prompt_tokens=flight.prompt_tokens,
+            completion_tokens=flight.completion_tokens, attempts=flight.attempts, latency=lat,
+            slo_met=slo_met(slo, lat, ok),
+        )
+        for sink in self.sinks:
+            try:
+                sink(record)
+            except Exception:  # a broken sink must not lose the record for the others
+                log.exception("record sink failed for request %s", flight.request_id)
+
+
+class _RetryableError(Exception):
+    """An attempt failed before any byte reached the client; another endpoint may try."""
+
+    def __init__(self, error: WattgateError):
+        super().__init__(error.message)
+        self.error = error
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> bool:
+    """Write to the client; False when the client has gone away."""
+    try:
+        await response.write(data)
+    except ConnectionError:
+        return False
+    return True

@@ -1,0 +1,161 @@
+"""Live state of every engine endpoint: health (active checks + passive ejection) and load.
+
+The health/scrape loop is the only I/O here; routing reads `snapshot()`-style candidates built
+from this state and stays pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from engines.adapters import EngineAdapter, EngineLoad, MetricsParseError, adapter_for
+from gateway.config import Endpoint, GatewayConfig, HealthCheck
+from gateway.routing import Candidate
+
+log = logging.getLogger("wattgate.upstreams")
+
+
+class EndpointState:
+    """Mutable per-process state of one endpoint."""
+
+    __slots__ = ("adapter", "checked", "endpoint", "failures", "healthy", "inflight", "load",
+                 "model", "successes")
+
+    def __init__(self, model: str, endpoint: Endpoint):
+        self.model = model
+        self.endpoint = endpoint
+        self.adapter: EngineAdapter = adapter_for(endpoint.kind)
+        self.healthy = True  # optimistic until the first check says otherwise
+        self.checked = False
+        self.failures = 0
+        self.successes = 0
+        self.inflight = 0
+        self.load = EngineLoad()
+
+    def inflight_now(self) -> float:
+        return float(self.inflight)
+
+    def healthy_now(self) -> float:
+        return 1.0 if self.healthy else 0.0
+
+    def candidate(self) -> Candidate:
+        ep = self.endpoint
+        return Candidate(name=ep.name, precision=ep.precision, inflight=self.inflight,
+                         running=self.load.running, waiting=self.load.waiting,
+                         kv_usage=self.load.kv_usage, weight=ep.weight)
+
+    def observe(self, ok: bool, policy: HealthCheck) -> bool:
+        """Fold one check result into the state; returns True when health flipped."""
+        self.checked = True
+        before = self.healthy
+        if ok:
+            self.successes += 1
+            self.failures = 0
+            if not self.healthy and self.successes >= policy.healthy_after:
+                self.healthy = True
+        else:
+            self.failures += 1
+            self.successes = 0
+            if self.healthy and self.failures >= policy.unhealthy_after:
+                self.healthy = False
+        return before != self.healthy
+
+    def eject(self) -> bool:
+        """Passive ejection after a connect error; active checks bring it back."""
+        flipped = self.healthy
+        self.healthy = False
+        self.failures = max(self.failures, 1)
+        self.successes = 0
+        return flipped
+
+
+class Upstreams:
+    """All endpoints of all model pools, with their per-pool round-robin counters."""
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.pools: dict[str, list[EndpointState]] = {
+            pool.name: [EndpointState(pool.name, ep) for ep in pool.endpoints]
+            for pool in config.models
+        }
+        self.by_name: dict[str, EndpointState] = {
+            s.endpoint.name: s for states in self.pools.values() for s in states
+        }
+        self.sequence: dict[str, int] = dict.fromkeys(self.pools, 0)
+        self.on_health_change: Callable[[EndpointState], None] | None = None
+
+    def next_sequence(self, model: str) -> int:
+        n = self.sequence[model]
+        self.sequence[model] = n + 1
+        return n
+
+    def healthy(self, model: str, exclude: Sequence[str] = ()) -> list[EndpointState]:
+        return [s for s in self.pools[model] if s.healthy and s.endpoint.name not in exclude]
+
+    def ready(self) -> bool:
+        """At least one checked-healthy endpoint per model."""
+        return all(any(s.healthy and s.checked for s in states) for states in self.pools.values())
+
+    def eject(self, state: EndpointState) -> None:
+        if state.eject():
+            log.warning("endpoint %s ejected after a connect error", state.endpoint.name)
+            if self.on_health_change:
+                self.on_health_change(state)
+
+    # --- active checks ------------------------------------------------------------------
+
+    async def check_once(self, session: aiohttp.ClientSession) -> None:
+        await asyncio.gather(*(self._check(session, s) for s in self.by_name.values()))
+
+    async def _check(self, session: aiohttp.ClientSession, state: EndpointState) -> None:
+        policy = self.config.health
+        timeout = aiohttp.ClientTimeout(total=policy.timeout_s)
+        ok = False
+        try:
+            async with session.get(state.endpoint.url + state.adapter.health_path,
+                                   timeout=timeout) as resp:
+                await resp.read()
+                ok = resp.status == 200
+            if ok and policy.scrape_metrics and state.adapter.metrics_path:
+                await self._scrape(session, state, timeout)
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        if state.observe(ok, policy):
+            log.warning("endpoint %s is now %s", state.endpoint.name,
+                        "healthy" if state.healthy else "unhealthy")
+            if self.on_health_change:
+                self.on_health_change(state)
+
+    async def _scrape(self, session: aiohttp.ClientSession, state: EndpointState,
+                      client_timeout: aiohttp.ClientTimeout) -> None:
+        assert state.adapter.metrics_path is not None
+        async with session.get(state.endpoint.url + state.adapter.metrics_path,
+                               timeout=client_timeout) as resp:
+            body = await resp.read()
+        if resp.status != 200:
+            return
+        try:
+            state.load = state.adapter.parse_load(body)
+        except MetricsParseError as exc:
+            log.warning("endpoint %s: unreadable metrics: %s", state.endpoint.name, exc)
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Check every endpoint each interval until cancelled."""
+        while True:
+            await self.check_once(session)
+            await asyncio.sleep(self.config.health.interval_s)
+
+    @contextlib.asynccontextmanager
+    async def running(self, session: aiohttp.ClientSession):  # type: ignore[no-untyped-def]
+        task = asyncio.create_task(self.run(session), name="wattgate-health")
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

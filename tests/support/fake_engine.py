@@ -1,0 +1,136 @@
+"""A small in-process OpenAI-style engine with exactly known timing, for gateway tests.
+
+Streams `tokens` tokens: the first after `ttft_s`, then one event every `itl_s`, with
+`tokens_per_event` tokens per event; honours `stream_options.include_usage`. Request header
+`x-fake-fault` injects failures: `status:503`, `abort-after:N` (drop the connection after N token
+events), `stall-s:S` (sleep before the headers). It remembers every request body it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class FakeEngine:
+    ttft_s: float = 0.0
+    itl_s: float = 0.0
+    tokens: int = 8
+    tokens_per_event: int = 1
+    model: str = "fake-model"
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v1/chat/completions", self.complete)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text='vllm:num_requests_running{model_name="m"} 0.0\n'
+                                 'vllm:num_requests_waiting{model_name="m"} 0.0\n')
+
+    def _chunk(self, chat: bool, text: str, finish: str | None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        return b"data: " + orjson.dumps({"id": "cmpl-1", "object": "chunk", "model": self.model,
+                                         "choices": [choice]}) + b"\n\n"
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json(loads=orjson.loads)
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        fault = request.headers.get("x-fake-fault", "")
+        if fault.startswith("status:"):
+            status = int(fault.split(":")[1])
+            return web.json_response({"error": {"message": "injected", "type": "x", "code": status}},
+                                     status=status)
+        if fault.startswith("stall-s:"):
+            await asyncio.sleep(float(fault.split(":")[1]))
+        abort_after = int(fault.split(":")[1]) if fault.startswith("abort-after:") else None
+        chat = request.path.endswith("/chat/completions")
+        n = int(body.get("max_tokens") or self.tokens)
+        usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": n + 5}
+        if not body.get("stream"):
+            await asyncio.sleep(self.ttft_s + self.itl_s * max(0, n - 1))
+            text = " tok" * n
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                       "finish_reason": "length"} if chat else
+                      {"index": 0, "text": text, "finish_reason": "length"})
+            return web.json_response({"id": "cmpl-1", "object": "completion", "model": self.model,
+                                      "choices": [choice], "usage": usage}, dumps=_dumps)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if chat:
+            await resp.write(self._chunk(True, "", None))
+        await asyncio.sleep(self.ttft_s)
+        sent = events = 0
+        while sent < n:
+            k = min(self.tokens_per_event, n - sent)
+            sent += k
+            events += 1
+            await resp.write(self._chunk(chat, " tok" * k, "length" if sent == n else None))
+            if abort_after is not None and events >= abort_after:
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            if sent < n:
+                await asyncio.sleep(self.itl_s)
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            await resp.write(b"data: " + orjson.dumps({"id": "cmpl-1", "object": "chunk",
+                                                       "model": self.model, "choices": [],
+                                                       "usage": usage}) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, port: int = 0) -> AsyncIterator[int]:
+    """Serve `app` on 127.0.0.1 (a free port unless given); yields the port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    server = site._server
+    assert server is not None
+    sockets = getattr(server, "sockets", None)
+    bound = sockets[0].getsockname()[1] if sockets else port
+    try:
+        yield int(bound)
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def fake_engine(engine: FakeEngine) -> AsyncIterator[FakeEngine]:
+    async with serving(engine.app()) as port:
+        engine.port = port
+        yield engine
