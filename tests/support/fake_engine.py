@@ -134,3 +134,28 @@ async def fake_engine(engine: FakeEngine) -> AsyncIterator[FakeEngine]:
     async with serving(engine.app()) as port:
         engine.port = port
         yield engine
+
+
+def main() -> None:
+    """Run a fake engine as its own process (for tests that kill it abruptly)."""
+    import argparse
+
+    import uvloop
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ttft-s", type=float, default=0.0)
+    parser.add_argument("--itl-s", type=float, default=0.0)
+    parser.add_argument("--model", default="m")
+    args = parser.parse_args()
+
+    async def run() -> None:
+        engine = FakeEngine(ttft_s=args.ttft_s, itl_s=args.itl_s, model=args.model)
+        async with serving(engine.app(), args.port):
+            await asyncio.Event().wait()
+
+    uvloop.run(run())
+
+
+if __name__ == "__main__":
+    main()

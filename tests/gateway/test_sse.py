@@ -1,0 +1,92 @@
+"""SSE scanning: token events per read, usage capture and stripping, byte-exact relay."""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.sse import SseScanner, usage_of_body
+
+
+def ev(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+ROLE = ev({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+TOK = [ev({"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]})
+       for i in range(5)]
+USAGE = ev({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}})
+DONE = b"data: [DONE]\n\n"
+STREAM = ROLE + b"".join(TOK) + USAGE + DONE
+
+
+def relay(chunks: list[bytes], strip: bool) -> tuple[bytes, int, SseScanner]:
+    sc = SseScanner(strip_usage=strip)
+    out, tokens = b"", 0
+    for c in chunks:
+        o, n = sc.feed(c)
+        out += o
+        tokens += n
+    return out + sc.pending(), tokens, sc
+
+
+def test_role_chunk_is_not_a_token_event_and_tokens_are_counted() -> None:
+    out, tokens, sc = relay([ROLE, *TOK, USAGE, DONE], strip=False)
+    assert tokens == 5
+    assert out == STREAM
+    assert sc.usage == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert sc.done
+
+
+def test_usage_chunk_is_stripped_when_client_did_not_ask() -> None:
+    out, tokens, sc = relay([STREAM], strip=True)
+    assert out == ROLE + b"".join(TOK) + DONE
+    assert tokens == 5 and sc.usage is not None and sc.usage["completion_tokens"] == 5
+
+
+def test_events_in_one_read_are_counted_separately() -> None:
+    sc = SseScanner(strip_usage=False)
+    assert sc.feed(TOK[0] + TOK[1] + TOK[2]) == (TOK[0] + TOK[1] + TOK[2], 3)
+
+
+def test_partial_event_is_held_until_complete() -> None:
+    sc = SseScanner(strip_usage=False)
+    assert sc.feed(TOK[0][:10]) == (b"", 0)
+    assert sc.feed(TOK[0][10:]) == (TOK[0], 1)
+
+
+def test_completion_text_and_empty_text() -> None:
+    sc = SseScanner(strip_usage=False)
+    assert sc.feed(ev({"choices": [{"text": " hello"}]}))[1] == 1
+    assert sc.feed(ev({"choices": [{"text": "", "finish_reason": "stop"}]}))[1] == 0
+
+
+def test_crlf_separated_events() -> None:
+    sc = SseScanner(strip_usage=True)
+    crlf = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    out, n = sc.feed(crlf)
+    assert n == 5 and b'"usage"' not in out and out.endswith(b"[DONE]\r\n\r\n")
+
+
+def test_error_event_is_seen() -> None:
+    sc = SseScanner(strip_usage=True)
+    sc.feed(ev({"error": {"message": "boom"}}))
+    assert sc.error
+
+
+@settings(max_examples=200, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12),
+       strip=st.booleans())
+def test_any_split_into_reads_relays_the_same_bytes(cuts: list[int], strip: bool) -> None:
+    points = sorted(set(cuts))
+    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    out, tokens, sc = relay(chunks, strip)
+    assert out == (STREAM.replace(USAGE, b"") if strip else STREAM)
+    assert tokens == 5
+    assert sc.usage is not None and sc.usage["completion_tokens"] == 5
+
+
+def test_usage_of_non_streamed_body() -> None:
+    assert usage_of_body(b'{"usage": {"completion_tokens": 4}}') == {"completion_tokens": 4}
+    assert usage_of_body(b"not json") is None

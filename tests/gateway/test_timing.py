@@ -1,0 +1,34 @@
+"""TTFT/TPOT/ITL/E2E definitions (vllm bench serve) and SLO grading."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import SloClass
+from gateway.timing import goodput, latency, slo_met
+
+
+def test_stream_latency_uses_token_events_and_usage_count() -> None:
+    # first token at 0.2 s; 3 events at 0.2, 0.3 (2 events in one read), 0.5; 9 tokens
+    lat = latency(0.0, [(0.2, 1), (0.3, 2), (0.5, 1)], completion_tokens=9, end_s=0.6)
+    assert lat.ttft_s == pytest.approx(0.2)
+    assert lat.tpot_s == pytest.approx(0.3 / 8)  # from usage tokens, not from 4 events
+    assert lat.e2e_s == pytest.approx(0.5)
+    assert lat.itl_s == pytest.approx((0.1, 0.0, 0.2))
+    assert lat.itl_norm_s == pytest.approx(tuple(g / (8 / 3) for g in (0.1, 0.0, 0.2)))
+
+
+def test_non_stream_latency() -> None:
+    lat = latency(1.0, [], completion_tokens=5, end_s=1.5)
+    assert lat.e2e_s == pytest.approx(0.5) and lat.ttft_s == pytest.approx(0.5)
+    assert lat.tpot_s is None
+
+
+def test_slo_and_goodput() -> None:
+    slo = SloClass("i", ttft_s=0.5, tpot_s=0.05)
+    good = latency(0.0, [(0.4, 1), (0.44, 1)], 2, None)
+    slow = latency(0.0, [(0.6, 1), (0.64, 1)], 2, None)
+    assert slo_met(slo, good, ok=True)
+    assert not slo_met(slo, slow, ok=True)
+    assert not slo_met(slo, good, ok=False)
+    assert goodput([True, False, True, True], 2.0) == (1.5, 0.75)
