@@ -46,6 +46,9 @@ class GatewayMetrics:
                                "Arrival to upstream dispatch inside the gateway",
                                ("model",), buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                                                     0.01, 0.05, 0.1, 0.5, 1.0), registry=r)
+        self.upstream = Histogram("wattgate_upstream_seconds",
+                                  "Upstream dispatch to the end of the response",
+                                  ("model", "engine"), buckets=_E2E_BUCKETS, registry=r)
         self.prompt_tokens = Counter("wattgate_prompt_tokens", "Prompt tokens (engine usage)",
                                      REQUEST_LABELS, registry=r)
         self.completion_tokens = Counter("wattgate_completion_tokens",
@@ -97,6 +100,8 @@ class GatewayMetrics:
             completion.inc(rec.completion_tokens)
         if rec.gateway_queue_s is not None:
             self.queue.labels(rec.model).observe(rec.gateway_queue_s)
+        if rec.upstream_s is not None:
+            self.upstream.labels(rec.model, rec.engine).observe(rec.upstream_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

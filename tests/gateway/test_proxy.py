@@ -272,7 +272,8 @@ async def test_models_health_ready_and_metrics_endpoints() -> None:
     for name in ("wattgate_requests_total", "wattgate_ttft_seconds_bucket", "wattgate_tpot_seconds",
                  "wattgate_itl_seconds", "wattgate_e2e_seconds", "wattgate_slo_met_total",
                  "wattgate_prompt_tokens_total", "wattgate_completion_tokens_total",
-                 "wattgate_requests_in_flight", "wattgate_gateway_queue_seconds"):
+                 "wattgate_requests_in_flight", "wattgate_gateway_queue_seconds",
+                 "wattgate_upstream_seconds"):
         assert name in text, name
 
 
