@@ -300,6 +300,9 @@ class Proxy:
         except TimeoutError:
             error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
                                          code="upstream_timeout")
+        except asyncio.CancelledError:
+            upstream.close()  # the client went away (handler cancelled): abort the engine request
+            raise
         if scanner.usage:
             flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
             flight.completion_tokens = int(scanner.usage.get("completion_tokens") or 0)

@@ -174,10 +174,13 @@ async def test_midstream_failure_ends_stream_with_error_event_and_is_recorded() 
     assert rec.first_token_s is not None
 
 
-async def test_client_disconnect_cancels_the_upstream_request() -> None:
+@pytest.mark.parametrize("cancel_handler", [True, False])
+async def test_client_disconnect_cancels_the_upstream_request(cancel_handler: bool) -> None:
+    """Both when aiohttp cancels the handler and when the next write fails."""
     records: list[RequestRecord] = []
     async with fake_engine(FakeEngine(model="m", itl_s=0.05)) as eng, \
-            running_gateway(make_config([ep(eng)]), sinks=[records.append]) as gw:
+            running_gateway(make_config([ep(eng)]), sinks=[records.append],
+                            handler_cancellation=cancel_handler) as gw:
         async with aiohttp.ClientSession() as s, s.post(
                 gw + "/v1/completions", headers=AUTH,
                 json={"model": "m", "prompt": "a", "max_tokens": 200, "stream": True}) as r:
@@ -187,8 +190,13 @@ async def test_client_disconnect_cancels_the_upstream_request() -> None:
             if records:
                 break
             await asyncio.sleep(0.05)
+        for _ in range(50):
+            if eng.aborted:
+                break
+            await asyncio.sleep(0.05)
     assert records and records[0].status == "client_disconnected"
     assert records[0].completion_tokens < 200
+    assert eng.aborted == 1  # the engine saw its stream cancelled
 
 
 async def test_killing_one_of_two_endpoints_mid_run() -> None:

@@ -28,6 +28,7 @@ class FakeEngine:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
+    aborted: int = 0  # streams whose client went away before the end
 
     @property
     def url(self) -> str:
@@ -86,6 +87,15 @@ class FakeEngine:
         if chat:
             await resp.write(self._chunk(True, "", None))
         await asyncio.sleep(self.ttft_s)
+        try:
+            await self._stream(resp, request, chat, n, abort_after, body, usage)
+        except (ConnectionError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        return resp
+
+    async def _stream(self, resp: web.StreamResponse, request: web.Request, chat: bool, n: int,
+                      abort_after: int | None, body: dict[str, Any], usage: dict[str, int]) -> None:
         sent = events = 0
         while sent < n:
             k = min(self.tokens_per_event, n - sent)
@@ -95,7 +105,7 @@ class FakeEngine:
             if abort_after is not None and events >= abort_after:
                 assert request.transport is not None
                 request.transport.abort()
-                return resp
+                return
             if sent < n:
                 await asyncio.sleep(self.itl_s)
         options = body.get("stream_options") or {}
@@ -105,7 +115,6 @@ class FakeEngine:
                                                        "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
 
 def _dumps(value: Any) -> str:
@@ -113,9 +122,10 @@ def _dumps(value: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: web.Application, port: int = 0) -> AsyncIterator[int]:
+async def serving(app: web.Application, port: int = 0, *, handler_cancellation: bool = False
+                  ) -> AsyncIterator[int]:
     """Serve `app` on 127.0.0.1 (a free port unless given); yields the port."""
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=handler_cancellation)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()

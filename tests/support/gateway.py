@@ -45,8 +45,9 @@ def make_config(endpoints: Sequence[dict[str, Any]], **extra: Any) -> GatewayCon
 
 
 @contextlib.asynccontextmanager
-async def running_gateway(config: GatewayConfig, sinks: Sequence[Sink] = ()) -> AsyncIterator[str]:
-    """Serve the gateway on a free 127.0.0.1 port; yields its base URL."""
+async def running_gateway(config: GatewayConfig, sinks: Sequence[Sink] = (), *,
+                          handler_cancellation: bool = True) -> AsyncIterator[str]:
+    """Serve the gateway on a free 127.0.0.1 port (runner settings as `wattgate serve`)."""
     app = build_app(config, sinks=sinks)
-    async with serving(app) as port:
+    async with serving(app, handler_cancellation=handler_cancellation) as port:
         yield f"http://127.0.0.1:{port}"

@@ -1,0 +1,276 @@
+"""The `accounting:` section of the gateway config, parsed into a frozen dataclass.
+
+    accounting:
+      interval_s: 1           # wall-clock grid
+      flush_s: 0.5            # ledger write batching (a crash loses at most this window)
+      settle_s: 2             # an interval is apportioned this long after it ends
+      ledger: {kind: sqlite, path: wattgate-ledger.db}   # or {kind: postgres, dsn_env: PGDSN}
+      region: DE              # built-in grid intensity; or intensity: 381 | {csv: file}
+      pue: 1.1
+      price_usd_per_kwh: 0.08 # or {csv: file}
+      gpu_hour_usd: 3.0
+      embodied_g_per_gpu_s: 0.0
+      fit: {enabled: false, window: 300}
+      meters:                 # keyed by endpoint name; endpoints not listed use `model`
+        h100-bf16: {kind: sim, url: "http://127.0.0.1:8101", idle_power_w: 80}
+        h100-fp8: {kind: nvml, gpus: [0, 1], alpha: 0.06, beta: 1.0}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.meters.model import PowerModel
+from engines.meters.registry import METER_KINDS, URL_KINDS, MeterSpec
+from gateway.accounting.coefficients import Coefficients
+from gateway.accounting.pricing import (
+    DEFAULT_PRICE,
+    REGION_INTENSITY,
+    Pricing,
+    Series,
+    series_from_csv,
+)
+from gateway.errors import ConfigError
+
+LEDGER_KINDS: tuple[str, ...] = ("sqlite", "postgres")
+
+
+class _Reader:
+    """One mapping of the YAML tree, with its field path for error messages."""
+
+    def __init__(self, data: Any, path: str):
+        if not isinstance(data, Mapping):
+            raise ConfigError(path, f"expected a mapping, got {type(data).__name__}")
+        self.data = data
+        self.path = path
+        self.used: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}"
+
+    def get(self, key: str) -> Any:
+        self.used.add(key)
+        return self.data.get(key)
+
+    def text(self, key: str, default: str | None = None) -> str:
+        value = self.get(key)
+        value = default if value is None else value
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.at(key), "is required" if value is None
+                              else "must be a non-empty string")
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> str:
+        value = self.text(key, default)
+        if value not in allowed:
+            raise ConfigError(self.at(key), f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def number(self, key: str, default: float | None, *, minimum: float = 0.0,
+               inclusive: bool = False) -> float:
+        """A number > minimum (>= minimum when inclusive)."""
+        value = self.get(key)
+        value = default if value is None else value
+        if value is None:
+            raise ConfigError(self.at(key), "is required")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(self.at(key), "must be a number")
+        if value < minimum or (value == minimum and not inclusive):
+            raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
+        return float(value)
+
+    def opt_number(self, key: str) -> float | None:
+        if self.get(key) is None:
+            return None
+        return self.number(key, None, inclusive=True)
+
+    def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
+        value = self.get(key)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(self.at(key), f"must be an integer >= {minimum}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key)
+        value = default if value is None else value
+        if not isinstance(value, bool):
+            raise ConfigError(self.at(key), "must be true or false")
+        return value
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.get(key) or {}, self.at(key))
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise ConfigError(self.at(str(unknown[0])), "unknown field")
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    kind: str = "sqlite"
+    path: str = "wattgate-ledger.db"
+    dsn: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMeterConfig:
+    meter: MeterSpec
+    idle_power_w: float | None = None  # None: the meter's own value, else the model default
+    coefficients: Coefficients | None = None  # None: defaults for the engine's precision
+
+
+@dataclass(frozen=True, slots=True)
+class FitConfig:
+    enabled: bool = False
+    window: int = 300  # recent intervals with work used by the fit
+    every: int = 60  # refit after this many new intervals
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingConfig:
+    enabled: bool = True
+    interval_s: float = 1.0
+    flush_s: float = 0.5
+    poll_s: float = 0.25
+    settle_s: float = 2.0
+    max_lag_s: float = 10.0
+    ledger: LedgerConfig = LedgerConfig()
+    region: str = "WORLD"
+    pricing: Pricing = field(default_factory=Pricing)
+    fit: FitConfig = FitConfig()
+    meters: tuple[tuple[str, EngineMeterConfig], ...] = ()
+
+    def meter_for(self, endpoint: str) -> EngineMeterConfig:
+        for name, cfg in self.meters:
+            if name == endpoint:
+                return cfg
+        return EngineMeterConfig(MeterSpec(kind="model"))
+
+
+def _series(r: _Reader, key: str, default: Series, base: Path) -> Series:
+    raw = r.get(key)
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        raise ConfigError(r.at(key), "must be a number or {csv: path}")
+    if isinstance(raw, int | float):
+        if raw < 0:
+            raise ConfigError(r.at(key), "must be >= 0")
+        return Series.constant(float(raw))
+    sr = _Reader(raw, r.at(key))
+    path = Path(sr.text("csv"))
+    sr.finish()
+    try:
+        return series_from_csv(path if path.is_absolute() else base / path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(sr.at("csv"), str(exc)) from None
+
+
+def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
+    kind = r.choice("kind", LEDGER_KINDS, "sqlite")
+    if kind == "sqlite":
+        cfg = LedgerConfig(kind=kind, path=r.text("path", "wattgate-ledger.db"))
+    else:
+        dsn = r.get("dsn")
+        dsn_env = r.get("dsn_env")
+        if bool(dsn) == bool(dsn_env):
+            raise ConfigError(r.at("dsn"), "give exactly one of dsn or dsn_env")
+        if dsn_env:
+            value = env.get(str(dsn_env), "")
+            if not value:
+                raise ConfigError(r.at("dsn_env"), f"environment variable {dsn_env} is unset")
+            dsn = value
+        if not isinstance(dsn, str):
+            raise ConfigError(r.at("dsn"), "must be a string")
+        cfg = LedgerConfig(kind=kind, dsn=dsn)
+    r.finish()
+    return cfg
+
+
+def _gpus(r: _Reader) -> tuple[int, ...]:
+    raw = r.get("gpus")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(g, int) and g >= 0 for g in raw):
+        raise ConfigError(r.at("gpus"), "must be a list of GPU indices (integers >= 0)")
+    return tuple(raw)
+
+
+def _meter(r: _Reader) -> EngineMeterConfig:
+    kind = r.choice("kind", tuple(METER_KINDS))
+    url = ""
+    if kind in URL_KINDS:
+        url = r.text("url").rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(r.at("url"), "must start with http:// or https://")
+    idle = r.opt_number("idle_power_w")
+    alpha, beta = r.get("alpha"), r.get("beta")
+    coeffs = None
+    if alpha is not None or beta is not None:
+        coeffs = Coefficients(r.number("alpha", None, inclusive=True), r.number("beta", None))
+    model = PowerModel()
+    if kind == "model":
+        model = PowerModel(
+            idle_power_w=idle if idle is not None else model.idle_power_w,
+            prefill_j_per_token=r.number("prefill_j_per_token", model.prefill_j_per_token,
+                                      inclusive=True),
+            decode_j_per_token=r.number("decode_j_per_token", model.decode_j_per_token,
+                                     inclusive=True),
+        )
+    spec = MeterSpec(kind=kind, url=url, gpus=_gpus(r), power_model=model)
+    r.finish()
+    return EngineMeterConfig(meter=spec, idle_power_w=idle, coefficients=coeffs)
+
+
+def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
+                     base_dir: Path | None = None) -> AccountingConfig:
+    """Validate the `accounting:` mapping (None: defaults); raises ConfigError("accounting.x")."""
+    env = os.environ if env is None else env
+    base = base_dir or Path.cwd()
+    r = _Reader(raw if raw is not None else {}, "accounting")
+    interval_s = r.number("interval_s", 1.0)
+    flush_s = r.number("flush_s", 0.5)
+    if flush_s > interval_s and flush_s > 1.0:
+        raise ConfigError(r.at("flush_s"), "must be <= 1 s or <= interval_s")
+    region = r.text("region", "WORLD").upper()
+    if region not in REGION_INTENSITY and r.get("intensity") is None:
+        raise ConfigError(r.at("region"), f"{region!r} has no built-in intensity; give "
+                          f"intensity (one of {', '.join(sorted(REGION_INTENSITY))} is built in)")
+    intensity = _series(r, "intensity", Series.constant(REGION_INTENSITY.get(region, 0.0)), base)
+    pricing = Pricing(
+        pue=r.number("pue", 1.0, minimum=1.0, inclusive=True),
+        intensity_g_per_kwh=intensity,
+        price_usd_per_kwh=_series(r, "price_usd_per_kwh", DEFAULT_PRICE, base),
+        gpu_hour_usd=r.number("gpu_hour_usd", 0.0, inclusive=True),
+        embodied_g_per_gpu_s=r.number("embodied_g_per_gpu_s", 0.0, inclusive=True),
+    )
+    fr = r.sub("fit")
+    fit = FitConfig(enabled=fr.flag("enabled", False), window=fr.integer("window", 300, minimum=3),
+                    every=fr.integer("every", 60))
+    fr.finish()
+    meters_raw = r.get("meters") or {}
+    if not isinstance(meters_raw, Mapping):
+        raise ConfigError(r.at("meters"), "must be a mapping of endpoint name -> meter")
+    meters = tuple((str(name), _meter(_Reader(m, f"{r.at('meters')}.{name}")))
+                   for name, m in meters_raw.items())
+    cfg = AccountingConfig(
+        enabled=r.flag("enabled", True),
+        interval_s=interval_s,
+        flush_s=flush_s,
+        poll_s=r.number("poll_s", min(0.25, interval_s / 2)),
+        settle_s=r.number("settle_s", 2.0, inclusive=True),
+        max_lag_s=r.number("max_lag_s", 10.0),
+        ledger=_ledger(r.sub("ledger"), env),
+        region=region,
+        pricing=pricing,
+        fit=fit,
+        meters=meters,
+    )
+    r.finish()
+    return cfg

@@ -1,0 +1,1 @@
+"""The ledger: one interface (base.Ledger), two stores (SQLite, PostgreSQL)."""

@@ -1,0 +1,168 @@
+"""What the accounting service stores, and the one interface both ledger stores implement."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from gateway.accounting.work import WorkRow, interval_index
+from gateway.errors import WattgateError
+from gateway.records import RequestRecord
+
+HOUR_S = 3600.0
+
+
+class LedgerError(WattgateError):
+    """The ledger store failed (cannot open, migrate, read or write)."""
+
+    default_code = "ledger_error"
+
+
+def hour_of(t_s: float) -> int:
+    return math.floor(t_s / HOUR_S)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    request_id: str
+    tenant: str
+    model: str
+    engine: str
+    precision: str
+    slo_class: str
+    status: str
+    stream: bool
+    arrived_s: float  # wall clock
+    finished_s: float  # wall clock
+    prompt_tokens: int
+    completion_tokens: int
+    slo_met: bool
+    last_interval: int | None  # the interval of its finish; None when no engine ran it
+    replica: str
+
+    @classmethod
+    def from_record(cls, rec: RequestRecord, interval_s: float, replica: str) -> RequestRow:
+        finished = rec.wall(rec.finished_s)
+        ran = bool(rec.engine) and rec.dispatched_s is not None
+        return cls(rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision,
+                   rec.slo_class, rec.status, rec.stream, rec.arrived_wall_s, finished,
+                   rec.prompt_tokens, rec.completion_tokens, rec.slo_met,
+                   interval_index(finished, interval_s) if ran else None, replica)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWork:
+    engine: str
+    row: WorkRow
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """Where apportioning of one engine stopped: the next interval and the energy boundary."""
+
+    engine: str
+    next_interval: int
+    boundary_s: float
+    boundary_j: float
+    resets: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalRow:
+    engine: str
+    interval_idx: int
+    start_s: float
+    interval_s: float
+    model: str
+    precision: str
+    gpus: int
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    idle_j: float
+    idle_s: float
+    idle_carbon_g: float
+    idle_cost_usd: float
+    estimated: bool
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRow:
+    request_id: str
+    engine: str
+    interval_idx: int
+    start_s: float
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    gpu_s: float
+    carbon_g: float
+    cost_usd: float
+    estimated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWork:
+    """A work row read back for apportioning, with its tenant and whether it was apportioned."""
+
+    tenant: str
+    apportioned: bool
+    row: WorkRow
+
+
+@dataclass(frozen=True, slots=True)
+class UsageData:
+    """Raw aggregates for chargeback, grouped by (tenant, model, precision, engine, hour)."""
+
+    energy: list[tuple[Any, ...]]  # dims..., energy_j, static_j, carbon_g, cost_usd, estimated
+    requests: list[tuple[Any, ...]]  # dims..., requests, ok, prompt, completion, slo_met
+    idle: list[tuple[Any, ...]]  # engine, model, precision, hour, idle_j, carbon, cost, est.
+
+
+class Ledger(Protocol):
+    kind: str
+
+    async def open(self) -> None:
+        """Connect and migrate the schema to the current version."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork]) -> None:
+        """Store finished requests and their work rows (idempotent per request id)."""
+        ...
+
+    async def acquire_apportioner(self) -> bool:
+        """Try (without waiting) to become the one apportioner; True while held."""
+        ...
+
+    async def release_apportioner(self) -> None: ...
+
+    async def states(self) -> dict[str, EngineState]: ...
+
+    async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
+        """All work rows of `engine` in intervals first..last."""
+        ...
+
+    async def dirty(self, engine: str, before: int) -> list[int]:
+        """Intervals < before that hold work not yet apportioned (late records)."""
+        ...
+
+    async def intervals(self, engine: str, idxs: Sequence[int]) -> list[IntervalRow]: ...
+
+    async def commit(self, engine: str, intervals: Sequence[IntervalRow],
+                     shares: Sequence[ShareRow], done: Sequence[tuple[str, int]],
+                     state: EngineState | None) -> None:
+        """Atomically replace the shares of `intervals`, mark `done` (request, interval) work
+        rows apportioned and move the engine's state."""
+        ...
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        """One request with its energy, carbon and cost totals and finality."""
+        ...
+
+    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData: ...

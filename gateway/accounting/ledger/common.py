@@ -1,0 +1,141 @@
+"""The ledger logic both stores share; a store supplies fetch, transaction and the lock."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.base import (
+    EngineState,
+    EngineWork,
+    IntervalRow,
+    PendingWork,
+    RequestRow,
+    ShareRow,
+    UsageData,
+    hour_of,
+)
+from gateway.accounting.work import WorkRow
+
+Batch = tuple[str, list[tuple[Any, ...]]]
+
+
+def request_params(r: RequestRow) -> tuple[Any, ...]:
+    return (r.request_id, r.tenant, r.model, r.engine, r.precision, r.slo_class, r.status,
+            int(r.stream), r.arrived_s, r.finished_s, hour_of(r.finished_s), r.prompt_tokens,
+            r.completion_tokens, int(r.slo_met), r.last_interval, r.replica)
+
+
+def work_params(w: EngineWork) -> tuple[Any, ...]:
+    r = w.row
+    return (r.request_id, w.engine, r.interval_idx, r.prefill_tokens, r.decode_tokens,
+            r.residency_s, r.start_s)
+
+
+def interval_params(i: IntervalRow) -> tuple[Any, ...]:
+    return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
+            i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
+            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, hour_of(i.start_s))
+
+
+def share_params(s: ShareRow) -> tuple[Any, ...]:
+    return (s.request_id, s.engine, s.interval_idx, s.start_s, hour_of(s.start_s), s.energy_j,
+            s.static_j, s.dynamic_j, s.gpu_s, s.carbon_g, s.cost_usd, int(s.estimated))
+
+
+def _num(v: Any) -> Any:
+    # PostgreSQL returns NUMERIC aggregates as Decimal; both stores hand back plain numbers.
+    if v is None or isinstance(v, int | float | str):
+        return v
+    return float(v)
+
+
+class SqlLedger(ABC):
+    kind = "sql"
+
+    @abstractmethod
+    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    async def _transaction(self, batches: Sequence[Batch]) -> None: ...
+
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork]) -> None:
+        if not requests and not work:
+            return
+        await self._transaction([
+            (sql.INSERT_REQUEST, [request_params(r) for r in requests]),
+            (sql.INSERT_WORK, [work_params(w) for w in work]),
+        ])
+
+    async def states(self) -> dict[str, EngineState]:
+        rows = await self._fetch(sql.SELECT_STATES, ())
+        return {r[0]: EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]))
+                for r in rows}
+
+    async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
+        rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
+        return [PendingWork(r[7], bool(r[6]), WorkRow(r[0], int(r[1]), r[2], r[3], r[4], r[5]))
+                for r in rows]
+
+    async def dirty(self, engine: str, before: int) -> list[int]:
+        return [int(r[0]) for r in await self._fetch(sql.SELECT_DIRTY, (engine, before))]
+
+    async def intervals(self, engine: str, idxs: Sequence[int]) -> list[IntervalRow]:
+        if not idxs:
+            return []
+        wanted = set(idxs)
+        rows = await self._fetch(sql.SELECT_INTERVALS, (engine, min(idxs), max(idxs)))
+        return [IntervalRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9],
+                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16])
+                for r in rows if int(r[1]) in wanted]
+
+    async def commit(self, engine: str, intervals: Sequence[IntervalRow],
+                     shares: Sequence[ShareRow], done: Sequence[tuple[str, int]],
+                     state: EngineState | None) -> None:
+        batches: list[Batch] = [
+            (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
+            (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
+            (sql.INSERT_SHARE, [share_params(s) for s in shares]),
+            (sql.MARK_DONE, [(engine, idx, rid) for rid, idx in done]),
+        ]
+        if state is not None:
+            batches.append((sql.UPSERT_STATE, [(state.engine, state.next_interval,
+                                                state.boundary_s, state.boundary_j,
+                                                state.resets)]))
+        await self._transaction(batches)
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        rows = await self._fetch(sql.SELECT_REQUEST, (request_id,))
+        if not rows:
+            return None
+        out: dict[str, Any] = dict(zip(sql.REQUEST_COLUMNS, rows[0], strict=True))
+        out["stream"] = bool(out["stream"])
+        out["slo_met"] = bool(out["slo_met"])
+        n, energy, static, dynamic, gpu_s, carbon, cost, est = (
+            await self._fetch(sql.SELECT_REQUEST_TOTALS, (request_id,)))[0]
+        pending = (await self._fetch(sql.SELECT_REQUEST_PENDING, (request_id,)))[0][0]
+        final = True
+        if out["last_interval"] is not None:
+            nxt = await self._fetch(sql.SELECT_NEXT_INTERVAL, (out["engine"],))
+            # Final once the interval after its finish is apportioned and no work is pending.
+            final = bool(nxt) and int(nxt[0][0]) >= int(out["last_interval"]) + 2 and pending == 0
+        out.update(energy_j=_num(energy), static_j=_num(static), dynamic_j=_num(dynamic),
+                   gpu_s=_num(gpu_s), carbon_g=_num(carbon), cost_usd=_num(cost),
+                   energy_kwh=_num(energy) / 3.6e6, intervals=int(n), final=final,
+                   estimated=bool(est))
+        return out
+
+    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData:
+        extra: tuple[Any, ...] = (tenant,) if tenant else ()
+        energy = await self._fetch(sql.usage_sql(sql.USAGE_ENERGY, bool(tenant), "r.tenant"),
+                                   (since_s, until_s, *extra))
+        reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
+                                 (since_s, until_s, *extra))
+        idle = [] if tenant else await self._fetch(sql.USAGE_IDLE, (since_s, until_s))
+        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=_plain(idle))
+
+
+def _plain(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple(_num(v) for v in r) for r in rows]

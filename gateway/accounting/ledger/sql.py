@@ -1,0 +1,134 @@
+"""Schema migrations and statements shared by both stores (`?` placeholders; the PostgreSQL
+store rewrites them to `$n`). Column types are filled in per dialect."""
+
+from __future__ import annotations
+
+import re
+
+# version -> statements; a store applies every version above the one it finds, in order.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, (
+        """CREATE TABLE requests (
+            request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, model TEXT NOT NULL,
+            engine TEXT NOT NULL, precision TEXT NOT NULL, slo_class TEXT NOT NULL,
+            status TEXT NOT NULL, stream INTEGER NOT NULL, arrived_s {REAL} NOT NULL,
+            finished_s {REAL} NOT NULL, finished_hour {BIGINT} NOT NULL,
+            prompt_tokens {BIGINT} NOT NULL, completion_tokens {BIGINT} NOT NULL,
+            slo_met INTEGER NOT NULL, last_interval {BIGINT}, replica TEXT NOT NULL)""",
+        "CREATE INDEX requests_finished ON requests (finished_s)",
+        """CREATE TABLE work (
+            request_id TEXT NOT NULL, engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL,
+            prefill {REAL} NOT NULL, decode {REAL} NOT NULL, residency_s {REAL} NOT NULL,
+            start_s {REAL} NOT NULL, apportioned INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (engine, interval_idx, request_id))""",
+        "CREATE INDEX work_pending ON work (engine, interval_idx) WHERE apportioned = 0",
+        "CREATE INDEX work_request ON work (request_id)",
+        """CREATE TABLE intervals (
+            engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL, start_s {REAL} NOT NULL,
+            hour_idx {BIGINT} NOT NULL, interval_s {REAL} NOT NULL, model TEXT NOT NULL,
+            precision TEXT NOT NULL, gpus INTEGER NOT NULL, energy_j {REAL} NOT NULL,
+            static_j {REAL} NOT NULL, dynamic_j {REAL} NOT NULL, idle_j {REAL} NOT NULL,
+            idle_s {REAL} NOT NULL, idle_carbon_g {REAL} NOT NULL, idle_cost_usd {REAL} NOT NULL,
+            estimated INTEGER NOT NULL, alpha {REAL} NOT NULL, beta {REAL} NOT NULL,
+            PRIMARY KEY (engine, interval_idx))""",
+        "CREATE INDEX intervals_start ON intervals (start_s)",
+        """CREATE TABLE shares (
+            request_id TEXT NOT NULL, engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL,
+            start_s {REAL} NOT NULL, hour_idx {BIGINT} NOT NULL, energy_j {REAL} NOT NULL,
+            static_j {REAL} NOT NULL, dynamic_j {REAL} NOT NULL, gpu_s {REAL} NOT NULL,
+            carbon_g {REAL} NOT NULL, cost_usd {REAL} NOT NULL, estimated INTEGER NOT NULL,
+            PRIMARY KEY (engine, interval_idx, request_id))""",
+        "CREATE INDEX shares_request ON shares (request_id)",
+        "CREATE INDEX shares_start ON shares (start_s)",
+        """CREATE TABLE engine_state (
+            engine TEXT PRIMARY KEY, next_interval {BIGINT} NOT NULL, boundary_s {REAL} NOT NULL,
+            boundary_j {REAL} NOT NULL, resets INTEGER NOT NULL)""",
+    )),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+CREATE_VERSION = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+GET_VERSION = "SELECT MAX(version) FROM schema_version"
+SET_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
+
+INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class,
+    status, stream, arrived_s, finished_s, finished_hour, prompt_tokens, completion_tokens,
+    slo_met, last_interval, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (request_id) DO NOTHING"""
+INSERT_WORK = """INSERT INTO work (request_id, engine, interval_idx, prefill, decode, residency_s,
+    start_s, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
+SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
+SELECT_WORK = """SELECT w.request_id, w.interval_idx, w.prefill, w.decode, w.residency_s,
+    w.start_s, w.apportioned, COALESCE(r.tenant, '') FROM work w
+    LEFT JOIN requests r ON r.request_id = w.request_id
+    WHERE w.engine = ? AND w.interval_idx >= ? AND w.interval_idx <= ?"""
+SELECT_DIRTY = """SELECT DISTINCT interval_idx FROM work
+    WHERE engine = ? AND apportioned = 0 AND interval_idx < ? ORDER BY interval_idx"""
+INTERVAL_COLUMNS = ("engine, interval_idx, start_s, interval_s, model, precision, gpus, energy_j, "
+                    "static_j, dynamic_j, idle_j, idle_s, idle_carbon_g, idle_cost_usd, "
+                    "estimated, alpha, beta")
+SELECT_INTERVALS = f"""SELECT {INTERVAL_COLUMNS} FROM intervals
+    WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+UPSERT_INTERVAL = f"""INSERT INTO intervals ({INTERVAL_COLUMNS}, hour_idx)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (engine, interval_idx) DO UPDATE SET energy_j = excluded.energy_j,
+    static_j = excluded.static_j, dynamic_j = excluded.dynamic_j, idle_j = excluded.idle_j,
+    idle_s = excluded.idle_s, idle_carbon_g = excluded.idle_carbon_g,
+    idle_cost_usd = excluded.idle_cost_usd, estimated = excluded.estimated,
+    alpha = excluded.alpha, beta = excluded.beta"""
+DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
+INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
+    static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+MARK_DONE = """UPDATE work SET apportioned = 1
+    WHERE engine = ? AND interval_idx = ? AND request_id = ?"""
+UPSERT_STATE = """INSERT INTO engine_state (engine, next_interval, boundary_s, boundary_j, resets)
+    VALUES (?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
+    next_interval = excluded.next_interval, boundary_s = excluded.boundary_s,
+    boundary_j = excluded.boundary_j, resets = excluded.resets"""
+
+SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
+    arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, last_interval, replica
+    FROM requests WHERE request_id = ?"""
+REQUEST_COLUMNS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", "status",
+                   "stream", "arrived_s", "finished_s", "prompt_tokens", "completion_tokens",
+                   "slo_met", "last_interval", "replica")
+SELECT_REQUEST_TOTALS = """SELECT COUNT(*), COALESCE(SUM(energy_j), 0), COALESCE(SUM(static_j), 0),
+    COALESCE(SUM(dynamic_j), 0), COALESCE(SUM(gpu_s), 0), COALESCE(SUM(carbon_g), 0),
+    COALESCE(SUM(cost_usd), 0), COALESCE(MAX(estimated), 0) FROM shares WHERE request_id = ?"""
+SELECT_REQUEST_PENDING = "SELECT COUNT(*) FROM work WHERE request_id = ? AND apportioned = 0"
+SELECT_NEXT_INTERVAL = "SELECT next_interval FROM engine_state WHERE engine = ?"
+
+USAGE_ENERGY = """SELECT r.tenant, r.model, r.precision, s.engine, s.hour_idx, SUM(s.energy_j),
+    SUM(s.static_j), SUM(s.carbon_g), SUM(s.cost_usd), MAX(s.estimated)
+    FROM shares s JOIN requests r ON r.request_id = s.request_id
+    WHERE s.start_s >= ? AND s.start_s < ? {TENANT}
+    GROUP BY r.tenant, r.model, r.precision, s.engine, s.hour_idx"""
+USAGE_REQUESTS = """SELECT tenant, model, precision, engine, finished_hour, COUNT(*),
+    CAST(SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS BIGINT),
+    CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT),
+    CAST(SUM(slo_met) AS BIGINT)
+    FROM requests WHERE finished_s >= ? AND finished_s < ? {TENANT}
+    GROUP BY tenant, model, precision, engine, finished_hour"""
+USAGE_IDLE = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle_carbon_g),
+    SUM(idle_cost_usd), MAX(estimated) FROM intervals
+    WHERE start_s >= ? AND start_s < ? GROUP BY engine, model, precision, hour_idx"""
+
+
+def schema(dialect: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    types = ({"REAL": "REAL", "BIGINT": "INTEGER"} if dialect == "sqlite"
+             else {"REAL": "DOUBLE PRECISION", "BIGINT": "BIGINT"})
+    return tuple((v, tuple(s.format(**types) for s in stmts)) for v, stmts in MIGRATIONS)
+
+
+def usage_sql(template: str, tenant: bool, column: str) -> str:
+    return template.format(TENANT=f"AND {column} = ?" if tenant else "")
+
+
+_PLACEHOLDER = re.compile(r"\?")
+
+
+def numbered(sql: str) -> str:
+    """`?` placeholders -> PostgreSQL's `$1, $2, ...`."""
+    counter = iter(range(1, 10_000))
+    return _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)

@@ -1,0 +1,121 @@
+"""SQLite ledger: WAL, one connection on one worker thread so the event loop never blocks.
+
+Several gateway processes on a host may share the file; exactly one apportions, chosen by an
+exclusive `flock` on `<path>.apportioner.lock` (released by the OS if the process dies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.base import LedgerError
+from gateway.accounting.ledger.common import Batch, SqlLedger
+
+T = TypeVar("T")
+
+
+class SqliteLedger(SqlLedger):
+    kind = "sqlite"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger")
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            if self._conn is None:
+                raise LedgerError("sqlite ledger is not open")
+            try:
+                return fn(self._conn)
+            except sqlite3.Error as exc:
+                raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def _connect(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               timeout=10.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a process crash loses nothing committed; only power loss can.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        self._conn = conn
+
+    async def open(self) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot open sqlite ledger {self.path}: {exc}") from exc
+        await self._run(_migrate)
+
+    async def close(self) -> None:
+        await self.release_apportioner()
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await asyncio.get_running_loop().run_in_executor(self._pool, conn.close)
+        self._pool.shutdown(wait=True)
+
+    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return await self._run(lambda c: c.execute(query, params).fetchall())
+
+    async def _transaction(self, batches: Sequence[Batch]) -> None:
+        def tx(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                for statement, rows in batches:
+                    if rows:
+                        c.executemany(statement, rows)
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+        await self._run(tx)
+
+    async def acquire_apportioner(self) -> bool:
+        if self._lock_fd is not None:
+            return True
+        fd = os.open(f"{self.path}.apportioner.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        return True
+
+    async def release_apportioner(self) -> None:
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _migrate(c: sqlite3.Connection) -> None:
+    c.execute("BEGIN IMMEDIATE")
+    try:
+        c.execute(sql.CREATE_VERSION)
+        current = c.execute(sql.GET_VERSION).fetchone()[0] or 0
+        for version, statements in sql.schema("sqlite"):
+            if version <= current:
+                continue
+            for statement in statements:
+                c.execute(statement)
+            c.execute(sql.SET_VERSION, (version,))
+    except BaseException:
+        c.execute("ROLLBACK")
+        raise
+    c.execute("COMMIT")
