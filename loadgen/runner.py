@@ -1,0 +1,106 @@
+"""One run: plan -> client (one process or several) -> summary -> energy. The shell around the
+pure plan and summary functions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from loadgen import energy, metrics
+from loadgen.client import (
+    ClientOptions,
+    Progress,
+    RequestResult,
+    Target,
+    make_session,
+    progress_reporter,
+    run_plan,
+)
+from loadgen.workers import run_workers
+from loadgen.workload import PlannedRequest, Workload, build_plan, requested_rate_rps
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    workers: int = 1
+    lag_threshold_s: float = metrics.DEFAULT_LAG_THRESHOLD_S
+    admin_key: str = ""
+    fetch_energy: bool = True
+    energy_wait_s: float = 5.0
+    progress: bool = True
+    client: ClientOptions = field(default_factory=ClientOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    label: str
+    target: Target
+    summary: metrics.Summary
+    requests: list[metrics.RequestMetrics]
+    energy_fetch: energy.EnergyFetch | None
+    energy_overall: energy.EnergyStats | None
+    energy_by_tenant: tuple[energy.EnergyStats, ...]
+    energy_by_precision: tuple[energy.EnergyStats, ...]
+
+    @property
+    def energy_note(self) -> str:
+        if self.energy_fetch is None:
+            return "n/a: energy fetch disabled"
+        if self.energy_overall is None:
+            return f"n/a: {self.energy_fetch.reason}"
+        return self.energy_fetch.reason
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: int | None,
+                  opts: RunOptions, write: Callable[[str], None] = _stderr
+                  ) -> list[RequestResult]:
+    """Send the plan from this process (with a live progress line) or from worker processes."""
+    if opts.workers > 1:
+        results, _ = await asyncio.to_thread(run_workers, plan, target, opts.workers,
+                                             opts=opts.client, concurrency=concurrency)
+        return results
+    progress = Progress()
+    reporter = (asyncio.get_running_loop().create_task(progress_reporter(progress, write))
+                if opts.progress else None)
+    try:
+        t0 = time.monotonic() + 0.05
+        return await run_plan(plan, target, t0=t0, concurrency=concurrency, opts=opts.client,
+                              progress=progress)
+    finally:
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            write("\n")
+
+
+async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str = "",
+                       plan: Sequence[PlannedRequest] | None = None,
+                       write: Callable[[str], None] = _stderr) -> RunOutcome:
+    plan = build_plan(w) if plan is None else plan
+    results = await execute(plan, target, w.concurrency, opts, write)
+    summary, per_request = metrics.summarize(
+        results, w.slo, requested_rate_rps=requested_rate_rps(w, plan), label=label,
+        lag_threshold_s=opts.lag_threshold_s, closed_loop=w.concurrency is not None)
+    fetch = None
+    if opts.fetch_energy:
+        session = make_session(opts.client)
+        try:
+            fetch = await energy.fetch_energy(session, target.base_url, opts.admin_key, results,
+                                              wait_final_s=opts.energy_wait_s)
+        finally:
+            await session.close()
+    return RunOutcome(
+        label=label, target=target, summary=summary, requests=per_request, energy_fetch=fetch,
+        energy_overall=energy.overall_energy(fetch, results, label or "all") if fetch else None,
+        energy_by_tenant=energy.group_energy(fetch, results, "tenant") if fetch else (),
+        energy_by_precision=energy.group_energy(fetch, results, "precision") if fetch else ())
