@@ -1,0 +1,76 @@
+"""`wattgate sim` (one simulated engine) and `wattgate sim fleet FILE` (several)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import uvloop
+
+from engines.sim.catalog import GPUS, MODELS, PRECISIONS
+from engines.sim.config import DIALECTS, SimConfig, SimConfigError
+from engines.sim.fleet import load_fleet, serve_until_signal
+
+
+def _run(configs: list[SimConfig]) -> None:
+    def announce(line: str) -> None:
+        click.echo(line)
+
+    try:
+        uvloop.run(serve_until_signal(configs, announce))
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve: {exc}") from None
+
+
+@click.group(invoke_without_command=True)
+@click.option("--gpu", type=click.Choice(sorted(GPUS)), help="Catalogued GPU.")
+@click.option("--model", type=click.Choice(sorted(MODELS)), help="Catalogued model.")
+@click.option("--precision", type=click.Choice(sorted(PRECISIONS)), help="Weight precision.")
+@click.option("--dialect", type=click.Choice(DIALECTS), default="vllm", show_default=True)
+@click.option("--port", type=int, help="TCP port (0: any free port).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
+@click.option("--time-scale", type=float, default=1.0, show_default=True,
+              help="Simulated seconds per wall-clock second.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds response ids.")
+@click.option("--max-batch", type=int, default=256, show_default=True,
+              help="Most requests in one batch (vLLM --max-num-seqs).")
+@click.option("--fixed-ttft-ms", type=float, default=None,
+              help="Fixed timing: first token this long after arrival.")
+@click.option("--fixed-itl-ms", type=float, default=None,
+              help="Fixed timing: then one token every this long.")
+@click.option("--tokens-per-event", type=int, default=1, show_default=True,
+              help="Tokens coalesced per SSE event (vLLM --stream-interval).")
+@click.pass_context
+def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str | None,
+        dialect: str, port: int | None, host: str, tp: int, served_model_name: str | None,
+        time_scale: float, seed: int, max_batch: int, fixed_ttft_ms: float | None,
+        fixed_itl_ms: float | None, tokens_per_event: int) -> None:
+    """Run a simulated vLLM / trtllm-serve engine (roofline timing, power model, energy counter)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    missing = [flag for flag, value in (("--gpu", gpu), ("--model", model),
+                                        ("--precision", precision), ("--port", port))
+               if value is None]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)}")
+    assert gpu and model and precision and port is not None
+    cfg = SimConfig(gpu, model, precision, dialect, port, host, tp, served_model_name,
+                    time_scale, seed, max_batch, fixed_ttft_ms, fixed_itl_ms, tokens_per_event)
+    try:
+        cfg.resolve()
+    except SimConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _run([cfg])
+
+
+@sim.command("fleet")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def fleet(file: Path) -> None:
+    """Run every engine of a fleet YAML file in this process; one `ready NAME URL` line each."""
+    try:
+        configs = load_fleet(file)
+    except SimConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _run(configs)

@@ -1,0 +1,69 @@
+"""Several simulated engines in one process, from one YAML file.
+
+```yaml
+defaults: {gpu: h100, model: llama-3.1-8b, served_model_name: llama-3.1-8b}
+engines:
+  - {name: h100-bf16, precision: bf16, dialect: vllm, port: 8101}
+```
+Each engine entry takes the fields of `wattgate sim` (dashes or underscores); `defaults`
+fills what an entry leaves out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engines.sim.config import SimConfig, SimConfigError, config_from_mapping
+from engines.sim.server import RunningEngine, start_engine, stop_engine
+
+
+def load_fleet(path: Path) -> list[SimConfig]:
+    """Validated engine configs of a fleet file; raises SimConfigError naming the field."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SimConfigError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("engines"), list) or not raw["engines"]:
+        raise SimConfigError(f"{path}: engines: must be a non-empty list")
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SimConfigError(f"{path}: defaults: must be a mapping")
+    configs = []
+    for i, entry in enumerate(raw["engines"]):
+        if not isinstance(entry, dict):
+            raise SimConfigError(f"engines[{i}]: must be a mapping")
+        configs.append(config_from_mapping({**defaults, **entry}, f"engines[{i}]"))
+    ports = [c.port for c in configs if c.port]
+    if len(ports) != len(set(ports)):
+        raise SimConfigError("engines: two engines share a port")
+    labels = [c.label for c in configs]
+    if len(labels) != len(set(labels)):
+        raise SimConfigError("engines: two engines share a name")
+    return configs
+
+
+async def serve_until_signal(configs: Sequence[SimConfig],
+                             announce: Callable[[str], None] = print) -> None:
+    """Start every engine, announce `ready NAME URL` per engine, serve until SIGINT/SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started: list[RunningEngine] = []
+    try:
+        for cfg in configs:
+            engine = await start_engine(cfg)
+            started.append(engine)
+            announce(f"ready {cfg.label} {engine.url}")
+        await stop.wait()
+    finally:
+        for engine in reversed(started):
+            await stop_engine(engine)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
