@@ -66,7 +66,10 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     work_total = math.fsum(alpha * r.prefill_tokens + beta * r.decode_tokens for r in rows)
     busy = busy_seconds(rows, interval_s) if res_total > 0.0 else 0.0
     static_busy = static * (busy / interval_s) if res_total > 0.0 else 0.0
-    idle = (static - static_busy) + (dynamic if work_total <= 0.0 else 0.0)
+    if res_total <= 0.0 and work_total <= 0.0:
+        idle = energy_j
+    else:
+        idle = (static - static_busy) + (dynamic if work_total <= 0.0 else 0.0)
     shares = []
     for r in rows:
         f_res = r.residency_s / res_total if res_total > 0.0 else 0.0

@@ -1,0 +1,128 @@
+"""`wattgate agent`: a small HTTP service exposing one node's GPU energy counters as JSON.
+
+Runs on each GPU node (a Kubernetes DaemonSet) so gateways elsewhere can meter engines they
+do not share a host with. GET /v1/energy -> {"timestamp_s", "gpus": [{"index", "energy_j"}]},
+the same document the simulated engine serves, read by the `agent` meter kind.
+`--fake-replay FILE` serves recorded counters instead of NVML: JSON lines
+{"t_s": seconds since start, "gpus": [{"index", "energy_j"}]}, linearly interpolated in time
+and held at the last line, for tests and demos on machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from aiohttp import web
+
+from engines.meters.base import MeterError
+from engines.meters.nvml import NvmlMeter
+
+Source = Callable[[], tuple[float, list[tuple[int, float]]]]
+
+
+class ReplaySource:
+    """Recorded counters replayed against elapsed time (monotonic clock)."""
+
+    def __init__(self, points: Sequence[tuple[float, dict[int, float]]], *,
+                 wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic):
+        if not points:
+            raise ValueError("replay needs at least one recorded reading")
+        self._t = [p[0] for p in points]
+        self._gpus = [p[1] for p in points]
+        self._wall = wall
+        self._mono = mono
+        self._start = mono()
+
+    @classmethod
+    def from_file(cls, path: Path, **clocks: Callable[[], float]) -> ReplaySource:
+        points = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                doc = orjson.loads(line)
+                gpus = {int(g["index"]): float(g["energy_j"]) for g in doc["gpus"]}
+                points.append((float(doc["t_s"]), gpus))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{n}: bad replay line: {exc!r}") from None
+        return cls(sorted(points, key=lambda p: p[0]), **clocks)
+
+    def __call__(self) -> tuple[float, list[tuple[int, float]]]:
+        elapsed = self._mono() - self._start
+        i = bisect.bisect_right(self._t, elapsed)
+        if i == 0:
+            cur = self._gpus[0]
+        elif i >= len(self._t):
+            cur = self._gpus[-1]
+        else:
+            t0, t1 = self._t[i - 1], self._t[i]
+            a, b = self._gpus[i - 1], self._gpus[i]
+            f = (elapsed - t0) / (t1 - t0) if t1 > t0 else 1.0
+            # A drop between two points is a recorded reset: hold, then step at the next point.
+            cur = {g: (a[g] + f * (b[g] - a[g]) if b[g] >= a[g] else a[g]) for g in b}
+        return self._wall(), sorted(cur.items())
+
+
+def nvml_source(gpus: Sequence[int] | None) -> Source:
+    import pynvml
+
+    pynvml.nvmlInit()
+    indices = list(gpus) if gpus else list(range(pynvml.nvmlDeviceGetCount()))
+    meter = NvmlMeter(indices, nvml=pynvml)
+    # Raw (unoffset) counters would reset with the driver; publish the monotonic series.
+
+    def read() -> tuple[float, list[tuple[int, float]]]:
+        r = meter.read_sync()
+        return r.timestamp_s, list(zip(indices, r.energy_j, strict=True))
+
+    return read
+
+
+def build_agent_app(source: Source) -> web.Application:
+    async def energy(_: web.Request) -> web.Response:
+        try:
+            ts, gpus = source()
+        except MeterError as exc:
+            return web.json_response({"error": str(exc)}, status=503, dumps=_dumps)
+        doc: dict[str, Any] = {"timestamp_s": ts,
+                               "gpus": [{"index": i, "energy_j": e} for i, e in gpus]}
+        return web.Response(body=orjson.dumps(doc), content_type="application/json")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/v1/energy", energy)
+    app.router.add_get("/health", health)
+    return app
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+@click.command("agent")
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", type=int, default=9400, show_default=True)
+@click.option("--gpus", default="", help="comma-separated GPU indices (default: all)")
+@click.option("--fake-replay", "fake_replay", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), default=None, help="serve recorded counters instead of NVML")
+def agent(host: str, port: int, gpus: str, fake_replay: Path | None) -> None:
+    """Serve this node's GPU energy counters as JSON at GET /v1/energy."""
+    indices = [int(g) for g in gpus.split(",") if g.strip()] or None
+    try:
+        source: Source = (ReplaySource.from_file(fake_replay) if fake_replay
+                          else nvml_source(indices))
+    except (MeterError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_agent_app(source), host=host, port=port, print=None)

@@ -1,0 +1,83 @@
+"""The meter protocol and the pieces every meter kind shares.
+
+A meter returns cumulative joules per GPU (in the order of the GPUs it was given) with a
+wall-clock timestamp. Hardware counters can reset (driver reload, GPU reset) or wrap;
+`ResetTracker` turns raw counters into a monotonic series so that energy measured before a
+reset is never lost: after a reset the raw counter restarts near zero and the tracker adds
+the last value seen before it as an offset. Energy spent between the last read before a
+reset and the reset itself is unknowable and is not invented.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class MeterError(RuntimeError):
+    """A meter could not produce a reading (device gone, HTTP error, bad payload)."""
+
+
+class CounterUnsupportedError(MeterError):
+    """The device has no energy counter (pre-Volta GPU, MIG instance, GH200 GPU scope)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyReading:
+    """Cumulative energy of each metered GPU at `timestamp_s` (wall clock, seconds)."""
+
+    timestamp_s: float
+    energy_j: tuple[float, ...]
+    estimated: bool = False  # True when no hardware counter stands behind the numbers
+    resets: int = 0  # counter resets or wraps seen so far by this meter
+    idle_power_w: float | None = None  # the source's own idle power, when it publishes one
+
+    @property
+    def total_j(self) -> float:
+        """The engine's energy: the sum over all its GPUs."""
+        return math.fsum(self.energy_j)
+
+
+class Meter(Protocol):
+    kind: str
+    estimated: bool
+
+    async def read(self) -> EnergyReading:
+        """One reading; raises MeterError when the source cannot be read."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ResetTracker:
+    """Makes raw per-GPU counters monotonic across resets and wraps."""
+
+    __slots__ = ("_last_raw", "_offset", "resets")
+
+    def __init__(self, n_gpus: int):
+        self._last_raw: list[float | None] = [None] * n_gpus
+        self._offset = [0.0] * n_gpus
+        self.resets = 0
+
+    def update(self, raw_j: Sequence[float]) -> tuple[float, ...]:
+        out = []
+        for i, raw in enumerate(raw_j):
+            last = self._last_raw[i]
+            if last is not None and raw < last:
+                # The counter restarted (or wrapped): everything up to `last` was measured.
+                self._offset[i] += last
+                self.resets += 1
+            self._last_raw[i] = raw
+            out.append(self._offset[i] + raw)
+        return tuple(out)
+
+
+def pick_gpus(by_index: dict[int, float], gpus: Sequence[int], source: str) -> list[float]:
+    """Counters of the configured GPUs, in config order; a missing GPU is an error."""
+    missing = [g for g in gpus if g not in by_index]
+    if missing:
+        raise MeterError(f"{source}: no energy counter for GPU {missing[0]} "
+                         f"(has {sorted(by_index)})")
+    return [by_index[g] for g in gpus]

@@ -1,0 +1,399 @@
+"""The accounting service: hot-path `record()`, and a background loop that polls meters,
+writes the ledger in batches and (in exactly one replica) apportions closed intervals.
+
+Wiring in an aiohttp app:  app.cleanup_ctx.append(service.cleanup_ctx)
+and hand every finished RequestRecord to `service.record(rec)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.meters.base import Meter, MeterError
+from engines.meters.model import ModelMeter
+from engines.meters.registry import make_meter
+from gateway.accounting.apportion import apportion
+from gateway.accounting.coefficients import Coefficients, default_for, fit_intervals, fitted
+from gateway.accounting.config import AccountingConfig, LedgerConfig
+from gateway.accounting.energy import Boundary, EnergyTrack
+from gateway.accounting.ledger.base import (
+    EngineState,
+    EngineWork,
+    IntervalRow,
+    Ledger,
+    LedgerError,
+    PendingWork,
+    RequestRow,
+    ShareRow,
+)
+from gateway.accounting.metrics import AccountingMetrics
+from gateway.accounting.work import WorkRow, interval_index, work_rows
+from gateway.records import RequestRecord
+
+log = logging.getLogger("wattgate.accounting")
+
+DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
+MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the gateway config says about one endpoint."""
+
+    name: str
+    model: str
+    precision: str
+    gpus: int = 1
+
+
+def make_ledger(cfg: LedgerConfig) -> Ledger:
+    if cfg.kind == "postgres":
+        from gateway.accounting.ledger.postgres import PostgresLedger
+
+        return PostgresLedger(cfg.dsn)
+    from gateway.accounting.ledger.sqlite import SqliteLedger
+
+    return SqliteLedger(cfg.path)
+
+
+@dataclass
+class _Engine:
+    info: EngineInfo
+    meter: Meter
+    idle_power_w: float | None  # None until configured or published by the meter
+    coeffs: Coefficients
+    estimated: bool
+    track: EnergyTrack = field(default_factory=EnergyTrack)
+    state: EngineState | None = None
+    carry_j: float = 0.0
+    samples: deque[tuple[float, float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=300))
+    since_fit: int = 0
+
+
+class AccountingService:
+    def __init__(self, config: AccountingConfig, engines: Sequence[EngineInfo], *,
+                 ledger: Ledger | None = None, meters: dict[str, Meter] | None = None,
+                 registry: Any = None, clock: Callable[[], float] = time.time,
+                 replica: str | None = None):
+        self.config = config
+        self.ledger = ledger if ledger is not None else make_ledger(config.ledger)
+        self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
+        self._clock = clock
+        self._pending: list[RequestRecord] = []
+        self._requests: list[RequestRow] = []
+        self._work: list[EngineWork] = []
+        self._last_flush = 0.0
+        self._is_apportioner = False
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self.metrics = AccountingMetrics(registry) if registry is not None else None
+        self.engines: dict[str, _Engine] = {}
+        for info in engines:
+            cfg = config.meter_for(info.name)
+            meter = (meters or {}).get(info.name) or make_meter(cfg.meter)
+            idle = cfg.idle_power_w
+            if isinstance(meter, ModelMeter):
+                idle = meter.model.idle_power_w
+            self.engines[info.name] = _Engine(
+                info=info, meter=meter, idle_power_w=idle,
+                coeffs=cfg.coefficients or default_for(info.precision),
+                estimated=meter.estimated,
+                samples=deque(maxlen=config.fit.window))
+        self._started_s = clock()
+
+    # --- hot path ---------------------------------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        """Queue a finished request for the ledger (O(1), no I/O)."""
+        self._pending.append(rec)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.ledger.open()
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="wattgate-accounting")
+
+    async def stop(self) -> None:
+        """Stop the loop, write everything recorded, release the apportioner lock."""
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.ingest()
+        with contextlib.suppress(LedgerError):
+            await self.flush()
+        await self.ledger.close()
+        for eng in self.engines.values():
+            with contextlib.suppress(MeterError):
+                await eng.meter.close()
+
+    async def cleanup_ctx(self, _app: object) -> AsyncIterator[None]:
+        await self.start()
+        yield
+        await self.stop()
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.step()
+            except LedgerError as exc:
+                # The ledger may be briefly unreachable; records stay buffered until it is back.
+                log.warning("accounting step failed: %s", exc)
+                if self.metrics:
+                    self.metrics.ledger_errors.inc()
+            await asyncio.sleep(self.config.poll_s)
+
+    # --- one step -----------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        """Poll meters, write due batches, apportion what is ready (if this replica may)."""
+        await self.poll_meters()
+        self.ingest()
+        now = self._clock()
+        if now - self._last_flush >= self.config.flush_s:
+            await self.flush()
+        if await self._take_apportioner():
+            await self.apportion_ready(now)
+
+    async def poll_meters(self) -> None:
+        engines = [e for e in self.engines.values() if not isinstance(e.meter, ModelMeter)]
+        results = await asyncio.gather(*(e.meter.read() for e in engines),
+                                       return_exceptions=True)
+        for eng, res in zip(engines, results, strict=True):
+            if isinstance(res, MeterError):
+                log.warning("meter of %s: %s", eng.info.name, res)
+                if self.metrics:
+                    self.metrics.meter_errors.labels(eng.info.name).inc()
+                continue
+            if isinstance(res, BaseException):
+                raise res
+            eng.track.add(res.timestamp_s, res.total_j, estimated=res.estimated)
+            if eng.idle_power_w is None and res.idle_power_w is not None:
+                eng.idle_power_w = res.idle_power_w
+            if self.metrics:
+                self.metrics.meter_resets.labels(eng.info.name).set(res.resets + eng.track.resets)
+
+    def ingest(self) -> None:
+        """Turn queued records into ledger rows (pure CPU, runs on the loop between polls)."""
+        pending, self._pending = self._pending, []
+        dt = self.config.interval_s
+        for rec in pending:
+            self._requests.append(RequestRow.from_record(rec, dt, self.replica))
+            for row in work_rows(rec, dt):
+                self._work.append(EngineWork(rec.engine, row))
+        if self.metrics:
+            self.metrics.pending.set(len(self._requests))
+
+    async def flush(self) -> None:
+        self._last_flush = self._clock()
+        if not self._requests and not self._work:
+            return
+        requests, work = self._requests, self._work
+        self._requests, self._work = [], []
+        try:
+            await self.ledger.append(requests, work)
+        except LedgerError:
+            self._requests[:0] = requests
+            self._work[:0] = work
+            raise
+
+    async def _take_apportioner(self) -> bool:
+        held = await self.ledger.acquire_apportioner()
+        if held and not self._is_apportioner:
+            # Newly in charge: continue exactly where the previous apportioner stopped.
+            states = await self.ledger.states()
+            for name, eng in self.engines.items():
+                st = states.get(name)
+                eng.state = None
+                eng.carry_j = 0.0
+                if st is not None:
+                    eng.track.anchor(Boundary(st.boundary_s, st.boundary_j))
+                    own = eng.track.energy_at(st.boundary_s)
+                    eng.state = EngineState(name, st.next_interval, st.boundary_s,
+                                            st.boundary_j if own is None else own, st.resets)
+        self._is_apportioner = held
+        return held
+
+    # --- apportioning -------------------------------------------------------------------------
+
+    def _init_state(self, eng: _Engine) -> EngineState | None:
+        dt = self.config.interval_s
+        if isinstance(eng.meter, ModelMeter):
+            k0 = interval_index(self._started_s, dt)
+            return EngineState(eng.info.name, k0, k0 * dt, 0.0)
+        first = eng.track.first
+        if first is None:
+            return None
+        k0 = interval_index(first.time_s, dt) + 1
+        e0 = eng.track.energy_at(k0 * dt)
+        return None if e0 is None else EngineState(eng.info.name, k0, k0 * dt, e0)
+
+    def _ready(self, eng: _Engine, st: EngineState, now: float) -> list[tuple[int, float | None]]:
+        """Intervals whose end has settled, with the cumulative energy at their end."""
+        dt = self.config.interval_s
+        out: list[tuple[int, float | None]] = []
+        k = st.next_interval
+        while (k + 1) * dt <= now - self.config.settle_s and len(out) < MAX_INTERVALS_PER_STEP:
+            t_end = (k + 1) * dt
+            if isinstance(eng.meter, ModelMeter):
+                out.append((k, None))
+            else:
+                e_end = eng.track.energy_at(t_end)
+                if e_end is None:
+                    if now - t_end <= self.config.max_lag_s:
+                        break  # wait for the meter to catch up
+                    # The meter is silent: close the interval with what it has shown; the rest
+                    # stays in the counter and lands in a later interval.
+                    e_end = eng.track.energy_at(t_end, hold=True)
+                    e_end = st.boundary_j if e_end is None else e_end
+                out.append((k, e_end))
+            k += 1
+        return out
+
+    async def apportion_ready(self, now: float) -> int:
+        """Apportion every settled interval and every interval revised by late work."""
+        done = 0
+        for eng in self.engines.values():
+            if eng.state is None:
+                eng.state = self._init_state(eng)
+            if eng.state is not None:
+                done += await self._apportion_engine(eng, eng.state, now)
+        return done
+
+    async def _apportion_engine(self, eng: _Engine, st: EngineState, now: float) -> int:
+        ready = self._ready(eng, st, now)
+        dirty = await self.ledger.dirty(eng.info.name, st.next_interval)
+        if not ready and not dirty:
+            self._publish_residual(eng, st)
+            return 0
+        name = eng.info.name
+        by_idx: dict[int, list[PendingWork]] = {}
+        if ready:
+            for pw in await self.ledger.work(name, ready[0][0], ready[-1][0]):
+                by_idx.setdefault(pw.row.interval_idx, []).append(pw)
+        if dirty:
+            for pw in await self.ledger.work(name, dirty[0], dirty[-1]):
+                if pw.row.interval_idx in dirty:
+                    by_idx.setdefault(pw.row.interval_idx, []).append(pw)
+        intervals: list[IntervalRow] = []
+        shares: list[ShareRow] = []
+        marks: list[tuple[str, int]] = []
+        tenant_new: dict[str, list[float]] = {}
+        boundary_s, boundary_j = st.boundary_s, st.boundary_j
+        for k, e_end in ready:
+            rows = by_idx.get(k, [])
+            if e_end is None:  # estimated from the work itself
+                assert isinstance(eng.meter, ModelMeter)
+                energy = eng.meter.interval_energy_j(
+                    self.config.interval_s, math.fsum(p.row.prefill_tokens for p in rows),
+                    math.fsum(p.row.decode_tokens for p in rows))
+                e_end = boundary_j + energy
+            raw = e_end - boundary_j + eng.carry_j
+            eng.carry_j = min(raw, 0.0)  # a negative step is carried, never dropped
+            boundary_s, boundary_j = (k + 1) * self.config.interval_s, e_end
+            self._one(eng, k, max(raw, 0.0), rows, intervals, shares, marks, tenant_new)
+        stored = {i.interval_idx: i for i in await self.ledger.intervals(name, dirty)}
+        for k in dirty:
+            old = stored.get(k)
+            if old is None:
+                # Work from before this engine was first metered: no measured energy to share.
+                marks.extend((p.row.request_id, k) for p in by_idx.get(k, []))
+                continue
+            self._one(eng, k, old.energy_j, by_idx.get(k, []), intervals, shares, marks,
+                      tenant_new)
+            if self.metrics:
+                self.metrics.revisions.labels(name).inc()
+        new_state = EngineState(name, ready[-1][0] + 1 if ready else st.next_interval,
+                                boundary_s, boundary_j, eng.track.resets)
+        await self.ledger.commit(name, intervals, shares, marks, new_state)
+        eng.state = new_state
+        eng.track.prune(boundary_s)
+        self._after_commit(eng, new_state, intervals[:len(ready)], tenant_new)
+        return len(intervals)
+
+    def _one(self, eng: _Engine, k: int, energy_j: float, rows: list[PendingWork],
+             intervals: list[IntervalRow], shares: list[ShareRow], marks: list[tuple[str, int]],
+             tenant_new: dict[str, list[float]]) -> None:
+        dt = self.config.interval_s
+        info = eng.info
+        idle_w = (eng.idle_power_w if eng.idle_power_w is not None
+                  else DEFAULT_IDLE_W_PER_GPU * info.gpus)
+        work = [p.row for p in rows]
+        result = apportion(energy_j, dt, idle_w, work, eng.coeffs.alpha, eng.coeffs.beta)
+        t0 = k * dt
+        pricing = self.config.pricing
+        estimated = eng.estimated or eng.track.estimated
+        intervals.append(IntervalRow(
+            info.name, k, t0, dt, info.model, info.precision, info.gpus, energy_j,
+            result.static_j, result.dynamic_j, result.idle_j, result.idle_s,
+            pricing.carbon_g(result.idle_j, result.idle_s * info.gpus, t0),
+            pricing.cost_usd(result.idle_j, result.idle_s * info.gpus, t0),
+            estimated, eng.coeffs.alpha, eng.coeffs.beta))
+        tenants = {p.row.request_id: (p.tenant, p.apportioned) for p in rows}
+        for s in result.shares:
+            gpu_s = s.busy_s * info.gpus
+            carbon = pricing.carbon_g(s.energy_j, gpu_s, t0)
+            cost = pricing.cost_usd(s.energy_j, gpu_s, t0)
+            shares.append(ShareRow(s.request_id, info.name, k, t0, s.energy_j, s.static_j,
+                                   s.dynamic_j, gpu_s, carbon, cost, estimated))
+            tenant, was_done = tenants[s.request_id]
+            if not was_done:
+                acc = tenant_new.setdefault(tenant, [0.0, 0.0, 0.0])
+                acc[0] += s.energy_j
+                acc[1] += carbon
+                acc[2] += cost
+        marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
+        if work and self.config.fit.enabled:
+            eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),
+                                math.fsum(r.decode_tokens for r in work)))
+
+    def _after_commit(self, eng: _Engine, st: EngineState, new: list[IntervalRow],
+                      tenant_new: dict[str, list[float]]) -> None:
+        if self.config.fit.enabled:
+            eng.since_fit += len(new)
+            if eng.since_fit >= self.config.fit.every:
+                eng.since_fit = 0
+                fit = fit_intervals(list(eng.samples))
+                if fit is not None:
+                    eng.coeffs = fitted(fit)
+                    if fit.idle_power_w > 0:
+                        eng.idle_power_w = fit.idle_power_w
+        m = self.metrics
+        if m is None:
+            return
+        for tenant, (energy, carbon, cost) in tenant_new.items():
+            m.tenant_energy.labels(tenant).inc(energy)
+            m.tenant_carbon.labels(tenant).inc(carbon)
+            m.tenant_cost.labels(tenant).inc(cost)
+        m.engine_energy.labels(eng.info.name).inc(math.fsum(i.energy_j for i in new))
+        m.engine_idle.labels(eng.info.name).inc(math.fsum(i.idle_j for i in new))
+        self._publish_residual(eng, st)
+
+    def _publish_residual(self, eng: _Engine, st: EngineState) -> None:
+        latest = eng.track.latest
+        if self.metrics and latest is not None:
+            self.metrics.residual.labels(eng.info.name).set(
+                max(0.0, latest.energy_j - st.boundary_j - eng.carry_j))
+
+    # --- reads for handlers -------------------------------------------------------------------
+
+    @property
+    def is_apportioner(self) -> bool:
+        return self._is_apportioner
+
+    def work_rows_of(self, rec: RequestRecord) -> list[WorkRow]:
+        return work_rows(rec, self.config.interval_s)
