@@ -1,0 +1,101 @@
+"""One measured load run: wrk (pinned beside the engine) against one target, with CPU accounting.
+
+Proxy CPU is utime+stime of the proxy's processes from /proc/PID/stat, read before and after
+the run; the load client's CPU comes from wait4's rusage; the engine's like the proxy's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from bench.overhead.targets import API_KEY, ENGINE_CORE, HERE
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PATH = "/v1/completions"
+
+# The client does not ask for usage: the gateway must force include_usage upstream and strip
+# the usage chunk, the path most OpenAI clients take. The engine sends the 16 events in one
+# write when the prompt says "burst".
+BODIES = {
+    "stream16": b'{"model":"m","prompt":"split","max_tokens":16,"stream":true}',
+    "stream16_burst": b'{"model":"m","prompt":"burst","max_tokens":16,"stream":true}',
+    "nonstream": b'{"model":"m","prompt":"plain","max_tokens":16}',
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    requests: int
+    duration_s: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    proxy_cpu_s: float
+    engine_cpu_s: float
+    client_cpu_s: float
+
+    @property
+    def proxy_cpu_us_per_req(self) -> float:
+        return self.proxy_cpu_s * 1e6 / self.requests if self.requests else float("nan")
+
+    @property
+    def core0_busy(self) -> float:
+        """Share of the engine+client core in use: near 1.0 means they, not the proxy, limit."""
+        return (self.engine_cpu_s + self.client_cpu_s) / self.duration_s if self.duration_s else 0.0
+
+
+def cpu_s(pids: list[int]) -> float:
+    """utime+stime of the given processes, in seconds (processes that are gone count 0)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return ticks / CLK_TCK
+
+
+def run_wrk(url: str, mode: str, connections: int, duration_s: float, proxy_pids: list[int],
+            engine_pids: list[int]) -> RunResult:
+    """One wrk run, bounded by duration (and a hard timeout); raises on a failed run."""
+    env = {**os.environ, "BENCH_BODY": BODIES[mode].decode(), "BENCH_API_KEY": API_KEY}
+    cmd = ["taskset", "-c", ENGINE_CORE, "wrk", "-t1", f"-c{connections}",
+           f"-d{max(1, round(duration_s))}s", "--timeout", "5s", "-s", str(HERE / "post.lua"), url + PATH]
+    proxy0, engine0 = cpu_s(proxy_pids), cpu_s(engine_pids)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + duration_s + 20
+    status, rusage = 0, None
+    while time.monotonic() < deadline:
+        pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        proc.wait()
+        raise TimeoutError(f"wrk against {url} ran past {duration_s + 20:.0f} s")
+    proxy1, engine1 = cpu_s(proxy_pids), cpu_s(engine_pids)
+    assert proc.stdout is not None
+    out = proc.stdout.read().decode(errors="replace")
+    proc.stdout.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_JSON ")), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {out[-500:]}")
+    r = orjson.loads(line.removeprefix("BENCH_JSON "))
+    duration = r["duration_us"] / 1e6
+    errors = sum(r[k] for k in ("err_connect", "err_read", "err_write", "err_status", "err_timeout"))
+    assert rusage is not None
+    return RunResult(requests=r["requests"], duration_s=duration,
+                     rps=r["requests"] / duration if duration else 0.0,
+                     p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, errors=errors,
+                     proxy_cpu_s=proxy1 - proxy0, engine_cpu_s=engine1 - engine0,
+                     client_cpu_s=rusage.ru_utime + rusage.ru_stime)

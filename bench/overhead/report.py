@@ -1,0 +1,154 @@
+"""Aggregate raw runs into medians, ratios and target checks; render Markdown (pure)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+MODES = ("stream16", "stream16_burst", "nonstream")
+MODE_TITLES = {
+    "stream16": "Streaming, 16 token events, each in its own engine write",
+    "stream16_burst": "Streaming, 16 token events arriving in one engine write",
+    "nonstream": "Non-streaming (one JSON response with usage)",
+}
+ADDED_P50_TARGET_MS = 0.3  # issue target: added p50 at c=1
+NONSTREAM_SHARE_TARGET = 0.5  # issue target: non-streaming req/s >= 50% of vllm-router's
+
+
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def summarise(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (mode, connections, target): medians over runs; added p50 vs the direct path
+    is taken per run (same run, same cell) before the median."""
+    direct_p50 = {(r["run"], r["mode"], r["connections"]): r["p50_ms"]
+                  for r in raw if r["target"] == "direct"}
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in raw:
+        cells.setdefault((r["mode"], r["connections"], r["target"]), []).append(r)
+    rows = []
+    for (mode, conns, target), runs in cells.items():
+        added = [r["p50_ms"] - direct_p50[(r["run"], mode, conns)] for r in runs
+                 if (r["run"], mode, conns) in direct_p50]
+        rows.append({
+            "mode": mode, "connections": conns, "target": target, "runs": len(runs),
+            "rps": _median([r["rps"] for r in runs]),
+            "p50_ms": _median([r["p50_ms"] for r in runs]),
+            "p99_ms": _median([r["p99_ms"] for r in runs]),
+            "added_p50_ms": _median(added) if target != "direct" else 0.0,
+            "proxy_cpu_us_per_req": _median([r["proxy_cpu_us_per_req"] for r in runs]),
+            "core0_busy": _median([r["core0_busy"] for r in runs]),
+            "errors": sum(r["errors"] for r in runs),
+            "requests": sum(r["requests"] for r in runs),
+        })
+    order = {m: i for i, m in enumerate(MODES)}
+    targets = ["direct", "wattgate", "aiohttp-naive", "nginx", "vllm-router"]
+    rows.sort(key=lambda x: (order.get(x["mode"], 99), x["connections"],
+                             targets.index(x["target"]) if x["target"] in targets else 99))
+    return rows
+
+
+def _row(rows: Sequence[dict[str, Any]], mode: str, conns: int, target: str
+         ) -> dict[str, Any] | None:
+    return next((r for r in rows if (r["mode"], r["connections"], r["target"])
+                 == (mode, conns, target)), None)
+
+
+def checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets for wattgate, each with the measured numbers and a verdict."""
+    out: list[dict[str, Any]] = []
+    conns_all = sorted({r["connections"] for r in rows})
+    for mode in MODES:
+        for conns in conns_all:
+            wg, vr = _row(rows, mode, conns, "wattgate"), _row(rows, mode, conns, "vllm-router")
+            if wg is None or vr is None:
+                continue
+            ratio = wg["rps"] / vr["rps"] if vr["rps"] else float("nan")
+            if mode == "nonstream":
+                out.append({"check": f"{mode} c={conns}: req/s >= 50% of vllm-router",
+                            "wattgate": wg["rps"], "vllm_router": vr["rps"], "ratio": ratio,
+                            "met": ratio >= NONSTREAM_SHARE_TARGET})
+            else:
+                out.append({"check": f"{mode} c={conns}: streams/s >= vllm-router",
+                            "wattgate": wg["rps"], "vllm_router": vr["rps"], "ratio": ratio,
+                            "met": ratio >= 1.0})
+                cpu_ratio = wg["proxy_cpu_us_per_req"] / vr["proxy_cpu_us_per_req"]
+                out.append({"check": f"{mode} c={conns}: CPU-us per stream <= vllm-router",
+                            "wattgate": wg["proxy_cpu_us_per_req"],
+                            "vllm_router": vr["proxy_cpu_us_per_req"], "ratio": cpu_ratio,
+                            "met": cpu_ratio <= 1.0})
+    for mode in MODES:
+        wg = _row(rows, mode, 1, "wattgate")
+        if wg is not None:
+            out.append({"check": f"{mode} c=1: added p50 <= {ADDED_P50_TARGET_MS} ms",
+                        "wattgate": wg["added_p50_ms"], "vllm_router": None, "ratio": None,
+                        "met": wg["added_p50_ms"] <= ADDED_P50_TARGET_MS})
+    return out
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:,.{digits}f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows, meta = result["summary"], result["meta"]
+    lines = [
+        "# Gateway overhead benchmark",
+        "",
+        f"Generated by `python -m bench.gateway_overhead{' --quick' if meta['quick'] else ''}` "
+        f"on {meta['date']} (commit `{meta['commit']}`).",
+        "",
+        f"Machine: {meta['cpu']} ({meta['cpus']} CPUs), {meta['kernel']}. "
+        f"Engine (C epoll server) and load client (wrk {meta['versions'].get('wrk', '?')}, 1 thread) "
+        f"pinned to core 0, the proxy under test to core 1. "
+        f"{meta['runs']} interleaved run(s) of {meta['duration_s']:g} s per cell; medians shown. "
+        f"Load average at start: {meta['loadavg']}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(meta["versions"].items())) + ".",
+        "",
+        "Columns: req/s (streams/s for streaming), p50/p99 latency to the end of the response, "
+        "added p50 vs the direct path in the same run, proxy CPU-µs per request (utime+stime of "
+        "the proxy's processes over the run / requests; for `direct` it is the engine's own), "
+        "`vs vllm-router` = req/s ratio, and core-0 busy share (engine + client; near 1.0 means "
+        "they, not the proxy, were the limit).",
+        "",
+    ]
+    conns_all = sorted({r["connections"] for r in rows})
+    for mode in MODES:
+        if not any(r["mode"] == mode for r in rows):
+            continue
+        lines += [f"## {MODE_TITLES[mode]}", "",
+                  "| c | target | req/s | p50 ms | p99 ms | added p50 ms | proxy CPU-µs/req "
+                  "| vs vllm-router | core-0 busy | errors |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for conns in conns_all:
+            vr = _row(rows, mode, conns, "vllm-router")
+            for r in rows:
+                if r["mode"] != mode or r["connections"] != conns:
+                    continue
+                vs = r["rps"] / vr["rps"] if vr and vr["rps"] else None
+                lines.append(
+                    f"| {conns} | {r['target']} | {_fmt(r['rps'], 0)} | {_fmt(r['p50_ms'], 3)} "
+                    f"| {_fmt(r['p99_ms'], 3)} | {_fmt(r['added_p50_ms'], 3)} "
+                    f"| {_fmt(r['proxy_cpu_us_per_req'], 0)} | {_fmt(vs, 2)} "
+                    f"| {_fmt(r['core0_busy'], 2)} | {r['errors']} |")
+        lines.append("")
+    lines += ["## Targets (wattgate, from the gateway-core issue)", "",
+              "| check | wattgate | vllm-router | ratio | met |", "|---|---:|---:|---:|---|"]
+    for c in result["checks"]:
+        lines.append(f"| {c['check']} | {_fmt(c['wattgate'], 3 if c['ratio'] is None else 0)} "
+                     f"| {_fmt(c['vllm_router'], 0)} | {_fmt(c['ratio'], 2)} "
+                     f"| {'yes' if c['met'] else '**no**'} |")
+    met = sum(1 for c in result["checks"] if c["met"])
+    lines += ["", f"{met} of {len(result['checks'])} checks met.", ""]
+    if result.get("preflight"):
+        lines += ["## Response checks before the load", ""]
+        lines += [f"- {p}" for p in result["preflight"]]
+        lines.append("")
+    return "\n".join(lines)

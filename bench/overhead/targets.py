@@ -1,0 +1,276 @@
+"""Start the benchmark's processes (fast engine, wattgate, nginx, vllm-router), pinned to cores.
+
+Every process runs in its own session so it can be stopped as a group; `Fleet` stops them all
+on exit, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BENCH_VENV = REPO / ".venv-bench"
+API_KEY = "sk-bench-overhead"
+ENGINE_CORE = "0"  # the engine and the load client
+PROXY_CORE = "1"  # the proxy under test
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_tools(install: bool) -> None:
+    """wrk, nginx, gcc, taskset on PATH and vllm-router in .venv-bench; installs what is missing
+    when `install` is set (Debian packages with apt-get, vllm-router and py-spy with pip)."""
+    missing = [t for t in ("wrk", "gcc", "taskset") if shutil.which(t) is None]
+    if not (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
+        missing.append("nginx")
+    if missing:
+        if not install:
+            raise SystemExit(f"missing tools {missing}: apt-get install wrk nginx-light gcc util-linux "
+                             f"(or rerun with --install)")
+        log(f"installing {missing} with apt-get")
+        pkgs = ["nginx-light" if t == "nginx" else "util-linux" if t == "taskset" else t
+                for t in missing]
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-q", *pkgs], check=True, env=env, timeout=600)
+    router = BENCH_VENV / "bin" / "vllm-router"
+    if not router.exists():
+        if not install:
+            raise SystemExit(f"missing {router}: python3 -m venv .venv-bench && "
+                             f".venv-bench/bin/pip install vllm-router py-spy (or rerun with --install)")
+        log("creating .venv-bench with vllm-router and py-spy")
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True, timeout=300)
+        subprocess.run([str(BENCH_VENV / "bin" / "pip"), "install", "-q", "vllm-router", "py-spy"],
+                       check=True, timeout=900)
+
+
+def nginx_bin() -> str:
+    return shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s: {last}")
+
+
+@dataclass
+class Target:
+    """One way to reach the engine: directly or through a proxy."""
+
+    name: str
+    url: str  # base URL the load client hits
+    proc: subprocess.Popen[bytes] | None = None  # the proxy; None for the direct path
+    pids: list[int] = field(default_factory=list)  # processes whose CPU is the proxy's
+
+
+@dataclass
+class Fleet:
+    workdir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[object] = field(default_factory=list)
+
+    def spawn(self, name: str, cmd: Sequence[str], core: str) -> subprocess.Popen[bytes]:
+        out = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all
+        self.logs.append(out)
+        proc = subprocess.Popen(["taskset", "-c", core, *cmd], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        for out in self.logs:
+            out.close()  # type: ignore[attr-defined]
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants (nginx: master and worker)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(parents.get(pid, []))
+    return tree
+
+
+def build_engine(workdir: Path) -> Path:
+    binary = workdir / "fast_engine"
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(HERE / "fast_engine.c")], check=True,
+                   timeout=120)
+    return binary
+
+
+def start_engine(fleet: Fleet, binary: Path) -> str:
+    port = free_port()
+    proc = fleet.spawn("engine", [str(binary), str(port)], ENGINE_CORE)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/health", proc, 10)
+    return url
+
+
+def _gateway_config(engine_url: str, port: int) -> str:
+    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    # JSON is YAML: the gateway's loader reads it as is.
+    return f"""{{
+  "listen": {{"host": "127.0.0.1", "port": {port}}},
+  "routing": {{"policy": "round_robin"}},
+  "slo_classes": {{"interactive": {{"ttft_s": 0.5, "tpot_s": 0.05}}}},
+  "default_slo_class": "interactive",
+  "tenants": [{{"name": "bench", "api_key_sha256": "{digest}", "slo_class": "interactive"}}],
+  "models": [{{"name": "m", "endpoints": [
+     {{"name": "fast", "url": "{engine_url}", "kind": "openai", "precision": "bf16"}}]}}],
+  "health": {{"interval_s": 2, "timeout_s": 1, "scrape_metrics": false}},
+  "timeouts": {{"connect_s": 2, "first_byte_s": 10, "read_s": 10, "total_s": 30}}
+}}
+"""
+
+
+def start_wattgate(fleet: Fleet, engine_url: str) -> Target:
+    port = free_port()
+    cfg = fleet.workdir / "wattgate.yaml"
+    cfg.write_text(_gateway_config(engine_url, port))
+    proc = fleet.spawn("wattgate", [sys.executable, "-m", "wattgate_cli", "serve", "--config",
+                                    str(cfg), "--port", str(port), "--log-level", "warning"],
+                       PROXY_CORE)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/readyz", proc, 60)
+    return Target("wattgate", url, proc, process_tree(proc.pid))
+
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/nginx-body;
+  proxy_temp_path {workdir}/nginx-proxy;
+  upstream engine {{
+    server {engine};
+    keepalive 256;
+  }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    keepalive_requests 1000000;
+    location / {{
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+      tcp_nodelay on;
+    }}
+  }}
+}}
+"""
+
+
+def start_nginx(fleet: Fleet, engine_url: str) -> Target:
+    port = free_port()
+    conf = fleet.workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(workdir=fleet.workdir, port=port,
+                                      engine=engine_url.removeprefix("http://")))
+    proc = fleet.spawn("nginx", [nginx_bin(), "-p", str(fleet.workdir), "-c", str(conf)],
+                       PROXY_CORE)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/health", proc, 20)
+    time.sleep(0.2)  # let the master fork its worker before the process tree is read
+    return Target("nginx", url, proc, process_tree(proc.pid))
+
+
+def start_vllm_router(fleet: Fleet, engine_url: str) -> Target:
+    port = free_port()
+    cmd = [str(BENCH_VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", engine_url, "--policy", "round_robin", "--log-level", "warning",
+           "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1"]
+    proc = fleet.spawn("vllm-router", cmd, PROXY_CORE)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/health", proc, 90)
+    return Target("vllm-router", url, proc, process_tree(proc.pid))
+
+
+def start_aiohttp_naive(fleet: Fleet, engine_url: str) -> Target:
+    port = free_port()
+    proc = fleet.spawn("aiohttp-naive", [sys.executable, str(HERE / "naive_proxy.py"), str(port),
+                                         engine_url], PROXY_CORE)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/health", proc, 30)
+    return Target("aiohttp-naive", url, proc, process_tree(proc.pid))
+
+
+@contextlib.contextmanager
+def fleet(workdir: Path, names: Sequence[str]) -> Iterator[list[Target]]:
+    """The engine plus each named proxy, all running; the direct path is always first."""
+    f = Fleet(workdir)
+    try:
+        engine_url = start_engine(f, build_engine(workdir))
+        log(f"fast engine on {engine_url} (core {ENGINE_CORE})")
+        engine_pids = process_tree(f.procs[0].pid)
+        targets = [Target("direct", engine_url, None, engine_pids)]
+        starters = {"wattgate": start_wattgate, "nginx": start_nginx,
+                    "vllm-router": start_vllm_router, "aiohttp-naive": start_aiohttp_naive}
+        for name in names:
+            target = starters[name](f, engine_url)
+            log(f"{name} on {target.url} (core {PROXY_CORE}, pids {target.pids})")
+            targets.append(target)
+        yield targets
+    finally:
+        f.stop_all()
