@@ -1,0 +1,206 @@
+"""The accounting service on a real SQLite ledger: conservation, accuracy, restart, one
+apportioner per file, late records, and the chargeback report."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from engines.meters.base import EnergyReading
+from engines.meters.registry import MeterSpec
+from gateway.accounting.coefficients import Coefficients
+from gateway.accounting.config import AccountingConfig, EngineMeterConfig
+from gateway.accounting.ledger.base import Ledger
+from gateway.accounting.ledger.sqlite import SqliteLedger
+from gateway.accounting.report import IDLE_TENANT, build_report
+from gateway.accounting.service import AccountingService, EngineInfo
+from gateway.accounting.work import interval_index
+from tests.unit.test_accounting_accuracy import T0_WALL, EngineRun, run_engine
+
+IDLE_W = 90.0
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ReplayMeter:
+    """Serves a run's recorded counter as it stood at the clock's time."""
+
+    kind = "replay"
+    estimated = False
+
+    def __init__(self, readings: Sequence[tuple[float, float]], clock: Clock):
+        self._t = [r[0] for r in readings]
+        self._e = [r[1] for r in readings]
+        self._clock = clock
+
+    async def read(self) -> EnergyReading:
+        i = max(0, bisect.bisect_right(self._t, self._clock()) - 1)
+        return EnergyReading(self._t[i], (self._e[i],))
+
+    async def close(self) -> None:
+        return None
+
+
+def make_config(**kw: float) -> AccountingConfig:
+    meter = EngineMeterConfig(MeterSpec(kind="sim"), idle_power_w=IDLE_W,
+                              coefficients=Coefficients(0.004 / 0.12, 1.0))
+    return AccountingConfig(interval_s=1.0, flush_s=0.5, settle_s=kw.get("settle_s", 2.0),
+                            meters=(("e0", meter),))
+
+
+def make_service(ledger: Ledger, run: EngineRun, clock: Clock, **kw: float) -> AccountingService:
+    return AccountingService(make_config(**kw), [EngineInfo("e0", "m", "bf16", 1)],
+                             ledger=ledger, meters={"e0": ReplayMeter(run.readings, clock)},
+                             clock=clock)
+
+
+async def drive(svc: AccountingService, run: EngineRun, clock: Clock, until_s: float,
+                *, step_s: float = 0.25, hold: frozenset[str] = frozenset()) -> None:
+    """Advance the clock, hand records over as requests finish, run the service's steps."""
+    recs = sorted((r for r in run.records if r.request_id not in hold),
+                  key=lambda r: r.wall(r.finished_s))
+    i = 0
+    while clock.t < until_s:
+        clock.t += step_s
+        while i < len(recs) and recs[i].wall(recs[i].finished_s) <= clock.t:
+            if recs[i].wall(recs[i].finished_s) > clock.t - 10 * step_s:
+                svc.record(recs[i])
+            i += 1
+        await svc.step()
+
+
+async def conservation(ledger: Ledger, engine: str = "e0") -> tuple[float, float, float, int]:
+    """(sum of interval energy, sum of shares + idle, metered boundary delta, intervals)."""
+    state = (await ledger.states())[engine]
+    first = interval_index(T0_WALL, 1.0) + 1
+    intervals = await ledger.intervals(engine, list(range(first, state.next_interval)))
+    usage = await ledger.usage(0.0, 1e12, None)
+    shares = math.fsum(r[5] for r in usage.energy)
+    idle = math.fsum(r[4] for r in usage.idle)
+    return (math.fsum(i.energy_j for i in intervals), shares + idle,
+            state.boundary_j, len(intervals))
+
+
+def truth_energy_at(run: EngineRun, t: float) -> float:
+    ts = [r[0] for r in run.readings]
+    i = bisect.bisect_left(ts, t)
+    (t0, e0), (t1, e1) = run.readings[i - 1], run.readings[i]
+    return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+
+
+@pytest.mark.timeout(60)
+async def test_service_on_sqlite_conserves_energy_and_matches_truth(tmp_path: Path) -> None:
+    run = run_engine(5, duration_s=30.0)
+    clock = Clock(T0_WALL)
+    svc = make_service(SqliteLedger(tmp_path / "l.db"), run, clock)
+    await svc.ledger.open()
+    end = run.readings[-1][0]
+    await drive(svc, run, clock, end)
+    intervals_j, shares_idle_j, boundary_j, n = await conservation(svc.ledger)
+    first_boundary = (interval_index(T0_WALL, 1.0) + 1) * 1.0
+    assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
+    assert intervals_j == pytest.approx(boundary_j - truth_energy_at(run, first_boundary), rel=1e-9)
+    assert n >= 30
+    errs = []
+    for rid, truth in run.truth_j.items():
+        got = await svc.ledger.request(rid)
+        assert got is not None and got["final"] and not got["estimated"]
+        errs.append(abs(got["energy_j"] - truth) / truth)
+    assert statistics.median(errs) <= 0.05
+    await svc.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_restart_resumes_where_apportioning_stopped(tmp_path: Path) -> None:
+    """Stop half way, start a new service on the same file: every interval exactly once."""
+    run = run_engine(6, duration_s=20.0)
+    clock = Clock(T0_WALL)
+    svc = make_service(SqliteLedger(tmp_path / "l.db"), run, clock)
+    await svc.ledger.open()
+    await drive(svc, run, clock, T0_WALL + 10.0)
+    await svc.stop()
+    stopped_at = (await _states(tmp_path / "l.db"))["e0"].next_interval
+    clock.t += 3.0  # down for a while: the meter keeps counting
+    svc2 = make_service(SqliteLedger(tmp_path / "l.db"), run, clock)
+    await svc2.ledger.open()
+    await drive(svc2, run, clock, run.readings[-1][0])
+    intervals_j, shares_idle_j, boundary_j, n = await conservation(svc2.ledger)
+    state = (await svc2.ledger.states())["e0"]
+    first = interval_index(T0_WALL, 1.0) + 1
+    assert n == state.next_interval - first > stopped_at - first
+    assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
+    assert intervals_j == pytest.approx(boundary_j - truth_energy_at(run, first * 1.0), rel=1e-9)
+    await svc2.stop()
+
+
+async def _states(path: Path) -> dict[str, object]:
+    ledger = SqliteLedger(path)
+    await ledger.open()
+    try:
+        return dict(await ledger.states())
+    finally:
+        await ledger.close()
+
+
+async def test_only_one_apportioner_per_sqlite_file(tmp_path: Path) -> None:
+    a, b = SqliteLedger(tmp_path / "l.db"), SqliteLedger(tmp_path / "l.db")
+    await a.open()
+    await b.open()
+    assert await a.acquire_apportioner()
+    assert not await b.acquire_apportioner()
+    await a.release_apportioner()
+    assert await b.acquire_apportioner()
+    await a.close()
+    await b.close()
+
+
+@pytest.mark.timeout(60)
+async def test_late_record_revises_its_intervals_and_keeps_conservation(tmp_path: Path) -> None:
+    run = run_engine(7, duration_s=15.0)
+    late = max(run.records, key=lambda r: r.finished_s - r.arrived_s)
+    clock = Clock(T0_WALL)
+    svc = make_service(SqliteLedger(tmp_path / "l.db"), run, clock)
+    await svc.ledger.open()
+    await drive(svc, run, clock, run.readings[-1][0], hold=frozenset({late.request_id}))
+    svc.record(late)
+    await svc.step()
+    await svc.flush()
+    await svc.step()
+    got = await svc.ledger.request(late.request_id)
+    assert got is not None and got["final"]
+    assert got["energy_j"] == pytest.approx(run.truth_j[late.request_id], rel=0.15)
+    intervals_j, shares_idle_j, _, _ = await conservation(svc.ledger)
+    assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
+    await svc.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_report_bills_add_up_to_metered_energy_with_idle_separate(tmp_path: Path) -> None:
+    run = run_engine(8, duration_s=20.0)
+    clock = Clock(T0_WALL)
+    svc = make_service(SqliteLedger(tmp_path / "l.db"), run, clock)
+    await svc.ledger.open()
+    await drive(svc, run, clock, run.readings[-1][0])
+    intervals_j, _, _, _ = await conservation(svc.ledger)
+    report = build_report(await svc.ledger.usage(0.0, 1e12, None), ["tenant"], 0.0, 1e12)
+    tenants = {r["tenant"]: r for r in report.rows}
+    assert set(tenants) == {"t0", "t1", "t2", IDLE_TENANT}
+    assert math.fsum(r["energy_j"] for r in report.rows) == pytest.approx(intervals_j, rel=1e-9)
+    assert report.total["energy_j"] == pytest.approx(intervals_j, rel=1e-9)
+    assert tenants[IDLE_TENANT]["idle_share"] == 1.0
+    assert sum(r["requests"] for r in report.rows) == len(run.records)
+    for t in ("t0", "t1", "t2"):
+        truth = math.fsum(e for rid, e in run.truth_j.items() if run.tenant_of[rid] == t)
+        assert tenants[t]["energy_j"] == pytest.approx(truth, rel=0.02)
+    await svc.stop()
