@@ -1,0 +1,34 @@
+"""The real-engine suite skips without vLLM, but fails instead under CI=true."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from tests.realengine.conftest import require_vllm
+
+
+def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return None if name == "vllm" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_missing_vllm_skips_with_the_install_hint_outside_ci(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_vllm(monkeypatch)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"\.ci/vllm-cpu\.sh"):
+        require_vllm()
+
+
+def test_missing_vllm_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without_vllm(monkeypatch)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require_vllm()
