@@ -130,10 +130,11 @@ def launch_cmd(dry_run: bool, **params: Any) -> None:
         raise click.UsageError(
             "launch runs vLLM only; the TensorRT-LLM flow has build steps: "
             "see `wattgate engines launch-spec --engine trtllm ...`")
-    spec = _spec(req, detect_vllm_runner())
-    problem = _local_checkpoint_problem(spec, req.model)
+    # The checkpoint does not depend on how vLLM is started: check it before looking for vLLM.
+    problem = _local_checkpoint_problem(_spec(req, "console"), req.model)
     if problem:
         raise click.UsageError(f"{req.model}: {problem}")
+    spec = _spec(req, detect_vllm_runner())
     argv = list(spec.serve.argv)
     click.echo(shlex.join(argv_with_env(spec)), err=not dry_run)
     if dry_run:

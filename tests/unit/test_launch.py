@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import shlex
+import shutil
+from pathlib import Path
 
+import click
 import orjson
 import pytest
 from click.testing import CliRunner
 
+from engines import cli as engines_cli
 from engines.cli import engines
 from engines.launch import (
     LaunchRequest,
@@ -207,3 +213,69 @@ def test_cli_launch_refuses_trtllm() -> None:
         "launch", "--engine", "trtllm", "--model", "M", "--precision", "fp8", "--dry-run"])
     assert result.exit_code == 2
     assert "launch runs vLLM only" in result.output
+
+
+def _write_config(tmp_path: Path, config: dict[str, object]) -> str:
+    (tmp_path / "config.json").write_bytes(orjson.dumps(config))
+    return str(tmp_path)
+
+
+def test_cli_launch_refuses_a_checkpoint_that_does_not_fit_the_precision(tmp_path: Path) -> None:
+    """int4 on an unquantized local checkpoint stops before vLLM starts, saying why."""
+    model = _write_config(tmp_path, {"architectures": ["LlamaForCausalLM"]})
+    result = CliRunner().invoke(engines, [
+        "launch", "--model", model, "--precision", "int4", "--dry-run"])
+    assert result.exit_code == 2
+    assert "AWQ" in result.output
+    assert "no quantization_config" in result.output
+
+
+def test_cli_launch_dry_run_prints_the_module_form_where_the_console_script_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _write_config(tmp_path, {"quantization_config": {"quant_method": "awq"}})
+    monkeypatch.setattr(engines_cli, "detect_vllm_runner", lambda: "module")
+    result = CliRunner().invoke(engines, [
+        "launch", "--model", model, "--precision", "int4", "--gpus", "1", "--port", "8123",
+        "--dry-run", "--", "--max-model-len", "512"])
+    assert result.exit_code == 0, result.output
+    words = shlex.split(result.output.strip())
+    assert words[:2] == ["env", "CUDA_VISIBLE_DEVICES=1"]
+    assert words[3:6] == ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+    assert words[-2:] == ["--max-model-len", "512"]
+
+
+class _FakeDist:
+    pass
+
+
+@pytest.mark.parametrize(("has_package", "has_dist", "expected"), [
+    (True, False, "module"),  # the vllm-cpu build: package present, no `vllm` distribution
+    (True, True, "console"),
+])
+def test_detect_vllm_runner(monkeypatch: pytest.MonkeyPatch, has_package: bool, has_dist: bool,
+                            expected: str) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        if name == "vllm":
+            return object() if has_package else None
+        return real_find_spec(name, *args)  # type: ignore[arg-type]
+
+    def distribution(name: str) -> _FakeDist:
+        if name == "vllm" and has_dist:
+            return _FakeDist()
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert engines_cli.detect_vllm_runner() == expected
+
+
+def test_detect_vllm_runner_without_vllm_says_how_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    with pytest.raises(click.ClickException, match=r"vllm-cpu\.sh"):
+        engines_cli.detect_vllm_runner()
