@@ -26,6 +26,7 @@ import orjson
 from loadgen.workload import PlannedRequest
 
 REQUEST_ID_HEADER = "x-wattgate-request-id"
+SPIN_S = 0.0015  # below this, wait by yielding to the loop instead of arming a timer
 PRECISION_HEADER = "x-wattgate-precision"
 
 # Token-bearing events carry a non-empty "content" (chat) or "text" (completions) string. The
@@ -252,13 +253,16 @@ def make_session(opts: ClientOptions) -> aiohttp.ClientSession:
 
 
 async def _sleep_until(deadline: float) -> None:
-    """Sleep until the monotonic instant `deadline`; never returns early (the loop's timers
-    have millisecond granularity and may fire before the instant)."""
+    """Sleep until the monotonic instant `deadline`; never returns early.
+
+    The loop's timers have millisecond granularity, so the last `SPIN_S` is spent yielding to
+    the loop (other requests keep being served) rather than in a timer that may wake ~1 ms late.
+    """
     while True:
         delay = deadline - time.monotonic()
         if delay <= 0:
             return
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay - SPIN_S if delay > SPIN_S else 0)
 
 
 def _cancelled(req: PlannedRequest, intended_s: float, now_s: float) -> RequestResult:

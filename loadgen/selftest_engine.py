@@ -154,3 +154,18 @@ class SelftestEngine:
     async def serve_forever(self) -> None:
         assert self._server is not None
         await self._server.serve_forever()
+
+
+def serve(host: str, port: int, timing: EngineTiming) -> None:
+    """Run the engine in this process until interrupted (blocking)."""
+    import uvloop
+
+    async def main() -> None:
+        engine = SelftestEngine(timing)
+        await engine.start(host, port)
+        try:
+            await engine.serve_forever()
+        finally:
+            await engine.close()
+
+    uvloop.run(main())

@@ -1,0 +1,321 @@
+"""`wattgate loadgen ...` and `wattgate demo`: the command-line shell over the load generator."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gateway.config import SloClass
+from loadgen import arrivals, lengths, report, traces
+from loadgen.client import ClientOptions, Target
+from loadgen.experiments import (
+    PairedDelta,
+    SweepPoint,
+    numeric_format,
+    paired_delta,
+    point,
+    sweep_result,
+)
+from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.workload import TenantSpec, Workload, build_plan, load_workload
+
+
+def _err(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _run(coro: Any) -> Any:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+def common(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by run, compare, sweep and preset."""
+    opts = [
+        click.option("--target", required=True, help="Base URL of the gateway or engine."),
+        click.option("--workload", "workload_file", type=click.Path(exists=True, dir_okay=False,
+                     path_type=Path), help="Workload YAML (tenants, arrivals, traces)."),
+        click.option("--model", default="llama-3.1-8b", show_default=True),
+        click.option("--api", type=click.Choice(["chat", "completions"]), default="chat",
+                     show_default=True),
+        click.option("--rate", type=float, default=5.0, show_default=True,
+                     help="Requests/s (without --workload)."),
+        click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]),
+                     default="poisson", show_default=True),
+        click.option("--burstiness", type=float, default=1.0, show_default=True,
+                     help="Gamma shape k (CV = 1/sqrt(k)); 1 = Poisson."),
+        click.option("--duration", "duration_s", type=float, default=20.0, show_default=True),
+        click.option("--requests", "max_requests", type=int, default=100_000, show_default=True,
+                     help="Most requests to send."),
+        click.option("--concurrency", type=int, default=None,
+                     help="Closed loop: keep this many in flight instead of a schedule."),
+        click.option("--max-concurrency", type=int, default=None,
+                     help="Open loop with at most this many in flight (late ones queue)."),
+        click.option("--prompt-tokens", type=int, default=128, show_default=True),
+        click.option("--output-tokens", type=int, default=64, show_default=True),
+        click.option("--api-key", default="", help="Bearer key (without --workload)."),
+        click.option("--admin-key", default="", help="Gateway admin key, to fetch energy."),
+        click.option("--no-energy", is_flag=True, help="Skip the energy fetch."),
+        click.option("--slo-ttft-ms", type=float, default=500.0, show_default=True),
+        click.option("--slo-tpot-ms", type=float, default=50.0, show_default=True),
+        click.option("--seed", type=int, default=None,
+                     help="Seeds arrivals and prompts (default: the workload's, else 0)."),
+        click.option("--workers", type=int, default=1, show_default=True,
+                     help="Client processes (when one cannot keep the schedule)."),
+        click.option("--lag-threshold-ms", type=float, default=10.0, show_default=True,
+                     help="Refuse to grade SLOs when schedule lag p99 exceeds this."),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+                     default=None, help="Write JSON, CSV and HTML here."),
+        click.option("--quiet", is_flag=True, help="No live progress line."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def build_workload(p: dict[str, Any]) -> Workload:
+    if p["workload_file"] is not None:
+        w = load_workload(p["workload_file"])
+        return replace(w, seed=p["seed"]) if p["seed"] is not None else w
+    if p["concurrency"]:
+        arrival: arrivals.ArrivalProcess = arrivals.Closed(p["concurrency"], p["max_requests"])
+    elif p["arrival"] == "gamma":
+        arrival = arrivals.Gamma(p["rate"], p["burstiness"])
+    elif p["arrival"] == "constant":
+        arrival = arrivals.Constant(p["rate"])
+    else:
+        arrival = arrivals.Poisson(p["rate"])
+    slo = SloClass("default", ttft_s=p["slo_ttft_ms"] / 1e3, tpot_s=p["slo_tpot_ms"] / 1e3)
+    tenant = TenantSpec("default", api_key=p["api_key"],
+                        prompt_tokens=lengths.fixed(p["prompt_tokens"]),
+                        output_tokens=lengths.fixed(p["output_tokens"]), slo_class="default")
+    return Workload(model=p["model"], tenants=(tenant,), arrival=arrival,
+                    duration_s=p["duration_s"], max_requests=p["max_requests"],
+                    seed=p["seed"] or 0,
+                    api=p["api"], slo_classes=(slo,))
+
+
+def run_options(p: dict[str, Any]) -> RunOptions:
+    return RunOptions(workers=p["workers"], lag_threshold_s=p["lag_threshold_ms"] / 1e3,
+                      admin_key=p["admin_key"], fetch_energy=not p["no_energy"],
+                      progress=not p["quiet"],
+                      client=ClientOptions(max_concurrency=p["max_concurrency"]))
+
+
+def write_outputs(out_dir: Path | None, name: str, outcomes: Sequence[RunOutcome], **html: Any
+                  ) -> None:
+    if out_dir is None:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    extra = {k: v for k, v in html.items() if k in ("deltas", "sweep")}
+    report.write_json(out_dir / f"{name}.json", outcomes, extra)
+    report.write_csv(out_dir / f"{name}.csv", outcomes)
+    report.write_html(out_dir / f"{name}.html", html.pop("title", f"wattgate loadgen {name}"),
+                      outcomes, **html)
+    _err(f"wrote {out_dir}/{name}.json, .csv, .html")
+
+
+def _print_outcome(o: RunOutcome) -> None:
+    click.echo(report.run_table([o]))
+    click.echo()
+    click.echo(report.send_vs_intended(o))
+    click.echo()
+    click.echo(report.class_table(o))
+    click.echo()
+    click.echo(report.tenant_table(o))
+
+
+@click.group()
+def loadgen() -> None:
+    """Load generator: realistic arrivals, coordinated-omission-free timing, goodput per SLO,
+    paired precision comparisons with measured energy."""
+
+
+@loadgen.command()
+@common
+def run(**p: Any) -> None:
+    """One run against --target (the gateway or an engine)."""
+    w = build_workload(p)
+    target = Target(p["target"], w.model, w.api)
+    o = _run(run_workload(w, target, run_options(p), label="run"))
+    _print_outcome(o)
+    write_outputs(p["out_dir"], "run", [o])
+
+
+def _parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected PRECISION=VALUE, got {item!r}", param_hint=what)
+        out[key.strip()] = val.strip()
+    return out
+
+
+def arm_targets(p: dict[str, Any], w: Workload, precisions: Sequence[str],
+                direct: dict[str, str]) -> dict[str, Target]:
+    """Per precision: an engine URL given with --arm-target, else the gateway with
+    `model@precision` (or the x-wattgate-precision header with --by-header)."""
+    out = {}
+    for prec in precisions:
+        if prec in direct:
+            out[prec] = Target(direct[prec], w.model, w.api)
+        elif p["by_header"]:
+            out[prec] = Target(p["target"], w.model, w.api, precision_header=prec)
+        else:
+            out[prec] = Target(p["target"], f"{w.model}@{prec}", w.api)
+    return out
+
+
+async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
+                       ) -> tuple[list[RunOutcome], list[PairedDelta]]:
+    plan = build_plan(w)  # one plan, replayed on every arm: request i pairs across arms
+    outcomes = []
+    for prec, target in targets.items():
+        _err(f"arm {prec}: {numeric_format(prec)} -> {target.base_url} model={target.model}")
+        outcomes.append(await run_workload(w, target, opts, label=prec, plan=plan))
+    base = outcomes[0]
+    deltas = [paired_delta(base.label, base.requests, o.label, o.requests, base.energy_overall,
+                           o.energy_overall) for o in outcomes[1:]]
+    return outcomes, deltas
+
+
+@loadgen.command()
+@common
+@click.option("--precisions", default="bf16,fp8,int8,int4", show_default=True,
+              help="Arms, the first is the baseline.")
+@click.option("--arm-target", multiple=True, help="PRECISION=URL: send this arm to an engine.")
+@click.option("--by-header", is_flag=True, help="Select precision by header, not model@prec.")
+@click.option("--quality", multiple=True,
+              help="PRECISION=SCORE: a quality score you measured (else 'not measured').")
+def compare(**p: Any) -> None:
+    """Replay one seeded schedule and prompt set against each precision; paired deltas."""
+    w = build_workload(p)
+    precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
+    quality = {k: float(v) for k, v in _parse_pairs(p["quality"], "--quality").items()}
+    targets = arm_targets(p, w, precisions, _parse_pairs(p["arm_target"], "--arm-target"))
+    outcomes, deltas = _run(compare_arms(w, targets, run_options(p)))
+    arm_prec = {prec: prec for prec in precisions}
+    click.echo(report.run_table(outcomes, arm_prec, quality))
+    click.echo()
+    click.echo(report.delta_table(deltas))
+    write_outputs(p["out_dir"], "compare", outcomes, deltas=deltas, arm_precisions=arm_prec,
+                  quality=quality, title="wattgate loadgen compare")
+
+
+async def sweep_rates(w: Workload, targets: dict[str, Target], rates: Sequence[float],
+                      opts: RunOptions) -> tuple[list[RunOutcome], list[SweepPoint]]:
+    outcomes, points = [], []
+    for rate in rates:
+        arrival = (arrivals.Gamma(rate, w.arrival.burstiness)
+                   if isinstance(w.arrival, arrivals.Gamma) else arrivals.Poisson(rate))
+        wr = replace(w, arrival=arrival)
+        plan = build_plan(wr)
+        for arm, target in targets.items():
+            _err(f"sweep {arm} at {rate:g} req/s ({len(plan)} requests)")
+            o = await run_workload(wr, target, opts, label=f"{arm}@{rate:g}", plan=plan)
+            outcomes.append(o)
+            points.append(point(arm, rate, o.summary, o.energy_overall))
+    return outcomes, points
+
+
+@loadgen.command()
+@common
+@click.option("--rates", required=True, help="Comma-separated offered rates (req/s).")
+@click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True)
+@click.option("--precisions", default="", help="Sweep each precision through the gateway.")
+@click.option("--arm-target", multiple=True, help="PRECISION=URL: send this arm to an engine.")
+@click.option("--by-header", is_flag=True, help="Select precision by header, not model@prec.")
+def sweep(**p: Any) -> None:
+    """Step the rate: max goodput at a target attainment, min J/token that meets the SLO."""
+    w = build_workload(p)
+    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
+    precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
+    targets = (arm_targets(p, w, precisions, _parse_pairs(p["arm_target"], "--arm-target"))
+               if precisions else {"run": Target(p["target"], w.model, w.api)})
+    outcomes, points = _run(sweep_rates(w, targets, rates, run_options(p)))
+    sw = sweep_result(points, p["target_attainment"])
+    click.echo(report.sweep_table(sw))
+    write_outputs(p["out_dir"], "sweep", outcomes, sweep=sw, title="wattgate loadgen sweep")
+
+
+@loadgen.command()
+@click.argument("scenario", type=click.Choice(["server", "offline"]))
+@common
+@click.option("--rates", default="", help="server: rates to try (default: 0.5x..2x --rate).")
+@click.option("--attainment", "target_attainment", type=float, default=0.99, show_default=True)
+def preset(scenario: str, **p: Any) -> None:
+    """MLPerf-like scenarios. server: Poisson at increasing rates with the TTFT/TPOT limits,
+    reports the highest rate that meets them (at --attainment, default 99%). offline: every
+    request at t=0, reports throughput."""
+    if scenario == "offline":
+        p["concurrency"] = None
+        w = build_workload(p)
+        n = min(p["max_requests"], 1000)
+        w = replace(w, arrival=arrivals.Offline(n), max_requests=n)
+        o = _run(run_workload(w, Target(p["target"], w.model, w.api), run_options(p),
+                              label="offline"))
+        s = o.summary
+        click.echo(f"offline: {s.ok}/{s.requests} ok in {s.duration_s:.2f} s: "
+                   f"{s.throughput_rps:.2f} req/s, {s.output_tokens_per_s:.1f} output tokens/s")
+        _print_outcome(o)
+        write_outputs(p["out_dir"], "offline", [o])
+        return
+    rates = ([float(x) for x in p["rates"].split(",") if x.strip()] or
+             [p["rate"] * f for f in (0.5, 0.75, 1.0, 1.5, 2.0)])
+    w = build_workload({**p, "arrival": "poisson", "concurrency": None})
+    outcomes, points = _run(sweep_rates(w, {"server": Target(p["target"], w.model, w.api)},
+                                        rates, run_options(p)))
+    sw = sweep_result(points, p["target_attainment"])
+    click.echo(report.sweep_table(sw))
+    best = sw.best_goodput.get("server")
+    click.echo(f"server: highest rate meeting TTFT<={p['slo_ttft_ms']:g} ms and TPOT<="
+               f"{p['slo_tpot_ms']:g} ms for {p['target_attainment']:.0%} of requests: "
+               + (f"{best.rate_rps:g} req/s" if best else "none of the rates tried"))
+    write_outputs(p["out_dir"], "server", outcomes, sweep=sw, title="wattgate loadgen server")
+
+
+@loadgen.command("trace-sample")
+@click.argument("fmt", type=click.Choice(list(traces.FORMATS)))
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--requests", "n", type=int, default=200, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def trace_sample(fmt: str, path: Path, n: int, seed: int) -> None:
+    """Write a small synthetic trace in a public format (for trying trace replay)."""
+    path.write_text(traces.sample_text(fmt, n, seed))
+    _err(f"wrote {n} rows of {fmt} to {path}")
+
+
+@loadgen.command("selftest-engine")
+@click.option("--port", type=int, required=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--ttft-ms", type=float, default=0.0, show_default=True)
+@click.option("--itl-ms", type=float, default=0.0, show_default=True)
+def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float) -> None:
+    """A minimal streaming endpoint with fixed timing, for measuring the load generator."""
+    from loadgen.selftest_engine import EngineTiming, serve
+
+    serve(host, port, EngineTiming(ttft_ms / 1e3, itl_ms / 1e3))
+
+
+@click.command()
+@click.option("--duration", "duration_s", type=float, default=30.0, show_default=True,
+              help="Seconds of load per phase.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("out/demo"), show_default=True)
+@click.option("--keep-running", is_flag=True, help="Leave the gateway and fleet up afterwards.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def demo(duration_s: float, out_dir: Path, keep_running: bool, seed: int) -> None:
+    """Start a simulated fleet and the gateway, run multi-tenant bursty load, compare
+    precisions, write an HTML report, then stop everything."""
+    from loadgen.demo import run_demo
+
+    sys.exit(run_demo(duration_s=duration_s, out_dir=out_dir, keep_running=keep_running,
+                      seed=seed))
+

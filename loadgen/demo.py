@@ -1,0 +1,227 @@
+"""`wattgate demo`: a simulated fleet behind the gateway, multi-tenant bursty load, a paired
+precision comparison, tables on stdout and an HTML report, then everything stopped.
+
+It starts `wattgate sim fleet` and `wattgate serve` as processes (never imports their
+internals), on free ports written into temporary copies of deploy/examples/fleet.yaml and
+local.yaml. Every process it starts runs in its own process group and is stopped on exit,
+Ctrl-C included, unless --keep-running leaves them up until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import click
+import yaml
+
+from gateway.config import SloClass
+from loadgen import arrivals, lengths, report
+from loadgen.client import ClientOptions, Target
+from loadgen.experiments import PairedDelta, paired_delta
+from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.workload import TenantSpec, Workload, build_plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
+MODEL = "llama-3.1-8b"
+ADMIN_KEY = "sk-demo-admin"
+PRECISIONS = ("bf16", "fp8", "int8", "int4")
+
+
+def _say(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_configs(tmp: Path) -> tuple[Path, Path, int, list[str]]:
+    """Copies of the example fleet and gateway configs on free ports; returns
+    (fleet file, gateway file, gateway port, engine URLs)."""
+    fleet = yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())
+    gw = yaml.safe_load((EXAMPLES / "local.yaml").read_text())
+    remap: dict[str, str] = {}
+    urls = []
+    for eng in fleet["engines"]:
+        old = f"http://127.0.0.1:{eng['port']}"
+        eng["port"] = free_port()
+        remap[old] = f"http://127.0.0.1:{eng['port']}"
+        urls.append(remap[old])
+    for pool in gw["models"]:
+        for ep in pool["endpoints"]:
+            ep["url"] = remap.get(ep["url"].rstrip("/"), ep["url"])
+    port = free_port()
+    gw["listen"]["port"] = port
+    fleet_path, gw_path = tmp / "fleet.yaml", tmp / "gateway.yaml"
+    fleet_path.write_text(yaml.safe_dump(fleet))
+    gw_path.write_text(yaml.safe_dump(gw))
+    return fleet_path, gw_path, port, urls
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int = 200) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == ok:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@contextlib.contextmanager
+def started(args: list[str], log: TextIO) -> Iterator[subprocess.Popen[bytes]]:
+    cmd = [sys.executable, "-m", "wattgate_cli", *args]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=EXAMPLES.parents[1], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def tenant_workload(duration_s: float, seed: int) -> Workload:
+    """Three demo tenants: steady interactive, bursty batch (on/off), diurnal-ish interactive."""
+    slos = (SloClass("interactive", ttft_s=0.5, tpot_s=0.05), SloClass("batch", ttft_s=10.0,
+                                                                        tpot_s=0.2))
+    acme = TenantSpec("acme", api_key="sk-demo-acme",
+                      arrival=arrivals.Gamma(3.0, burstiness=0.5),
+                      prompt_tokens=lengths.LengthDist("lognormal", median=200, sigma=0.6,
+                                                       min=16, max=2000),
+                      output_tokens=lengths.LengthDist("uniform", low=32, high=96),
+                      slo_class="interactive")
+    globex = TenantSpec("globex", api_key="sk-demo-globex",
+                        arrival=arrivals.OnOff(on_rate_rps=8.0, mean_on_s=3.0, mean_off_s=5.0),
+                        prompt_tokens=lengths.LengthDist("lognormal", median=800, sigma=0.5,
+                                                         min=64, max=4000),
+                        output_tokens=lengths.LengthDist("uniform", low=64, high=160),
+                        slo_class="batch")
+    initech = TenantSpec("initech", api_key="sk-demo-initech",
+                         arrival=arrivals.Diurnal(arrivals.Poisson(2.0), period_s=duration_s,
+                                                  amplitude=0.8),
+                         prompt_tokens=lengths.LengthDist("zipf", s=1.1, min=16, max=1500),
+                         output_tokens=lengths.fixed(48), slo_class="interactive")
+    return Workload(model=MODEL, tenants=(acme, globex, initech), arrival=None,
+                    duration_s=duration_s, seed=seed, slo_classes=slos)
+
+
+def compare_workload(duration_s: float, seed: int) -> Workload:
+    tenant = TenantSpec("acme", api_key="sk-demo-acme", prompt_tokens=lengths.fixed(256),
+                        output_tokens=lengths.fixed(64), slo_class="interactive")
+    return Workload(model=MODEL, tenants=(tenant,), arrival=arrivals.Poisson(4.0),
+                    duration_s=duration_s, seed=seed,
+                    slo_classes=(SloClass("interactive", ttft_s=0.5, tpot_s=0.05),))
+
+
+async def _phases(base_url: str, duration_s: float, seed: int
+                  ) -> tuple[RunOutcome, list[RunOutcome], list[PairedDelta]]:
+    opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=3.0, client=ClientOptions())
+    _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
+    tw = tenant_workload(duration_s / 2, seed)
+    tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
+    cw = compare_workload(max(4.0, duration_s / 8), seed)
+    plan = build_plan(cw)
+    arms: list[RunOutcome] = []
+    for prec in PRECISIONS:
+        _say(f"phase 2: precision {prec} ({len(plan)} identical requests, {MODEL}@{prec})")
+        arms.append(await run_workload(cw, Target(base_url, f"{MODEL}@{prec}"), opts,
+                                       label=prec, plan=plan))
+    deltas = [paired_delta(arms[0].label, arms[0].requests, a.label, a.requests,
+                           arms[0].energy_overall, a.energy_overall) for a in arms[1:]]
+    return tenants, arms, deltas
+
+
+def _show(tenants: RunOutcome, arms: list[RunOutcome], deltas: list[PairedDelta], out_dir: Path
+          ) -> None:
+    arm_prec = {p: p for p in PRECISIONS}
+    click.echo("\n== tenants (gateway picks the precision by tenant policy) ==")
+    click.echo(report.run_table([tenants]))
+    click.echo()
+    click.echo(report.tenant_table(tenants))
+    click.echo("\n== precisions (one seeded schedule and prompt set per arm) ==")
+    click.echo(report.run_table(arms, arm_prec, {}))
+    click.echo()
+    click.echo(report.delta_table(deltas))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcomes = [tenants, *arms]
+    report.write_json(out_dir / "demo.json", outcomes, {"deltas": deltas})
+    report.write_csv(out_dir / "demo.csv", outcomes)
+    report.write_html(out_dir / "demo.html", "wattgate demo", outcomes, deltas=deltas,
+                      arm_precisions=arm_prec, quality={},
+                      notes=["Simulated H100 fleet (roofline timing and power model); "
+                             "latencies measured from intended arrival."])
+    _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
+
+
+def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int) -> int:
+    import uvloop
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wattgate-demo-") as tmp_name:
+        tmp = Path(tmp_name)
+        fleet_file, gw_file, port, engine_urls = write_configs(tmp)
+        base_url = f"http://127.0.0.1:{port}"
+        with open(out_dir / "fleet.log", "w") as flog, open(out_dir / "gateway.log", "w") as glog:
+            try:
+                with started(["sim", "fleet", str(fleet_file)], flog) as fleet:
+                    _say(f"starting simulated fleet ({len(engine_urls)} engines)")
+                    for url in engine_urls:
+                        _wait_http(f"{url}/health", fleet, 60)
+                    with started(["serve", "--config", str(gw_file), "--port", str(port)],
+                                 glog) as gateway:
+                        _say(f"starting gateway on {base_url}")
+                        _wait_http(f"{base_url}/readyz", gateway, 60)
+                        _show(*uvloop.run(_phases(base_url, duration_s, seed)), out_dir)
+                        if keep_running:
+                            _keep(base_url, engine_urls)
+            except KeyboardInterrupt:
+                _say("interrupted; stopping the gateway and the fleet")
+                return 130
+            except (RuntimeError, TimeoutError) as exc:
+                _say(f"demo failed: {exc} (logs in {out_dir})")
+                return 1
+    return 0
+
+
+def _keep(base_url: str, engine_urls: list[str]) -> None:
+    click.echo(f"\ngateway: {base_url}  (metrics {base_url}/metrics, keys sk-demo-acme, "
+               f"sk-demo-globex, sk-demo-initech; admin sk-demo-admin)")
+    for url in engine_urls:
+        click.echo(f"engine:  {url}")
+    click.echo("running; Ctrl-C stops everything")
+    while True:
+        time.sleep(3600)
+
+
+

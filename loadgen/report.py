@@ -1,0 +1,304 @@
+"""Outputs: terminal tables, JSON (summary + per request), CSV, and a self-contained HTML report
+with plots rendered by matplotlib to inline SVG (latency CDFs, goodput vs rate, and the
+goodput-vs-J/token Pareto frontier across precisions)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from loadgen.experiments import (
+    PairedDelta,
+    SweepResult,
+    accuracy_condition,
+    numeric_format,
+    pareto_front,
+)
+from loadgen.runner import RunOutcome
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x * 1e3:.1f}"
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                      enumerate(zip(r, widths, strict=True))) for r in rows]
+    return "\n".join(out)
+
+
+def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
+              quality: dict[str, float] | None = None) -> str:
+    """One row per run (arm): latency from intended arrival, goodput, energy."""
+    header = ["arm", "sent", "ok", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+              "E2E p50", "lag p99", "goodput", "attain", "J/req", "J/out-tok", "gCO2e/1k",
+              "USD/1k"]
+    rows = []
+    for o in outcomes:
+        s, e = o.summary, o.energy_overall
+        rows.append([o.label or "run", str(s.requests), str(s.ok), _num(s.throughput_rps),
+                     _ms(s.from_intended.ttft_s.p50), _ms(s.from_intended.ttft_s.p99),
+                     _ms(s.from_intended.tpot_s.p50), _ms(s.from_intended.tpot_s.p99),
+                     _ms(s.from_intended.e2e_s.p50), _ms(s.lag_s.p99),
+                     _num(s.goodput_rps), _num(s.attainment, "{:.1%}"),
+                     _num(e.j_per_request if e else None, "{:.1f}"),
+                     _num(e.j_per_output_token if e else None, "{:.3f}"),
+                     _num(e.carbon_g_per_1k_tokens if e else None, "{:.3f}"),
+                     _num(e.usd_per_1k_tokens if e else None, "{:.5f}")])
+    text = "latency in ms, measured from intended arrival\n" + _table(header, rows)
+    notes = [f"{o.label or 'run'}: {o.summary.grading_note}" for o in outcomes]
+    notes += [f"{o.label or 'run'}: energy {o.energy_note}" for o in outcomes if o.energy_note]
+    if arm_precisions:
+        notes += [f"{label}: {numeric_format(p)}; {accuracy_condition(p, quality or {})}"
+                  for label, p in arm_precisions.items()]
+    return text + "\n" + "\n".join(notes)
+
+
+def send_vs_intended(o: RunOutcome) -> str:
+    s = o.summary
+    rows = [[name, _ms(getattr(s.from_send, f).p50), _ms(getattr(s.from_send, f).p99),
+             _ms(getattr(s.from_intended, f).p50), _ms(getattr(s.from_intended, f).p99)]
+            for name, f in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"),
+                            ("E2E", "e2e_s"))]
+    head = (f"requested {_num(s.requested_rate_rps)} req/s, achieved {_num(s.achieved_rate_rps)}"
+            f" req/s; schedule lag p50 {_ms(s.lag_s.p50)} ms, p99 {_ms(s.lag_s.p99)} ms, "
+            f"max {_ms(s.lag_s.max)} ms")
+    return head + "\n" + _table(["metric (ms)", "send p50", "send p99", "intended p50",
+                                 "intended p99"], rows)
+
+
+def tenant_table(o: RunOutcome) -> str:
+    energy = {e.name: e for e in o.energy_by_tenant}
+    rows = []
+    for g in o.summary.per_tenant:
+        e = energy.get(g.name)
+        rows.append([g.name, g.slo, str(g.sent), str(g.ok), _ms(g.ttft_s.p50), _ms(g.ttft_s.p99),
+                     _ms(g.tpot_s.p50), _num(g.goodput_rps), _num(g.attainment, "{:.1%}"),
+                     _num(e.energy_j if e else None, "{:.1f}"),
+                     _num(e.j_per_output_token if e else None, "{:.3f}"),
+                     _num(e.usd_per_1k_tokens if e else None, "{:.5f}")])
+    return _table(["tenant", "slo class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50",
+                   "goodput", "attain", "energy J", "J/out-tok", "USD/1k"], rows)
+
+
+def class_table(o: RunOutcome) -> str:
+    rows = [[g.slo, str(g.sent), str(g.ok), _num(g.goodput_rps), _num(g.attainment, "{:.1%}")]
+            for g in o.summary.per_class]
+    return _table(["slo class", "sent", "ok", "goodput req/s", "attainment"], rows)
+
+
+def delta_table(deltas: Sequence[PairedDelta]) -> str:
+    rows = [[d.arm, d.baseline, str(d.pairs), _ms(d.ttft_median_delta_s),
+             _ms(d.tpot_median_delta_s), _ms(d.e2e_median_delta_s),
+             _num(d.ttft_faster_share, "{:.0%}"), _num(d.j_per_token_delta_pct, "{:+.1f}%")]
+            for d in deltas]
+    return _table(["arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
+                   "dJ/token"], rows)
+
+
+def sweep_table(sw: SweepResult) -> str:
+    rows = [[p.arm, _num(p.rate_rps), _num(p.achieved_rate_rps), _num(p.goodput_rps),
+             _num(p.attainment, "{:.1%}"), _ms(p.ttft_p99_s), _ms(p.tpot_p99_s),
+             _num(p.j_per_output_token, "{:.3f}"), "yes" if p.graded else "no"]
+            for p in sw.points]
+    text = _table(["arm", "rate", "achieved", "goodput", "attain", "TTFT p99", "TPOT p99",
+                   "J/out-tok", "graded"], rows)
+    lines = [text]
+    for arm, p in sw.best_goodput.items():
+        lines.append(f"{arm}: max goodput {p.goodput_rps:.2f} req/s at {p.rate_rps:g} req/s "
+                     f"(attainment {p.attainment:.1%} >= {sw.target_attainment:.0%})")
+    missing = sorted({p.arm for p in sw.points} - set(sw.best_goodput))
+    lines += [f"{arm}: no rate met attainment {sw.target_attainment:.0%}" for arm in missing]
+    if sw.min_energy is not None:
+        m = sw.min_energy
+        lines.append(f"lowest J/token meeting the SLO: {m.j_per_output_token:.3f} J/token "
+                     f"({m.arm} at {m.rate_rps:g} req/s)")
+    else:
+        lines.append("lowest J/token meeting the SLO: n/a (no energy data or no point met it)")
+    return "\n".join(lines)
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+def _jsonable(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    return x
+
+
+def request_rows(o: RunOutcome) -> list[dict[str, Any]]:
+    rows = []
+    fetch = o.energy_fetch
+    for m in o.requests:
+        r = m.result
+        e = fetch.rows.get(r.request_id) if fetch and r.request_id else None
+        rows.append({
+            "arm": o.label, "index": r.index, "tenant": r.tenant, "slo_class": r.slo_class,
+            "status": r.status, "http_status": r.http_status, "request_id": r.request_id,
+            "intended_s": r.intended_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s,
+            "end_s": r.end_s, "lag_s": r.lag_s, "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens, "token_events": sum(n for _, n in r.reads),
+            "ttft_send_s": m.from_send.ttft_s, "tpot_send_s": m.from_send.tpot_s,
+            "e2e_send_s": m.from_send.e2e_s, "ttft_intended_s": m.from_intended.ttft_s,
+            "tpot_intended_s": m.from_intended.tpot_s, "e2e_intended_s": m.from_intended.e2e_s,
+            "slo_met": m.slo_met, "energy_j": e.energy_j if e else None,
+            "carbon_g": e.carbon_g if e else None, "cost_usd": e.cost_usd if e else None,
+            "precision": e.precision if e else "", "energy_estimated": e.estimated if e else None,
+        })
+    return rows
+
+
+def write_json(path: Path, outcomes: Sequence[RunOutcome], extra: dict[str, Any] | None = None
+               ) -> None:
+    doc = {
+        "runs": [{"label": o.label, "target": _jsonable(o.target), "summary": _jsonable(o.summary),
+                  "energy_note": o.energy_note,
+                  "energy": _jsonable(o.energy_overall),
+                  "energy_by_tenant": _jsonable(o.energy_by_tenant),
+                  "energy_by_precision": _jsonable(o.energy_by_precision),
+                  "requests": _jsonable(request_rows(o))} for o in outcomes],
+        **_jsonable(extra or {}),
+    }
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+def write_csv(path: Path, outcomes: Sequence[RunOutcome]) -> None:
+    rows = [row for o in outcomes for row in request_rows(o)]
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    path.write_text(buf.getvalue())
+
+
+# --- HTML ----------------------------------------------------------------------------------
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _cdf_plot(outcomes: Sequence[RunOutcome]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.2))
+    axes = fig.subplots(1, 3)
+    for ax, (name, pick) in zip(axes, (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")),
+                                strict=True):
+        for o in outcomes:
+            vals = sorted(v * 1e3 for m in o.requests if m.result.ok
+                          and (v := getattr(m.from_intended, pick)) is not None)
+            if vals:
+                ys = [(i + 1) / len(vals) for i in range(len(vals))]
+                ax.step(vals, ys, where="post", label=o.label or "run")
+        ax.set_xlabel(f"{name} from intended arrival (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _svg(fig)
+
+
+def _goodput_plot(sw: SweepResult) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.subplots()
+    for arm in sorted({p.arm for p in sw.points}):
+        pts = sorted((p for p in sw.points if p.arm == arm), key=lambda p: p.rate_rps)
+        ax.plot([p.rate_rps for p in pts], [p.goodput_rps or 0.0 for p in pts], marker="o",
+                label=arm)
+    ax.set_xlabel("offered rate (req/s)")
+    ax.set_ylabel("goodput (req/s meeting SLO)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _svg(fig)
+
+
+def _pareto_plot(points: Sequence[tuple[str, float, float]]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.subplots()
+    for lab, g, e in points:
+        ax.scatter([e], [g], label=lab)
+        ax.annotate(lab, (e, g), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    front = pareto_front(points)
+    if len(front) > 1:
+        ax.plot([p[2] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
+    ax.set_xlabel("energy (J per output token)")
+    ax.set_ylabel("goodput (req/s meeting SLO)")
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
+               deltas: Sequence[PairedDelta] = (), sweep: SweepResult | None = None,
+               arm_precisions: dict[str, str] | None = None,
+               quality: dict[str, float] | None = None, notes: Sequence[str] = ()) -> None:
+    """One self-contained HTML file: tables as <pre>, plots as inline SVG."""
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{html.escape(n)}</p>" for n in notes]
+    parts.append("<h2>Runs</h2><pre>" + html.escape(run_table(outcomes, arm_precisions, quality))
+                 + "</pre>")
+    for o in outcomes:
+        parts.append(f"<h3>{html.escape(o.label or 'run')}</h3><pre>"
+                     + html.escape(send_vs_intended(o) + "\n\n" + class_table(o) + "\n\n"
+                                   + tenant_table(o)) + "</pre>")
+    if deltas:
+        parts.append("<h2>Paired deltas (same requests, arm minus baseline)</h2><pre>"
+                     + html.escape(delta_table(deltas)) + "</pre>")
+    parts.append("<h2>Latency CDFs</h2>" + _cdf_plot(outcomes))
+    if sweep is not None:
+        parts.append("<h2>Goodput vs offered rate</h2>" + _goodput_plot(sweep))
+        parts.append("<pre>" + html.escape(sweep_table(sweep)) + "</pre>")
+    pareto = pareto_points(outcomes, sweep)
+    if pareto:
+        parts.append("<h2>Goodput vs energy per token (Pareto frontier across precisions)</h2>"
+                     + _pareto_plot(pareto))
+    else:
+        parts.append("<h2>Goodput vs energy per token</h2><p>n/a: no run has both graded "
+                     "goodput and energy data.</p>")
+    doc = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title)
+           + "</title><style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+           "pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}</style></head>"
+           "<body>" + "\n".join(parts) + "</body></html>")
+    path.write_text(doc)
+
+
+def pareto_points(outcomes: Sequence[RunOutcome], sweep: SweepResult | None
+                  ) -> list[tuple[str, float, float]]:
+    """(label, goodput, J/token) for every run, or sweep point, with both numbers."""
+    if sweep is not None:
+        return [(f"{p.arm}@{p.rate_rps:g}", p.goodput_rps, p.j_per_output_token)
+                for p in sweep.points
+                if p.goodput_rps is not None and p.j_per_output_token is not None]
+    return [(o.label, o.summary.goodput_rps, o.energy_overall.j_per_output_token)
+            for o in outcomes
+            if o.summary.goodput_rps is not None and o.energy_overall is not None]
