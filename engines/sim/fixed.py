@@ -20,6 +20,7 @@ from engines.sim.state import (
     ABORTED,
     FINISHED,
     RUNNING,
+    DuplicateRequestError,
     Emission,
     IterationStat,
     RequestTruth,
@@ -55,7 +56,7 @@ class FixedTimingCore:
 
     def submit(self, request_id: str, prompt_tokens: int, max_tokens: int, now_s: float) -> None:
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
+            raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
         self._run_until(now_s)
         req = SimRequest(request_id, max(1, prompt_tokens), max(1, max_tokens), now_s, RUNNING)
         req.computed = req.prompt_tokens

@@ -16,14 +16,16 @@ from collections.abc import Callable
 
 from engines.sim.energy import EnergyLedger
 from engines.sim.metrics import ServingStats
-from engines.sim.state import Emission, EngineCore, IterationStat, RequestTruth
+from engines.sim.state import (
+    DuplicateRequestError,
+    Emission,
+    EngineCore,
+    IterationStat,
+    RequestTruth,
+)
 
 FINISHED_KEPT = 100_000  # ground-truth records kept for /sim/requests (oldest dropped first)
 ITERATIONS_KEPT = 1000  # trtllm iteration stats waiting to be read
-
-
-class DuplicateRequestError(ValueError):
-    """A request id already in flight on this engine."""
 
 
 class Channel:

@@ -22,6 +22,7 @@ from engines.sim.state import (
     FINISHED,
     RUNNING,
     WAITING,
+    DuplicateRequestError,
     Emission,
     IterationStat,
     RequestTruth,
@@ -75,7 +76,7 @@ class BatchingCore:
 
     def submit(self, request_id: str, prompt_tokens: int, max_tokens: int, now_s: float) -> None:
         if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in the engine")
+            raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
         if prompt_tokens + max_tokens > self.total_blocks * KV_BLOCK_TOKENS:
             raise ValueError("request does not fit in the KV cache")
         self._run_until(now_s)

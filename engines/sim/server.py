@@ -32,9 +32,9 @@ from engines.sim.protocol import (
     parse_fault,
     parse_request,
 )
-from engines.sim.runtime import Channel, DuplicateRequestError, SimRuntime
+from engines.sim.runtime import Channel, SimRuntime
 from engines.sim.scheduler import BatchingCore
-from engines.sim.state import EngineCore
+from engines.sim.state import DuplicateRequestError, EngineCore
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError",
                429: "RateLimitError", 500: "InternalServerError", 502: "BadGatewayError",
@@ -127,6 +127,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         channel = st.runtime.submit(request_id, gen.prompt_tokens, gen.max_tokens)
     except DuplicateRequestError as exc:
         return _error(ApiError(409, str(exc), "ConflictError"))
+    except ValueError as exc:  # the core refused the request (it cannot fit the KV cache)
+        return _error(ApiError(400, str(exc)))
     maker = ChunkMaker(gen, response_id, int(time.time()))
     try:
         if gen.stream:

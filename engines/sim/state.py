@@ -7,6 +7,11 @@ from typing import Protocol
 
 from engines.sim.energy import EnergyLedger
 
+
+class DuplicateRequestError(ValueError):
+    """A request id that is still in the engine was submitted again."""
+
+
 WAITING = "waiting"
 RUNNING = "running"
 FINISHED = "finished"

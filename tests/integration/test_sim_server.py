@@ -257,3 +257,15 @@ def test_impossible_combination_exits_nonzero_with_a_clear_error() -> None:
                                        "--precision", "bf16", "--port", str(port)),
                           capture_output=True, timeout=30, check=False)
     assert done.returncode != 0 and b"does not fit" in done.stderr
+
+
+@pytest.mark.timeout(30)
+async def test_request_id_still_in_flight_is_refused_with_409(vllm_url: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 3000, "stream": True}
+        headers = {"x-request-id": "dup"}
+        async with s.post(f"{vllm_url}/v1/completions", json=body, headers=headers) as first:
+            await first.content.readline()
+            async with s.post(f"{vllm_url}/v1/completions", json=body, headers=headers) as second:
+                assert second.status == 409
+                assert orjson.loads(await second.read())["error"]["code"] == 409
