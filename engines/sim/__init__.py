@@ -1,0 +1,1 @@
+"""The simulated engine: a vLLM / trtllm-serve look-alike with a power model and ground-truth energy."""
