@@ -69,8 +69,11 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
                                              opts=opts.client, concurrency=concurrency)
         return results
     progress = Progress()
-    reporter = (asyncio.get_running_loop().create_task(progress_reporter(progress, write))
-                if opts.progress else None)
+    # On a terminal the line redraws twice a second; in a log, one line every 5 s.
+    tty = sys.stderr.isatty()
+    reporter = (asyncio.get_running_loop().create_task(
+        progress_reporter(progress, write if tty else lambda s: write(s.lstrip("\r") + "\n"),
+                          0.5 if tty else 5.0)) if opts.progress else None)
     try:
         t0 = time.monotonic() + 0.05
         return await run_plan(plan, target, t0=t0, concurrency=concurrency, opts=opts.client,
@@ -80,7 +83,8 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
-            write("\n")
+            if tty:
+                write("\n")
 
 
 async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str = "",
