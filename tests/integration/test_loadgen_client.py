@@ -14,6 +14,7 @@ from loadgen.arrivals import Closed, Constant
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.selftest_engine import EngineTiming, SelftestEngine
 from loadgen.workload import TenantSpec, Workload, build_plan
+from tests.support.procs import free_port
 
 SLO = SloClass("interactive", ttft_s=0.2, tpot_s=0.05)
 
@@ -27,7 +28,8 @@ def workload(arrival: object, tenants: tuple[TenantSpec, ...] | None = None, n_o
 
 
 @pytest.mark.timeout(30)
-async def test_measured_ttft_and_tpot_agree_with_the_engine_truth() -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+async def test_measured_ttft_and_tpot_agree_with_the_engine_truth(transport: str) -> None:
     """Engine: TTFT 60 ms, 10 ms between tokens, 16 tokens -> TTFT ~60 ms, TPOT ~10 ms,
     E2E ~210 ms (within a few ms of timer slack)."""
     engine = SelftestEngine(EngineTiming(ttft_s=0.060, itl_s=0.010))
@@ -36,14 +38,16 @@ async def test_measured_ttft_and_tpot_agree_with_the_engine_truth() -> None:
         w = workload(Constant(20.0))
         plan = build_plan(w)
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}", "m"),
-                                 t0=time.monotonic() + 0.05)
+                                 t0=time.monotonic() + 0.05,
+                                 opts=ClientOptions(transport=transport))
     finally:
         await engine.close()
-    summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=20.0)
+    # This test is about timing truth, not schedule keeping: a loaded CI box may lag a little.
+    summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=20.0, lag_threshold_s=0.1)
     assert summary.ok == len(plan) == 20
     assert all(r.completion_tokens == 16 and r.usage_reported for r in results)
     s = summary.from_send
-    assert 0.060 <= s.ttft_s.p50 <= 0.068
+    assert 0.060 <= s.ttft_s.p50 <= 0.070
     assert s.tpot_s.p50 == pytest.approx(0.010, abs=0.0015)
     assert s.e2e_s.p50 == pytest.approx(0.210, abs=0.012)
     assert summary.graded and summary.attainment == 1.0
@@ -52,7 +56,9 @@ async def test_measured_ttft_and_tpot_agree_with_the_engine_truth() -> None:
 
 
 @pytest.mark.timeout(30)
-async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hides() -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hides(
+        transport: str) -> None:
     """With at most one request in flight, a 600 ms engine stall holds back the requests due
     behind it. From send they look fast; from intended arrival they are slow, the schedule lag
     shows it, and the run refuses to grade SLOs."""
@@ -69,7 +75,7 @@ async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hide
     try:
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}", "m"),
                                  t0=time.monotonic() + 0.05,
-                                 opts=ClientOptions(max_concurrency=1))
+                                 opts=ClientOptions(max_concurrency=1, transport=transport))
     finally:
         await engine.close()
     summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=51.0)
@@ -85,7 +91,7 @@ async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hide
 async def test_closed_loop_keeps_the_set_concurrency_and_sends_every_request() -> None:
     engine = SelftestEngine(EngineTiming(ttft_s=0.02, itl_s=0.0))
     port = await engine.start()
-    w = workload(Closed(concurrency=4, count=24))
+    w = workload(Closed(concurrency=4, count=24))  # raw transport (the default)
     plan = build_plan(w)
     try:
         t0 = time.monotonic()
@@ -102,7 +108,9 @@ async def test_closed_loop_keeps_the_set_concurrency_and_sends_every_request() -
 
 
 @pytest.mark.timeout(30)
-async def test_http_errors_are_recorded_with_their_status_and_count_against_attainment() -> None:
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+async def test_http_errors_are_recorded_with_their_status_and_count_against_attainment(
+        transport: str) -> None:
     engine = SelftestEngine()
     port = await engine.start()
     w = workload(Constant(50.0), duration_s=0.2)
@@ -110,7 +118,7 @@ async def test_http_errors_are_recorded_with_their_status_and_count_against_atta
     try:
         # /v2/... is not served: every request gets a 404.
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}/v2", "m"),
-                                 t0=time.monotonic())
+                                 t0=time.monotonic(), opts=ClientOptions(transport=transport))
     finally:
         await engine.close()
     assert {r.status for r in results} == {"http_404"}
@@ -120,11 +128,10 @@ async def test_http_errors_are_recorded_with_their_status_and_count_against_atta
 
 
 @pytest.mark.timeout(30)
-async def test_unreachable_target_gives_connect_errors_not_an_exception() -> None:
-    from tests.support.procs import free_port
-
+@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
+async def test_unreachable_target_gives_connect_errors_not_an_exception(transport: str) -> None:
     w = workload(Constant(20.0), duration_s=0.2)
     plan = build_plan(w)
     results = await run_plan(plan, Target(f"http://127.0.0.1:{free_port()}", "m"),
-                             t0=time.monotonic())
+                             t0=time.monotonic(), opts=ClientOptions(transport=transport))
     assert {r.status for r in results} == {"connect_error"}
