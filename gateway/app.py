@@ -97,6 +97,18 @@ def require_admin(request: web.Request) -> None:
         raise AuthError("admin endpoints need the admin API key", code="invalid_admin_key")
 
 
+async def admin_endpoints(request: web.Request) -> web.Response:
+    """Live endpoint state (health, in-flight, scraped engine load), like Envoy's /clusters."""
+    require_admin(request)
+    rows = [{"model": st.model, "name": st.endpoint.name, "url": st.endpoint.url,
+             "kind": st.endpoint.kind, "precision": st.endpoint.precision,
+             "healthy": st.healthy, "checked": st.checked, "inflight": st.inflight,
+             "running": st.load.running, "waiting": st.load.waiting,
+             "kv_usage": st.load.kv_usage, "scrapes": st.scrapes}
+            for st in request.app[UPSTREAMS].by_name.values()]
+    return web.Response(body=orjson.dumps({"endpoints": rows}), content_type="application/json")
+
+
 def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
     """The one shared keep-alive session to all engines, with explicit limits and timeouts."""
     t = config.timeouts
@@ -141,6 +153,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/v1/endpoints", admin_endpoints)
     return app
 
 

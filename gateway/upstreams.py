@@ -24,7 +24,7 @@ class EndpointState:
     """Mutable per-process state of one endpoint."""
 
     __slots__ = ("adapter", "checked", "endpoint", "failures", "healthy", "inflight", "load",
-                 "model", "successes")
+                 "model", "scrapes", "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -36,6 +36,7 @@ class EndpointState:
         self.successes = 0
         self.inflight = 0
         self.load = EngineLoad()
+        self.scrapes = 0  # successful load scrapes
 
     def inflight_now(self) -> float:
         return float(self.inflight)
@@ -141,6 +142,7 @@ class Upstreams:
             return
         try:
             state.load = state.adapter.parse_load(body)
+            state.scrapes += 1
         except MetricsParseError as exc:
             log.warning("endpoint %s: unreadable metrics: %s", state.endpoint.name, exc)
 

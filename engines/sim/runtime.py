@@ -31,17 +31,27 @@ ITERATIONS_KEPT = 1000  # trtllm iteration stats waiting to be read
 class Channel:
     """Tokens of one request waiting to be written by its handler."""
 
-    __slots__ = ("arrived_s", "done", "event", "generated", "last_token_s", "pending",
-                 "prompt_tokens")
+    __slots__ = ("arrived_s", "done", "event", "first_write_s", "generated", "last_token_s",
+                 "last_write_s", "pending", "prompt_tokens", "received_s")
 
     def __init__(self, arrived_s: float, prompt_tokens: int) -> None:
         self.arrived_s = arrived_s
+        self.received_s = arrived_s  # set earlier by the HTTP handler (before body parsing)
         self.prompt_tokens = prompt_tokens
         self.pending = 0
         self.generated = 0
         self.done = False
         self.last_token_s: float | None = None
+        # Engine times at which token events were actually written to the socket (streams):
+        # the scheduler's emission times plus event-loop lag, what a client really sees.
+        self.first_write_s: float | None = None
+        self.last_write_s: float | None = None
         self.event = asyncio.Event()
+
+    def note_write(self, now_s: float) -> None:
+        if self.first_write_s is None:
+            self.first_write_s = now_s
+        self.last_write_s = now_s
 
 
 class SimRuntime:
@@ -56,6 +66,7 @@ class SimRuntime:
         self.start_unix_s = time.time() - core.now_s / time_scale
         self.channels: dict[str, Channel] = {}
         self.finished: OrderedDict[str, RequestTruth] = OrderedDict()
+        self.written: OrderedDict[str, Channel] = OrderedDict()  # for wire timing
         self.iterations: list[IterationStat] = []
         self.stats = ServingStats()
         self.served = 0
@@ -77,6 +88,9 @@ class SimRuntime:
         now_s = self.engine_now()
         self.core.submit(request_id, prompt_tokens, max_tokens, now_s)
         channel = self.channels[request_id] = Channel(now_s, prompt_tokens)
+        self.written[request_id] = channel
+        while len(self.written) > FINISHED_KEPT:
+            self.written.popitem(last=False)
         self._kick.set()
         return channel
 
@@ -158,6 +172,16 @@ class SimRuntime:
     def all_truth(self) -> list[RequestTruth]:
         self.sync()
         return [*self.finished.values(), *self.core.live_truth()]
+
+    def wire_timing(self, truth: RequestTruth) -> dict[str, float | None]:
+        """TTFT/TPOT as a client sees them: from the HTTP request's arrival at the engine to
+        the times token events were written to the socket (streams), engine seconds."""
+        ch = self.written.get(truth.request_id)
+        if ch is None or ch.first_write_s is None or ch.last_write_s is None:
+            return {"wire_ttft_s": None, "wire_tpot_s": None}
+        tokens = truth.completion_tokens
+        tpot = (ch.last_write_s - ch.first_write_s) / (tokens - 1) if tokens > 1 else None
+        return {"wire_ttft_s": ch.first_write_s - ch.received_s, "wire_tpot_s": tpot}
 
     @property
     def ledger(self) -> EnergyLedger:

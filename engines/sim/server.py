@@ -109,6 +109,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
+    received_s = st.runtime.engine_now()  # the HTTP request reached the engine
     try:
         fault = parse_fault(request.headers.get("x-sim-fault"))
         if fault.stall_s:
@@ -125,6 +126,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     request_id = request.headers.get("x-request-id") or response_id
     try:
         channel = st.runtime.submit(request_id, gen.prompt_tokens, gen.max_tokens)
+        channel.received_s = received_s
     except DuplicateRequestError as exc:
         return _error(ApiError(409, str(exc), "ConflictError"))
     except ValueError as exc:  # the core refused the request (it cannot fit the KV cache)
@@ -180,6 +182,8 @@ async def _stream(request: web.Request, ch: Channel, maker: ChunkMaker, gen: Gen
                 return _abort(request, resp)
         if out:
             await resp.write(b"".join(out))
+            if sent_tokens:
+                ch.note_write(request.app[STATE].runtime.engine_now())
         if ch.done and not held:
             break
     tail = maker.usage_event(sent_tokens) + DONE_EVENT if gen.include_usage else DONE_EVENT
@@ -221,7 +225,7 @@ async def sim_request(request: web.Request) -> web.Response:
     truth = st.runtime.truth(request.match_info["request_id"])
     if truth is None:
         return _error(ApiError(404, "unknown request id", "NotFoundError"))
-    return _json(truth.to_json())
+    return _json({**truth.to_json(), **st.runtime.wire_timing(truth)})
 
 
 async def sim_requests(request: web.Request) -> web.Response:
