@@ -53,6 +53,8 @@ class Target:
     precision_header: str = ""  # sent as x-wattgate-precision when set
     ignore_eos: bool = True  # vLLM extension: produce exactly max_tokens tokens
     extra_headers: tuple[tuple[str, str], ...] = ()
+    # When set, request i carries `x-request-id: <prefix><i>` (engines key their records by it).
+    request_id_prefix: str = ""
 
     @property
     def url(self) -> str:
@@ -91,6 +93,7 @@ class RequestResult:
     request_id: str
     usage_reported: bool = True
     error: str = ""
+    client_request_id: str = ""  # the x-request-id this client sent, if any
 
     @property
     def ok(self) -> bool:
@@ -190,7 +193,13 @@ class Client:
     def wire(self, req: PlannedRequest, body: bytes) -> bytes:
         assert self.pool is not None
         path = "/v1/chat/completions" if self.target.api == "chat" else "/v1/completions"
-        return rawhttp.request_bytes(self.pool, path, self.headers_for(req), body)
+        return rawhttp.request_bytes(self.pool, path, self.request_headers(req), body)
+
+    def request_headers(self, req: PlannedRequest) -> dict[str, str]:
+        h = self.headers_for(req)
+        if self.target.request_id_prefix:
+            h = {**h, "x-request-id": f"{self.target.request_id_prefix}{req.index}"}
+        return h
 
     async def _send_raw(self, req: PlannedRequest, wire: bytes, intended_s: float
                         ) -> RequestResult:
@@ -274,7 +283,8 @@ class Client:
             reads=tuple(reads), prompt_tokens=usage[0] if usage else req.prompt_tokens,
             completion_tokens=usage[1] if usage else sum(n for _, n in reads), status=status,
             http_status=http_status, request_id=rid, usage_reported=usage is not None,
-            error=error)
+            error=error, client_request_id=(f"{self.target.request_id_prefix}{req.index}"
+                                            if self.target.request_id_prefix else ""))
 
     async def _send(self, req: PlannedRequest, body: bytes, intended_s: float) -> RequestResult:
         assert self.session is not None
@@ -288,7 +298,8 @@ class Client:
         self.progress.sent += 1
         sent = mono() - t0
         try:
-            async with self.session.post(self.url, data=body, headers=self.headers_for(req)) as resp:
+            async with self.session.post(self.url, data=body,
+                                         headers=self.request_headers(req)) as resp:
                 http_status = resp.status
                 rid = resp.headers.get(REQUEST_ID_HEADER, "")
                 if http_status != 200:

@@ -9,6 +9,7 @@ accounting record the energy columns are "n/a" with the reason.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ class EnergyFetch:
     missing: int  # requests with an id but no record
     no_id: int  # requests without a gateway request id (engine targeted directly, or refused)
     reason: str  # why energy is unavailable or partial; "" when complete
+    source: str = "gateway"  # "gateway": apportioned measurement; "sim": simulator ground truth
+
+    def row(self, r: RequestResult) -> EnergyRow | None:
+        key = r.request_id if self.source == "gateway" else r.client_request_id
+        return self.rows.get(key) if key and r.ok else None
 
 
 def parse_row(data: dict[str, object]) -> EnergyRow:
@@ -104,6 +110,40 @@ async def fetch_energy(session: aiohttp.ClientSession, base_url: str, admin_key:
     return EnergyFetch(rows, missing, no_id, reason)
 
 
+async def fetch_sim_energy(session: aiohttp.ClientSession, base_url: str,
+                           results: Sequence[RequestResult], precision: str = "",
+                           concurrency: int = 16) -> EnergyFetch:
+    """Ground-truth energy from a simulated engine targeted directly
+    (`GET /sim/requests/{x-request-id}`); carbon and cost are not known there (NaN)."""
+    ids = [r.client_request_id for r in results if r.client_request_id and r.ok]
+    sem = asyncio.Semaphore(concurrency)
+    rows: dict[str, EnergyRow] = {}
+    statuses: set[int] = set()
+
+    async def one(rid: str) -> None:
+        async with sem:
+            try:
+                async with session.get(f"{base_url.rstrip('/')}/sim/requests/{rid}") as resp:
+                    statuses.add(resp.status)
+                    if resp.status == 200:
+                        d = orjson.loads(await resp.read())
+                        rows[rid] = EnergyRow(
+                            request_id=rid, tenant="", model="", engine=base_url,
+                            precision=precision, prompt_tokens=int(d["prompt_tokens"]),
+                            completion_tokens=int(d["completion_tokens"]),
+                            energy_j=float(d["energy_j"]), carbon_g=math.nan,
+                            cost_usd=math.nan, final=True, estimated=False)
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError,
+                    TypeError, ValueError):
+                statuses.add(0)
+
+    await asyncio.gather(*(one(rid) for rid in ids))
+    reason = "" if len(rows) == len(ids) else (
+        f"{len(ids) - len(rows)} of {len(ids)} requests without a simulator record "
+        f"(HTTP {sorted(statuses)})")
+    return EnergyFetch(rows, len(ids) - len(rows), len(results) - len(ids), reason, "sim")
+
+
 @dataclass(frozen=True, slots=True)
 class EnergyStats:
     """Energy over a group of successful requests that have a record."""
@@ -141,7 +181,7 @@ def group_energy(fetch: EnergyFetch, results: Sequence[RequestResult], by: str
     """Energy per "tenant" or "precision" (from the record) over successful requests."""
     groups: dict[str, list[EnergyRow]] = {}
     for r in results:
-        row = fetch.rows.get(r.request_id) if r.ok and r.request_id else None
+        row = fetch.row(r)
         if row is None:
             continue
         key = r.tenant if by == "tenant" else row.precision
@@ -151,5 +191,4 @@ def group_energy(fetch: EnergyFetch, results: Sequence[RequestResult], by: str
 
 def overall_energy(fetch: EnergyFetch, results: Sequence[RequestResult], name: str = "all"
                    ) -> EnergyStats | None:
-    return energy_stats(name, (fetch.rows[r.request_id] for r in results
-                               if r.ok and r.request_id in fetch.rows))
+    return energy_stats(name, (row for r in results if (row := fetch.row(r)) is not None))

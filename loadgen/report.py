@@ -154,10 +154,11 @@ def request_rows(o: RunOutcome) -> list[dict[str, Any]]:
     fetch = o.energy_fetch
     for m in o.requests:
         r = m.result
-        e = fetch.rows.get(r.request_id) if fetch and r.request_id else None
+        e = fetch.row(r) if fetch else None
         rows.append({
             "arm": o.label, "index": r.index, "tenant": r.tenant, "slo_class": r.slo_class,
             "status": r.status, "http_status": r.http_status, "request_id": r.request_id,
+            "client_request_id": r.client_request_id,
             "intended_s": r.intended_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s,
             "end_s": r.end_s, "lag_s": r.lag_s, "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens, "token_events": sum(n for _, n in r.reads),

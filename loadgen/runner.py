@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from loadgen import energy, metrics
 from loadgen.client import (
@@ -30,6 +31,9 @@ class RunOptions:
     lag_threshold_s: float = metrics.DEFAULT_LAG_THRESHOLD_S
     admin_key: str = ""
     fetch_energy: bool = True
+    # "auto": the gateway's accounting when responses carry its request id, else a simulated
+    # engine's ground truth; "gateway"; "sim".
+    energy_source: str = "auto"
     energy_wait_s: float = 5.0
     progress: bool = True
     client: ClientOptions = field(default_factory=ClientOptions)
@@ -48,11 +52,14 @@ class RunOutcome:
 
     @property
     def energy_note(self) -> str:
-        if self.energy_fetch is None:
+        f = self.energy_fetch
+        if f is None:
             return "n/a: energy fetch disabled"
         if self.energy_overall is None:
-            return f"n/a: {self.energy_fetch.reason}"
-        return self.energy_fetch.reason
+            return f"n/a: {f.reason}"
+        source = ("gateway accounting (measured, apportioned)" if f.source == "gateway"
+                  else "simulator ground truth (no carbon or cost)")
+        return source + (f"; {f.reason}" if f.reason else "")
 
 
 def _stderr(text: str) -> None:
@@ -87,22 +94,30 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
                 write("\n")
 
 
+async def _energy(target: Target, results: Sequence[RequestResult], opts: RunOptions,
+                  label: str) -> energy.EnergyFetch:
+    session = make_session(opts.client)
+    try:
+        via_gateway = any(r.request_id for r in results)
+        if opts.energy_source == "gateway" or (opts.energy_source == "auto" and via_gateway):
+            return await energy.fetch_energy(session, target.base_url, opts.admin_key, results,
+                                             wait_final_s=opts.energy_wait_s)
+        return await energy.fetch_sim_energy(session, target.base_url, results, label)
+    finally:
+        await session.close()
+
+
 async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str = "",
                        plan: Sequence[PlannedRequest] | None = None,
                        write: Callable[[str], None] = _stderr) -> RunOutcome:
     plan = build_plan(w) if plan is None else plan
+    if not target.request_id_prefix:
+        target = replace(target, request_id_prefix=f"lg-{uuid.uuid4().hex[:12]}-")
     results = await execute(plan, target, w.concurrency, opts, write)
     summary, per_request = metrics.summarize(
         results, w.slo, requested_rate_rps=requested_rate_rps(w, plan), label=label,
         lag_threshold_s=opts.lag_threshold_s, closed_loop=w.concurrency is not None)
-    fetch = None
-    if opts.fetch_energy:
-        session = make_session(opts.client)
-        try:
-            fetch = await energy.fetch_energy(session, target.base_url, opts.admin_key, results,
-                                              wait_final_s=opts.energy_wait_s)
-        finally:
-            await session.close()
+    fetch = await _energy(target, results, opts, label) if opts.fetch_energy else None
     return RunOutcome(
         label=label, target=target, summary=summary, requests=per_request, energy_fetch=fetch,
         energy_overall=energy.overall_energy(fetch, results, label or "all") if fetch else None,
