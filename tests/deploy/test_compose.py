@@ -143,6 +143,9 @@ def test_gpu_variant_gives_each_engine_its_own_gpu_and_meters_that_gpu() -> None
         assert meter["kind"] == "agent" and urlsplit(meter["url"]).hostname == "agent"
         assert meter["gpus"] == devices[urls[endpoint]], endpoint
     assert "--quantization" in services["vllm-fp8"]["command"]
+    agent = services["agent"]
+    assert agent["command"][:1] == ["agent"] and "build" in agent
+    assert agent["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
 
 
 @pytest.mark.parametrize("files", VARIANTS)
