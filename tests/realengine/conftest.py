@@ -98,7 +98,10 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
             cmd = wattgate_cmd(
                 "engines", "launch", "--model", str(tiny_model), "--precision", precision,
                 "--port", str(port), "--served-model-name", SERVED_NAME, "--",
-                "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS))
+                "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS),
+                # Eager mode skips torch.compile warm-up (~30 s of CPU per server); the
+                # suite tests the serving surface, not kernel speed.
+                "--enforce-eager")
             # Start both before waiting on either: startup is mostly per-process CPU work.
             procs.append(stack.enter_context(running(cmd, env=env, log=server.log)))
             servers.append(server)
