@@ -187,7 +187,9 @@ def trtllm_spec(req: LaunchRequest) -> LaunchSpec:
         Step("serve", tuple(serve), "trtllm-serve OpenAI-compatible server"),
     )
     notes = ["the engine is built for one GPU model and tensor-parallel size; rebuild it for "
-             "another"]
+             "another",
+             "TensorRT-LLM before 1.0 serves engines by default and has no `--backend tensorrt`; "
+             "drop that flag there"]
     if req.precision in ("fp8", "int8", "int4"):
         notes.append("calibration reads the cnn_dailymail dataset by default; pass "
                      "--calib_dataset to quantize.py where there is no hub access")
@@ -266,6 +268,12 @@ def to_dict(spec: LaunchSpec) -> dict[str, Any]:
     }
 
 
+def argv_with_env(spec: LaunchSpec) -> Sequence[str]:
+    """The serve step as one `env K=V ... argv` list (for printing what `launch` will exec)."""
+    pairs = [f"{k}={v}" for k, v in sorted(spec.env.items())]
+    return (["env", *pairs] if pairs else []) + list(spec.serve.argv)
+
+
 def _check_common(req: LaunchRequest) -> None:
     if req.precision not in PRECISIONS:
         raise LaunchSpecError(
@@ -297,8 +305,3 @@ def _kv_cache_dtype(req: LaunchRequest) -> str:
 def _gpu_env(req: LaunchRequest) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, req.gpus))} if req.gpus else {}
 
-
-def argv_with_env(spec: LaunchSpec) -> Sequence[str]:
-    """The serve step as one `env K=V ... argv` list (for printing what `launch` will exec)."""
-    pairs = [f"{k}={v}" for k, v in sorted(spec.env.items())]
-    return (["env", *pairs] if pairs else []) + list(spec.serve.argv)
