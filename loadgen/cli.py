@@ -73,6 +73,13 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
                      default=None, help="Write JSON, CSV and HTML here."),
         click.option("--quiet", is_flag=True, help="No live progress line."),
+        click.option("--transport", type=click.Choice(["raw", "aiohttp"]), default="raw",
+                     show_default=True, help="raw: lean HTTP/1.1 client (http:// only); "
+                     "aiohttp: the aiohttp session (also https)."),
+        click.option("--energy-source", type=click.Choice(["auto", "gateway", "sim"]),
+                     default="auto", show_default=True,
+                     help="auto: gateway accounting when the target is the gateway, else the "
+                     "simulated engine's ground truth."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -104,8 +111,9 @@ def build_workload(p: dict[str, Any]) -> Workload:
 def run_options(p: dict[str, Any]) -> RunOptions:
     return RunOptions(workers=p["workers"], lag_threshold_s=p["lag_threshold_ms"] / 1e3,
                       admin_key=p["admin_key"], fetch_energy=not p["no_energy"],
-                      progress=not p["quiet"],
-                      client=ClientOptions(max_concurrency=p["max_concurrency"]))
+                      energy_source=p["energy_source"], progress=not p["quiet"],
+                      client=ClientOptions(max_concurrency=p["max_concurrency"],
+                                           transport=p["transport"]))
 
 
 def write_outputs(out_dir: Path | None, name: str, outcomes: Sequence[RunOutcome], **html: Any

@@ -122,3 +122,31 @@ def test_loadgen_help_lists_the_subcommands() -> None:
                           capture_output=True, text=True, timeout=30, check=False)
     for cmd in ("run", "compare", "sweep", "preset", "trace-sample"):
         assert cmd in proc.stdout
+
+
+@pytest.mark.timeout(90)
+def test_sweep_reports_max_goodput_at_the_target_attainment(selftest_engine: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = loadgen("sweep", "--target", selftest_engine, "--rates", "20,40", "--duration",
+                       "1", "--output-tokens", "4", "--attainment", "0.9", "--no-energy",
+                       "--quiet", "--out", tmp)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "run: max goodput" in proc.stdout
+        assert "goodput vs offered rate" in (Path(tmp) / "sweep.html").read_text().lower()
+        doc = orjson.loads((Path(tmp) / "sweep.json").read_bytes())
+        assert [p["rate_rps"] for p in doc["sweep"]["points"]] == [20.0, 40.0]
+
+
+@pytest.mark.timeout(90)
+def test_presets_offline_sends_everything_at_once_and_server_finds_a_rate(
+        selftest_engine: str) -> None:
+    off = loadgen("preset", "offline", "--target", selftest_engine, "--requests", "40",
+                  "--output-tokens", "4", "--no-energy", "--quiet")
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert "offline: 40/40 ok" in off.stdout
+    srv = loadgen("preset", "server", "--target", selftest_engine, "--rates", "10,20",
+                  "--duration", "1", "--output-tokens", "4", "--no-energy", "--quiet",
+                  "--lag-threshold-ms", "50")
+    assert srv.returncode == 0, srv.stderr[-2000:]
+    assert "server: highest rate meeting TTFT<=500 ms and TPOT<=50 ms for 99% of requests: 20 " \
+        "req/s" in srv.stdout

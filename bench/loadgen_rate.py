@@ -1,0 +1,197 @@
+"""How fast can the load generator keep its schedule?
+
+Against a zero-delay streaming engine (`wattgate loadgen selftest-engine`, 16-token streams,
+16-token prompts), step the Poisson rate up and record, per rate: achieved rate, schedule lag
+p50/p99/max, errors, client CPU per request. A rate is *sustained* when every request succeeds,
+the achieved rate is within 3% of the requested one, and schedule lag p99 <= 1 ms.
+Configurations: one process on the raw transport (the default), one process on aiohttp, and
+several worker processes. When the machine has spare cores, the engine and the single client
+are pinned to different cores (one core each).
+
+    .venv/bin/python -m bench.loadgen_rate [--duration 5] [--rates 500,1000,...] [--workers 2]
+
+Writes bench/results/loadgen_rate.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loadgen import lengths, metrics  # noqa: E402
+from loadgen.arrivals import Poisson  # noqa: E402
+from loadgen.client import ClientOptions, Target, run_plan  # noqa: E402
+from loadgen.demo import free_port  # noqa: E402
+from loadgen.workers import run_workers  # noqa: E402
+from loadgen.workload import TenantSpec, Workload, build_plan  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+LAG_P99_LIMIT_S = 0.001
+TOKENS = 16
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], ready_url: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+
+
+def workload(rate: float, duration_s: float) -> Workload:
+    tenant = TenantSpec("bench", prompt_tokens=lengths.fixed(TOKENS),
+                        output_tokens=lengths.fixed(TOKENS))
+    return Workload("bench", (tenant,), Poisson(rate), duration_s=duration_s, seed=1)
+
+
+def cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime + ch.ru_utime + ch.ru_stime
+
+
+def one_rate(url: str, rate: float, duration_s: float, transport: str, workers: int
+             ) -> dict[str, Any]:
+    w = workload(rate, duration_s)
+    plan = build_plan(w)
+    target = Target(url, "bench")
+    opts = ClientOptions(transport=transport)
+    c0 = cpu_s()
+    if workers > 1:
+        results, _ = run_workers(plan, target, workers, opts=opts)
+    else:
+        results = uvloop.run(run_plan(plan, target, t0=time.monotonic() + 0.2, opts=opts))
+    cpu = cpu_s() - c0
+    s, _ = metrics.summarize(results, w.slo, requested_rate_rps=rate,
+                             lag_threshold_s=LAG_P99_LIMIT_S)
+    requested = (len(plan) - 1) / (plan[-1].intended_s - plan[0].intended_s)
+    sustained = (s.ok == s.requests and s.lag_s.p99 <= LAG_P99_LIMIT_S
+                 and s.achieved_rate_rps >= 0.97 * requested)
+    return {
+        "rate_rps": rate, "planned_rate_rps": round(requested, 1), "requests": s.requests,
+        "ok": s.ok, "errors": s.errors, "achieved_rate_rps": round(s.achieved_rate_rps, 1),
+        "lag_p50_ms": round(s.lag_s.p50 * 1e3, 3), "lag_p99_ms": round(s.lag_s.p99 * 1e3, 3),
+        "lag_max_ms": round(s.lag_s.max * 1e3, 3),
+        "ttft_send_p50_ms": round(s.from_send.ttft_s.p50 * 1e3, 3),
+        "ttft_intended_p50_ms": round(s.from_intended.ttft_s.p50 * 1e3, 3),
+        "client_cpu_us_per_request": round(cpu / max(1, s.requests) * 1e6, 1) if workers == 1
+        else None,
+        "sustained": sustained,
+    }
+
+
+def ladder(url: str, rates: list[float], duration_s: float, transport: str, workers: int,
+           label: str) -> dict[str, Any]:
+    rows = []
+    misses = 0
+    for rate in rates:
+        row = one_rate(url, rate, duration_s, transport, workers)
+        rows.append(row)
+        print(f"{label:>22} {rate:7.0f} req/s: achieved {row['achieved_rate_rps']:8.1f}, lag p50 "
+              f"{row['lag_p50_ms']:7.3f} ms p99 {row['lag_p99_ms']:9.3f} ms, ok {row['ok']}/"
+              f"{row['requests']} -> {'sustained' if row['sustained'] else 'NOT sustained'}",
+              file=sys.stderr)
+        misses = 0 if row["sustained"] else misses + 1
+        if misses >= 2:
+            break
+    best = max((r["rate_rps"] for r in rows if r["sustained"]), default=None)
+    return {"label": label, "transport": transport, "workers": workers, "rows": rows,
+            "max_sustained_rps": best}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    out = ["# Load generator: highest sustained request rate", "",
+           f"Zero-delay engine, {TOKENS}-token prompts and streams, Poisson arrivals, "
+           f"{doc['duration_s']:g} s per rate. Sustained = no errors, achieved >= 97% of "
+           f"requested, schedule lag p99 <= {LAG_P99_LIMIT_S * 1e3:g} ms.", "",
+           f"Machine: {m['cpus']} CPUs ({m['machine']}), Python {m['python']}; load average "
+           f"{m['loadavg_start']} at start, {m['loadavg_end']} at end (other work on the machine "
+           f"competes for the same cores). Pinning: {m['pinning']}.", ""]
+    for cfg in doc["configs"]:
+        out += [f"## {cfg['label']}: max sustained {cfg['max_sustained_rps'] or 'none'} req/s",
+                "", "| rate | achieved | lag p50 ms | lag p99 ms | lag max ms | ok | TTFT send p50 "
+                "ms | TTFT intended p50 ms | client CPU us/req (incl. sub-ms spin-wait) | sustained |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in cfg["rows"]:
+            out.append(f"| {r['rate_rps']:g} | {r['achieved_rate_rps']} | {r['lag_p50_ms']} | "
+                       f"{r['lag_p99_ms']} | {r['lag_max_ms']} | {r['ok']}/{r['requests']} | "
+                       f"{r['ttft_send_p50_ms']} | {r['ttft_intended_p50_ms']} | "
+                       f"{r['client_cpu_us_per_request']} | {'yes' if r['sustained'] else 'no'} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--rates", default="500,1000,1500,2000,2500,3000,4000,5000")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip-aiohttp", action="store_true")
+    args = ap.parse_args()
+    rates = [float(x) for x in args.rates.split(",")]
+    cpus = os.cpu_count() or 1
+    port = free_port()
+    engine_cmd = [sys.executable, "-m", "wattgate_cli", "loadgen", "selftest-engine", "--port",
+                  str(port)]
+    pin = cpus >= 2
+    if pin:
+        engine_cmd = ["taskset", "-c", str(cpus - 1), *engine_cmd]
+    machine = {"cpus": cpus, "machine": platform.machine(), "python": platform.python_version(),
+               "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+               "pinning": (f"engine on CPU {cpus - 1}, single-process client on CPU 0; workers "
+                           f"unpinned" if pin else "none (one CPU)")}
+    url = f"http://127.0.0.1:{port}"
+    configs = []
+    with running(engine_cmd, f"{url}/health"):
+        all_cpus = os.sched_getaffinity(0)
+        if pin:
+            os.sched_setaffinity(0, {0})
+        configs.append(ladder(url, rates, args.duration, "raw", 1, "1 process, raw"))
+        if not args.skip_aiohttp:
+            configs.append(ladder(url, rates, args.duration, "aiohttp", 1, "1 process, aiohttp"))
+        os.sched_setaffinity(0, all_cpus)
+        if args.workers > 1:
+            configs.append(ladder(url, rates, args.duration, "raw", args.workers,
+                                  f"{args.workers} workers, raw"))
+    machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    doc = {"benchmark": "loadgen_rate", "duration_s": args.duration, "tokens": TOKENS,
+           "lag_p99_limit_ms": LAG_P99_LIMIT_S * 1e3, "machine": machine, "configs": configs,
+           "unix_time": int(time.time())}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "loadgen_rate.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (RESULTS / "loadgen_rate.md").write_text(markdown(doc) + "\n")
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
