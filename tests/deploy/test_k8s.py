@@ -146,6 +146,14 @@ def test_service_monitors_are_well_formed_and_match_services(overlay: str) -> No
                     f"{ep['port']!r}")
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_monitoring_objects_share_the_operator_selector_label(overlay: str) -> None:
+    """Prometheus selects rules and monitors by one label; none may be left without it."""
+    objs = [o for o in render(overlay) if o["kind"] in CRD_KINDS]
+    releases = {o["metadata"]["labels"].get("release") for o in objs}
+    assert releases == {"kube-prometheus-stack"}
+
+
 def test_prometheus_rule_is_well_formed_and_equals_the_compose_rules() -> None:
     rule = find(render("base"), "PrometheusRule", "wattgate")
     groups = rule["spec"]["groups"]
