@@ -1,0 +1,32 @@
+"""`wattgate demo`: starts the simulated fleet and the gateway, runs load, writes the report,
+and leaves no process behind."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import REPO, wattgate_cmd
+
+
+def demo_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if "wattgate-demo-" in line]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) -> None:
+    proc = subprocess.run(wattgate_cmd("demo", "--duration", "8", "--out", str(tmp_path)),
+                          cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("acme", "globex", "initech"):
+        assert f"\n{name} " in proc.stdout
+    for prec in ("bf16", "fp8", "int8", "int4"):
+        assert f"\n{prec} " in proc.stdout
+    assert "accuracy not measured" in proc.stdout
+    html = (tmp_path / "demo.html").read_text()
+    assert "<svg" in html and "Paired deltas" in html
+    assert demo_processes() == []
