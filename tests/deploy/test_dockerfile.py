@@ -165,3 +165,40 @@ def test_healthcheck_command_tells_up_from_down(instructions: list[Instruction],
                           env={"WATTGATE_HEALTH_URL": f"http://127.0.0.1:{free_port()}/healthz"},
                           check=False)
     assert down.returncode != 0
+
+
+@pytest.mark.timeout(60)
+def test_copied_files_alone_build_a_wheel_with_the_cli_and_every_package(
+        instructions: list[Instruction], tmp_path: Path) -> None:
+    """What the build stage copies is enough for `pip wheel .` (no file outside it is needed)."""
+    import shutil
+    import zipfile
+
+    build = stages(instructions)[0]
+    context = tmp_path / "src"
+    context.mkdir()
+    for ins in build:
+        if ins.op != "COPY":
+            continue
+        *sources, _dest = shlex.split(ins.args)
+        for src in sources:
+            path = REPO / src
+            if path.is_dir():
+                shutil.copytree(path, context / src,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(path, context / src)
+    out = tmp_path / "wheels"
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                             "--no-build-isolation", "-q", "-w", str(out), str(context)],
+                            capture_output=True, text=True, timeout=50, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [wheel] = list(out.glob("wattgate-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    assert "wattgate_cli.py" in names
+    for package in ("gateway", "engines", "loadgen"):
+        assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names
+    assert "gateway/accounting/ledger/postgres.py" in names and "engines/sim/fleet.py" in names
+    assert re.search(r"^wattgate\s*=\s*wattgate_cli:main$", entry_points, re.M)
