@@ -44,6 +44,27 @@ from loadgen.workload import TenantSpec, Workload, build_plan  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 LAG_P99_LIMIT_S = 0.001
+RELAXED_LAG_P99_S = 0.010
+
+
+async def _timer_floor(rate: float, duration_s: float) -> list[float]:
+    """Lag of a bare absolute-schedule loop (no HTTP): what the machine alone costs."""
+    from loadgen.client import _sleep_until
+
+    plan = build_plan(workload(rate, duration_s))
+    t0 = time.monotonic() + 0.1
+    lags = []
+    for r in plan:
+        await _sleep_until(t0 + r.intended_s)
+        lags.append(time.monotonic() - t0 - r.intended_s)
+    return lags
+
+
+def timer_floor(rate: float, duration_s: float) -> dict[str, float]:
+    lags = sorted(uvloop.run(_timer_floor(rate, duration_s)))
+    return {"rate_rps": rate, "lag_p50_ms": round(metrics.percentile(lags, 50) * 1e3, 3),
+            "lag_p99_ms": round(metrics.percentile(lags, 99) * 1e3, 3),
+            "lag_max_ms": round(lags[-1] * 1e3, 3)}
 TOKENS = 16
 
 
@@ -94,8 +115,8 @@ def one_rate(url: str, rate: float, duration_s: float, transport: str, workers: 
     s, _ = metrics.summarize(results, w.slo, requested_rate_rps=rate,
                              lag_threshold_s=LAG_P99_LIMIT_S)
     requested = (len(plan) - 1) / (plan[-1].intended_s - plan[0].intended_s)
-    sustained = (s.ok == s.requests and s.lag_s.p99 <= LAG_P99_LIMIT_S
-                 and s.achieved_rate_rps >= 0.97 * requested)
+    kept = s.ok == s.requests and s.achieved_rate_rps >= 0.97 * requested
+    sustained = kept and s.lag_s.p99 <= LAG_P99_LIMIT_S
     return {
         "rate_rps": rate, "planned_rate_rps": round(requested, 1), "requests": s.requests,
         "ok": s.ok, "errors": s.errors, "achieved_rate_rps": round(s.achieved_rate_rps, 1),
@@ -106,6 +127,8 @@ def one_rate(url: str, rate: float, duration_s: float, transport: str, workers: 
         "client_cpu_us_per_request": round(cpu / max(1, s.requests) * 1e6, 1) if workers == 1
         else None,
         "sustained": sustained,
+        "sustained_lag_p99_10ms": kept and s.lag_s.p99 <= RELAXED_LAG_P99_S,
+        "kept_rate": kept,
     }
 
 
@@ -120,12 +143,14 @@ def ladder(url: str, rates: list[float], duration_s: float, transport: str, work
               f"{row['lag_p50_ms']:7.3f} ms p99 {row['lag_p99_ms']:9.3f} ms, ok {row['ok']}/"
               f"{row['requests']} -> {'sustained' if row['sustained'] else 'NOT sustained'}",
               file=sys.stderr)
-        misses = 0 if row["sustained"] else misses + 1
+        # Keep climbing while the rate is still achieved; stop once it collapses twice.
+        misses = 0 if row["kept_rate"] else misses + 1
         if misses >= 2:
             break
     best = max((r["rate_rps"] for r in rows if r["sustained"]), default=None)
+    relaxed = max((r["rate_rps"] for r in rows if r["sustained_lag_p99_10ms"]), default=None)
     return {"label": label, "transport": transport, "workers": workers, "rows": rows,
-            "max_sustained_rps": best}
+            "max_sustained_rps": best, "max_sustained_rps_lag_p99_10ms": relaxed}
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -136,9 +161,15 @@ def markdown(doc: dict[str, Any]) -> str:
            f"requested, schedule lag p99 <= {LAG_P99_LIMIT_S * 1e3:g} ms.", "",
            f"Machine: {m['cpus']} CPUs ({m['machine']}), Python {m['python']}; load average "
            f"{m['loadavg_start']} at start, {m['loadavg_end']} at end (other work on the machine "
-           f"competes for the same cores). Pinning: {m['pinning']}.", ""]
+           f"competes for the same cores). Pinning: {m['pinning']}.", "",
+           f"Timer floor (the schedule loop alone, no HTTP, {doc['floor']['rate_rps']:g} req/s, "
+           f"same pinning): lag p50 {doc['floor']['lag_p50_ms']} ms, p99 "
+           f"{doc['floor']['lag_p99_ms']} ms, max {doc['floor']['lag_max_ms']} ms. A p99 above "
+           f"1 ms here is the machine (preemption by other processes), not the client.", ""]
     for cfg in doc["configs"]:
-        out += [f"## {cfg['label']}: max sustained {cfg['max_sustained_rps'] or 'none'} req/s",
+        out += [f"## {cfg['label']}: max sustained {cfg['max_sustained_rps'] or 'none'} req/s "
+                f"(lag p99 <= 1 ms); {cfg['max_sustained_rps_lag_p99_10ms'] or 'none'} req/s "
+                f"with lag p99 <= 10 ms",
                 "", "| rate | achieved | lag p50 ms | lag p99 ms | lag max ms | ok | TTFT send p50 "
                 "ms | TTFT intended p50 ms | client CPU us/req (incl. sub-ms spin-wait) | sustained |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
@@ -176,6 +207,8 @@ def main() -> None:
         all_cpus = os.sched_getaffinity(0)
         if pin:
             os.sched_setaffinity(0, {0})
+        floor = timer_floor(1000.0, args.duration)
+        print(f"timer floor: {floor}", file=sys.stderr)
         configs.append(ladder(url, rates, args.duration, "raw", 1, "1 process, raw"))
         if not args.skip_aiohttp:
             configs.append(ladder(url, rates, args.duration, "aiohttp", 1, "1 process, aiohttp"))
@@ -185,7 +218,8 @@ def main() -> None:
                                   f"{args.workers} workers, raw"))
     machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     doc = {"benchmark": "loadgen_rate", "duration_s": args.duration, "tokens": TOKENS,
-           "lag_p99_limit_ms": LAG_P99_LIMIT_S * 1e3, "machine": machine, "configs": configs,
+           "lag_p99_limit_ms": LAG_P99_LIMIT_S * 1e3, "machine": machine, "floor": floor,
+           "configs": configs,
            "unix_time": int(time.time())}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "loadgen_rate.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

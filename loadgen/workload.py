@@ -177,6 +177,16 @@ def _slo_classes(spec: Mapping[str, Any]) -> tuple[SloClass, ...]:
     return tuple(out)
 
 
+def _lengths(spec: Any, base: Path, which: str) -> LengthDist:
+    """A length distribution; `{kind: empirical, trace: FILE, format: FMT}` takes the trace's
+    prompt or output lengths (which = "prompt" | "output")."""
+    if isinstance(spec, Mapping) and spec.get("kind") == "empirical" and "trace" in spec:
+        rows = traces.load(base / str(spec["trace"]), str(spec.get("format", "azure")))
+        values = [r.prompt_tokens if which == "prompt" else r.output_tokens for r in rows]
+        return lengths.empirical(values)
+    return lengths.from_spec(spec)
+
+
 def _tenant(spec: Mapping[str, Any], base: Path, default_slo: str) -> TenantSpec:
     conv: tuple[tuple[str, int], ...] = ()
     if "sharegpt" in spec:
@@ -185,8 +195,8 @@ def _tenant(spec: Mapping[str, Any], base: Path, default_slo: str) -> TenantSpec
         name=str(spec["name"]), api_key=str(spec.get("api_key", "")),
         share=float(spec.get("share", 1.0)),
         arrival=arrivals.from_spec(spec["arrival"]) if "arrival" in spec else None,
-        prompt_tokens=lengths.from_spec(spec.get("prompt_tokens", 128)),
-        output_tokens=lengths.from_spec(spec.get("output_tokens", 64)),
+        prompt_tokens=_lengths(spec.get("prompt_tokens", 128), base, "prompt"),
+        output_tokens=_lengths(spec.get("output_tokens", 64), base, "output"),
         slo_class=str(spec.get("slo_class", default_slo)), conversations=conv,
         headers=tuple((str(k), str(v)) for k, v in spec.get("headers", {}).items()))
 

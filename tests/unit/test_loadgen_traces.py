@@ -11,7 +11,7 @@ import pytest
 
 from loadgen import traces
 from loadgen.arrivals import gap_stats
-from loadgen.workload import TenantSpec, Workload, build_plan
+from loadgen.workload import TenantSpec, Workload, build_plan, from_mapping
 
 
 @pytest.mark.parametrize("fmt", traces.FORMATS)
@@ -88,3 +88,14 @@ def test_trace_workload_replays_rows_as_two_tenants(tmp_path: Path) -> None:
     moon = [r.prompt for r in plan if r.tenant == "moon"]
     prefixes = [" ".join(p.split()[:50]) for p in moon]
     assert len(set(prefixes)) < len(prefixes)
+
+
+def test_empirical_lengths_can_come_from_a_trace_file(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text(traces.sample_text("azure", 100, seed=6))
+    w = from_mapping({"model": "m", "duration_s": 5, "arrival": {"kind": "poisson",
+                                                                 "rate_rps": 20},
+                      "tenants": [{"name": "t", "prompt_tokens": {
+                          "kind": "empirical", "trace": "a.csv", "format": "azure"}}]},
+                     tmp_path)
+    rows = traces.load(tmp_path / "a.csv", "azure")
+    assert {r.prompt_tokens for r in build_plan(w)} <= {r.prompt_tokens for r in rows}
