@@ -98,6 +98,10 @@ def _version(cmd: list[str]) -> str:
     return text[0] if text else "?"
 
 
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def meta(args: argparse.Namespace) -> dict[str, Any]:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
@@ -109,7 +113,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
         "commit": commit, "quick": args.quick, "runs": args.runs, "duration_s": args.duration,
         "connections": args.connections, "cpu": cpu, "cpus": os.cpu_count(),
         "kernel": f"Linux {platform.release()}",
-        "loadavg": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "loadavg": _loadavg(),
         "versions": {
             "python": platform.python_version(),
             "aiohttp": importlib.metadata.version("aiohttp"),
@@ -156,6 +160,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         f"cpu {res.proxy_cpu_us_per_req:.0f} us/req err {res.errors} "
                         f"(eta {eta:.0f} s)")
     summary = report.summarise(raw)
+    info["loadavg_end"] = _loadavg()
     return {"meta": info, "preflight": notes, "summary": summary,
             "checks": report.checks(summary), "raw": raw}
 

@@ -108,7 +108,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Engine (C epoll server) and load client (wrk {meta['versions'].get('wrk', '?')}, 1 thread) "
         f"pinned to core 0, the proxy under test to core 1. "
         f"{meta['runs']} interleaved run(s) of {meta['duration_s']:g} s per cell; medians shown. "
-        f"Load average at start: {meta['loadavg']}.",
+        f"Load average (1/5/15 min) at start: {meta['loadavg']}, at the end: "
+        f"{meta.get('loadavg_end', '?')} (other jobs shared this machine).",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(meta["versions"].items())) + ".",
         "",
