@@ -38,6 +38,8 @@ class PostgresLedger(SqlLedger):
         return out
 
     async def open(self) -> None:
+        if self._pool is not None:
+            return
         try:
             self._pool = await asyncpg.create_pool(self._dsn, min_size=1,
                                                    max_size=self._pool_size)

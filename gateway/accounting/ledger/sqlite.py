@@ -54,6 +54,8 @@ class SqliteLedger(SqlLedger):
         self._conn = conn
 
     async def open(self) -> None:
+        if self._conn is not None:
+            return
         try:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
         except sqlite3.Error as exc:

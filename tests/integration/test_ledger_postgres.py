@@ -1,0 +1,102 @@
+"""The ledger on a real PostgreSQL server: service conservation, one apportioner by advisory
+lock, and the same report from SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.accounting.ledger.base import Ledger
+from gateway.accounting.ledger.postgres import PostgresLedger
+from gateway.accounting.ledger.sqlite import SqliteLedger
+from gateway.accounting.report import build_report, render
+from tests.support.postgres import fresh_database, postgres_server
+from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
+from tests.unit.test_ledger_sqlite import Clock, conservation, drive, make_service
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[str]:
+    with postgres_server() as dsn:
+        yield dsn
+
+
+async def _ledger(pg: str) -> PostgresLedger:
+    ledger = PostgresLedger(await fresh_database(pg, f"t{next(_names)}"))
+    await ledger.open()
+    return ledger
+
+
+async def test_service_on_postgres_conserves_energy(pg: str) -> None:
+    run = run_engine(11, duration_s=15.0)
+    clock = Clock(T0_WALL)
+    svc = make_service(await _ledger(pg), run, clock)
+    await drive(svc, run, clock, run.readings[-1][0])
+    intervals_j, shares_idle_j, _, n = await conservation(svc.ledger)
+    assert n >= 15
+    assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
+    rid = run.records[0].request_id
+    got = await svc.ledger.request(rid)
+    assert got is not None and got["final"]
+    assert got["energy_j"] == pytest.approx(run.truth_j[rid], rel=0.15)
+    await svc.stop()
+
+
+async def test_advisory_lock_admits_exactly_one_apportioner(pg: str) -> None:
+    a = await _ledger(pg)
+    b = PostgresLedger(a._dsn)
+    await b.open()
+    assert await a.acquire_apportioner()
+    assert await a.acquire_apportioner()  # re-entrant for the holder
+    assert not await b.acquire_apportioner()
+    await a.close()  # the holder goes away: its session ends and the lock is free
+    assert await b.acquire_apportioner()
+    await b.close()
+
+
+async def test_migrations_are_idempotent_and_versioned(pg: str) -> None:
+    a = await _ledger(pg)
+    b = PostgresLedger(a._dsn)
+    await b.open()  # a second replica starting on a migrated schema changes nothing
+    rows = await b._fetch("SELECT version FROM schema_version", ())
+    assert rows == [(1,)]
+    await a.close()
+    await b.close()
+
+
+async def test_report_from_sqlite_and_postgres_agrees(pg: str, tmp_path: Path) -> None:
+    run = run_engine(12, duration_s=20.0)
+    reports = []
+    ledgers: list[Ledger] = [SqliteLedger(tmp_path / "l.db"),
+                             PostgresLedger(await fresh_database(pg, "agree"))]
+    for ledger in ledgers:
+        clock = Clock(T0_WALL)
+        svc = make_service(ledger, run, clock)
+        await ledger.open()
+        await drive(svc, run, clock, run.readings[-1][0])
+        for group_by in (["tenant"], ["tenant", "hour"], ["engine", "precision", "model"]):
+            data = await ledger.usage(T0_WALL, T0_WALL + 600, None)
+            reports.append(build_report(data, group_by, T0_WALL, T0_WALL + 600))
+        tenant_only = await ledger.usage(T0_WALL, T0_WALL + 600, "t1")
+        reports.append(build_report(tenant_only, ["tenant"], T0_WALL, T0_WALL + 600))
+        await svc.stop()
+    half = len(reports) // 2
+    for lite, post in zip(reports[:half], reports[half:], strict=True):
+        assert len(lite.rows) == len(post.rows)
+        for a, b in zip([*lite.rows, lite.total], [*post.rows, post.total], strict=True):
+            assert a.keys() == b.keys()
+            for k, v in a.items():
+                if isinstance(v, float):
+                    assert b[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+                else:
+                    assert b[k] == v, k
+    assert render(reports[0], "csv").count("\n") == len(reports[0].rows) + 2
+    assert math.isclose(reports[0].total["energy_j"], reports[half].total["energy_j"],
+                        rel_tol=1e-9)
