@@ -397,3 +397,20 @@ class AccountingService:
 
     def work_rows_of(self, rec: RequestRecord) -> list[WorkRow]:
         return work_rows(rec, self.config.interval_s)
+
+    def pending_request(self, request_id: str) -> dict[str, Any] | None:
+        """A request recorded here but not yet written to the ledger (within one flush)."""
+        rows = [RequestRow.from_record(r, self.config.interval_s, self.replica)
+                for r in self._pending if r.request_id == request_id]
+        rows += [r for r in self._requests if r.request_id == request_id]
+        if not rows:
+            return None
+        r = rows[0]
+        est = self.engines[r.engine].estimated if r.engine in self.engines else False
+        return {"request_id": r.request_id, "tenant": r.tenant, "model": r.model,
+                "engine": r.engine, "precision": r.precision, "slo_class": r.slo_class,
+                "status": r.status, "stream": r.stream, "arrived_s": r.arrived_s,
+                "finished_s": r.finished_s, "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens, "slo_met": r.slo_met,
+                "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
+                "final": False, "estimated": est, "replica": r.replica}

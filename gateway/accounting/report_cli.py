@@ -1,0 +1,95 @@
+"""`wattgate report`: the chargeback report from the ledger (SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from gateway.accounting.config import parse_accounting
+from gateway.accounting.ledger.base import Ledger, LedgerError
+from gateway.accounting.report import GROUP_KEYS, Report, build_report, render
+from gateway.accounting.service import make_ledger
+from gateway.accounting.timeparse import parse_time
+from gateway.errors import ConfigError
+
+
+def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
+    if sqlite is not None:
+        from gateway.accounting.ledger.sqlite import SqliteLedger
+
+        if not sqlite.exists():
+            raise click.ClickException(f"no ledger at {sqlite}")
+        return SqliteLedger(sqlite)
+    if dsn:
+        from gateway.accounting.ledger.postgres import PostgresLedger
+
+        return PostgresLedger(dsn)
+    if config is None:
+        raise click.UsageError("give --config, --sqlite or --dsn")
+    try:
+        raw: Any = yaml.safe_load(config.read_text()) or {}
+        section = raw.get("accounting") if isinstance(raw, dict) else None
+        cfg = parse_accounting(section, os.environ, base_dir=config.parent)
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.ClickException(f"{config}: {exc}") from None
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    ledger_cfg = cfg.ledger
+    if ledger_cfg.kind == "sqlite" and not Path(ledger_cfg.path).is_absolute():
+        ledger_cfg = type(ledger_cfg)(kind="sqlite", path=str(config.parent / ledger_cfg.path))
+    return make_ledger(ledger_cfg)
+
+
+async def _report(ledger: Ledger, since: float, until: float, tenant: str | None,
+                  group_by: list[str]) -> Report:
+    await ledger.open()
+    try:
+        data = await ledger.usage(since, until, tenant)
+    finally:
+        await ledger.close()
+    return build_report(data, group_by, since, until)
+
+
+@click.command("report")
+@click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
+              help="gateway YAML; its accounting.ledger is read")
+@click.option("--sqlite", type=click.Path(dir_okay=False, path_type=Path),
+              help="read this SQLite ledger file instead")
+@click.option("--dsn", envvar="WATTGATE_LEDGER_DSN", help="read this PostgreSQL ledger instead")
+@click.option("--since", default="-24h", show_default=True,
+              help="Unix seconds, ISO 8601, or relative (-2h)")
+@click.option("--until", default=None, help="default: now")
+@click.option("--tenant", default=None)
+@click.option("--group-by", "group_by", default="tenant", show_default=True,
+              help=f"comma-separated: {', '.join(GROUP_KEYS)}")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True)
+def report(config: Path | None, sqlite: Path | None, dsn: str | None, since: str,
+           until: str | None, tenant: str | None, group_by: str, fmt: str) -> None:
+    """Energy (J, kWh), carbon (g), cost (USD), tokens, requests, goodput, J/token and idle
+    share per group; idle accounts are shown as separate rows."""
+    now = time.time()
+    try:
+        until_s = parse_time(until, now) if until else now
+        since_s = parse_time(since, now)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if until_s <= since_s:
+        raise click.BadParameter("--until must be after --since")
+    groups = [g.strip() for g in group_by.split(",") if g.strip()]
+    bad = [g for g in groups if g not in GROUP_KEYS]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not one of {', '.join(GROUP_KEYS)}",
+                                 param_hint="--group-by")
+    ledger = _ledger(config, sqlite, dsn)
+    try:
+        result = asyncio.run(_report(ledger, since_s, until_s, tenant, groups))
+    except LedgerError as exc:
+        raise click.ClickException(exc.message) from None
+    click.echo(render(result, fmt), nl=False)

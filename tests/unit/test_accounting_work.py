@@ -1,0 +1,92 @@
+"""Work rows on the interval grid, the energy track, and the online coefficient fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from gateway.accounting.coefficients import fit_intervals, fitted, nnls
+from gateway.accounting.energy import Boundary, EnergyTrack
+from gateway.accounting.work import spread, work_rows
+from gateway.records import RequestRecord
+from gateway.timing import latency
+
+
+def record(**kw: object) -> RequestRecord:
+    rec = RequestRecord(
+        request_id="r", tenant="t", model="m", engine="e", precision="bf16", slo_class="d",
+        status="ok", http_status=200, stream=True, arrived_wall_s=1000.0, arrived_s=0.0,
+        dispatched_s=0.5, first_byte_s=0.6, first_token_s=1.5, finished_s=3.5,
+        reads=((1.5, 1), (2.2, 2), (3.5, 1)), prompt_tokens=1000, completion_tokens=8,
+        attempts=1, latency=latency(0.0, (), 0, 3.5), slo_met=True)
+    return dataclasses.replace(rec, **kw)  # type: ignore[arg-type]
+
+
+def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
+    rows = {r.interval_idx: r for r in work_rows(record(), 1.0)}
+    assert sorted(rows) == [1000, 1001, 1002, 1003]
+    assert rows[1000].prefill_tokens == pytest.approx(500)  # 1000.5..1001.5 is the prefill
+    assert rows[1001].prefill_tokens == pytest.approx(500)
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([0, 2, 4, 2])
+    assert rows[1000].residency_s == pytest.approx(0.5) and rows[1000].start_s == 0.5
+    assert rows[1003].residency_s == pytest.approx(0.5) and rows[1003].start_s == 0.0
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(3.0)
+
+
+def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform() -> None:
+    rows = work_rows(record(stream=False, first_token_s=None, reads=()), 1.0)
+    assert rows[0].prefill_tokens == 1000 and rows[1].prefill_tokens == 0
+    assert math.fsum(r.decode_tokens for r in rows) == pytest.approx(8)
+    assert rows[1].decode_tokens == pytest.approx(8 / 3)
+
+
+def test_request_that_never_reached_an_engine_has_no_work() -> None:
+    assert work_rows(record(engine="", dispatched_s=None, first_token_s=None, reads=()), 1.0) == []
+
+
+def test_spread_conserves_the_amount() -> None:
+    acc: dict[int, float] = {}
+    spread(100.0, 0.3, 7.9, 0.5, acc)
+    assert math.fsum(acc.values()) == pytest.approx(100.0)
+    assert min(acc) == 0 and max(acc) == 15
+
+
+def test_energy_track_interpolates_and_rebases_a_drop() -> None:
+    track = EnergyTrack()
+    for t, e in [(0.0, 0.0), (1.0, 100.0), (2.0, 300.0), (3.0, 50.0), (4.0, 150.0)]:
+        track.add(t, e)
+    assert track.energy_at(1.5) == pytest.approx(200.0)
+    assert track.energy_at(3.5) == pytest.approx(350.0)  # 300 + half of the 100 after reset
+    assert track.energy_at(5.0) is None
+    assert track.energy_at(5.0, hold=True) == pytest.approx(400.0)
+    assert track.resets == 1
+
+
+def test_energy_track_anchors_to_a_stored_boundary_after_restart() -> None:
+    track = EnergyTrack()
+    track.add(10.0, 5.0)  # a fresh meter whose counter is below the stored boundary
+    track.add(11.0, 105.0)
+    track.anchor(Boundary(8.0, 1000.0))
+    assert track.energy_at(8.0) == 1000.0
+    assert track.energy_at(11.0) == pytest.approx(1100.0)
+
+
+def test_nnls_keeps_coefficients_non_negative() -> None:
+    x = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    assert nnls(x, [1.0, -1.0, 0.0]) == pytest.approx([0.5, 0.0])
+
+
+def test_online_fit_recovers_the_engine_power_model() -> None:
+    rnd = random.Random(4)
+    samples = []
+    for _ in range(200):
+        p, d = rnd.uniform(0, 20000), rnd.uniform(0, 2000)
+        samples.append((90.0 + 0.004 * p + 0.12 * d + rnd.gauss(0, 1.0), 1.0, p, d))
+    fit = fit_intervals(samples)
+    assert fit is not None
+    assert fit.idle_power_w == pytest.approx(90.0, rel=0.05)
+    assert fitted(fit).alpha == pytest.approx(0.004 / 0.12, rel=0.05)
+    assert fit_intervals(samples[:5]) is None
