@@ -209,10 +209,14 @@ class Client:
         pat0, pat1 = self._pat
         emp0, emp1 = self._empty
         reads: list[tuple[float, int]] = []
-        state: dict[str, Any] = {"carry": b"", "usage": None, "err": b"", "stream_error": False}
+        state: dict[str, Any] = {"carry": b"", "usage": None, "err": b"", "stream_error": False,
+                                 "conn": None}
 
         def sink(chunk: bytes) -> None:
             now = mono() - t0
+            if state["conn"].status != 200:  # an error body: keep its start for the report
+                state["err"] = (state["err"] + chunk)[:300]
+                return
             carry = state["carry"]
             buf = carry + chunk if carry else chunk
             cut = buf.rfind(b"\n")
@@ -239,6 +243,7 @@ class Client:
             return self._result(req, intended_s, sent, reads, None, "connect_error", 0, "",
                                 repr(exc))
         reusable = False
+        state["conn"] = conn
         loop = asyncio.get_running_loop()
         fut = conn.request(wire, sink, _RID_BYTES)
         timer = loop.call_at(loop.time() + self.total_timeout_s, _expire, fut)
@@ -248,8 +253,7 @@ class Client:
             http_status, rid = conn.status, conn.request_id
             if http_status != 200:
                 status = f"http_{http_status}"
-                error = (state["carry"] or b"").decode("utf-8", "replace")[:300]
-                reads.clear()
+                error = state["err"].decode("utf-8", "replace")
             elif state["stream_error"]:
                 status, error = "stream_error", state["err"].decode("utf-8", "replace")
         except TimeoutError as exc:

@@ -214,6 +214,7 @@ class Pool:
         if reusable and conn.keep_alive and not conn.closed:
             self.idle.append(conn)
         else:
+            conn.sink = None  # an abandoned response must not reach its request any more
             if conn.transport is not None:
                 conn.transport.close()
             self.open -= 1
