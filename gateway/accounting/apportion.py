@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import add, itemgetter
+from typing import NamedTuple
 
 from gateway.accounting.work import WorkRow
 
 
-@dataclass(frozen=True, slots=True)
-class Share:
+class Share(NamedTuple):
     request_id: str
     energy_j: float
     static_j: float
@@ -39,13 +40,25 @@ class Apportionment:
     shares: tuple[Share, ...]
 
 
+_START = itemgetter(5)
+_RES = itemgetter(4)
+_PREFILL = itemgetter(2)
+_DECODE = itemgetter(3)
+
+
 def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
     """Length of the union of the rows' residency spans, clipped to the interval."""
-    spans = sorted((r.start_s, min(interval_s, r.start_s + r.residency_s))
-                   for r in rows if r.residency_s > 0.0)
+    if not rows:
+        return 0.0
+    if max(map(_RES, rows)) >= interval_s:
+        return interval_s  # someone was resident all along (the usual case under load)
+    spans = sorted(zip(map(_START, rows), map(add, map(_START, rows), map(_RES, rows)),
+                       strict=True))
     total = 0.0
     cur_lo = cur_hi = -1.0
     for lo, hi in spans:
+        if hi <= lo:
+            continue
         if lo > cur_hi:
             total += max(0.0, cur_hi - cur_lo)
             cur_lo, cur_hi = lo, hi
@@ -62,23 +75,26 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
     static = min(max(idle_power_w, 0.0) * interval_s, energy_j)
     dynamic = energy_j - static
-    res_total = math.fsum(r.residency_s for r in rows)
-    work_total = math.fsum(alpha * r.prefill_tokens + beta * r.decode_tokens for r in rows)
+    # Exact sums (fsum) keep the split independent of row order.
+    res_total = math.fsum(map(_RES, rows))
+    work_total = alpha * math.fsum(map(_PREFILL, rows)) + beta * math.fsum(map(_DECODE, rows))
     busy = busy_seconds(rows, interval_s) if res_total > 0.0 else 0.0
     static_busy = static * (busy / interval_s) if res_total > 0.0 else 0.0
     if res_total <= 0.0 and work_total <= 0.0:
         idle = energy_j
     else:
         idle = (static - static_busy) + (dynamic if work_total <= 0.0 else 0.0)
+    static_per_s = static_busy / res_total if res_total > 0.0 else 0.0
+    busy_per_s = busy / res_total if res_total > 0.0 else 0.0
+    dyn_per_work = dynamic / work_total if work_total > 0.0 else 0.0
     shares = []
     for r in rows:
-        f_res = r.residency_s / res_total if res_total > 0.0 else 0.0
+        res = r.residency_s
         w = alpha * r.prefill_tokens + beta * r.decode_tokens
-        f_work = w / work_total if work_total > 0.0 else 0.0
-        if f_res <= 0.0 and f_work <= 0.0:
+        if res <= 0.0 and w <= 0.0:
             continue
-        s = static_busy * f_res
-        d = dynamic * f_work
-        shares.append(Share(r.request_id, s + d, s, d, busy * f_res))
+        st = res * static_per_s
+        d = w * dyn_per_work
+        shares.append(Share(r.request_id, st + d, st, d, res * busy_per_s))
     return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
                          idle_s=interval_s - busy, shares=tuple(shares))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway.accounting.work import WorkRow, interval_index
 from gateway.errors import WattgateError
@@ -52,8 +52,7 @@ class RequestRow:
                    interval_index(finished, interval_s) if ran else None, replica)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineWork:
+class EngineWork(NamedTuple):
     engine: str
     row: WorkRow
 
