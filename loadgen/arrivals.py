@@ -247,12 +247,16 @@ class Ramp:
             extra = max(0.0, t_s - self.duration_s) * self.end_rps
             return self.start_rps * t + slope * t * t / 2 + extra
         step_s = self.duration_s / self.steps
-        total, t = 0.0, 0.0
-        while t < t_s:
-            dt = min(step_s, t_s - t)
-            total += self.rate_at(t + 1e-12) * dt
-            t += dt
-        return total
+        t = min(t_s, self.duration_s)
+        full = min(int(t // step_s), self.steps)
+        total = sum(self._step_rate(i) for i in range(full)) * step_s
+        if full < self.steps:
+            total += self._step_rate(full) * (t - full * step_s)
+        return total + max(0.0, t_s - self.duration_s) * self.end_rps
+
+    def _step_rate(self, i: int) -> float:
+        frac = i / (self.steps - 1) if self.steps > 1 else 0.0
+        return self.start_rps + (self.end_rps - self.start_rps) * frac
 
     def offsets_s(self, rng: random.Random, duration_s: float, max_requests: int
                   ) -> tuple[float, ...]:

@@ -96,6 +96,7 @@ def test_run_writes_summary_table_json_csv_and_html(selftest_engine: str) -> Non
         assert "<svg" in (Path(tmp) / "run.html").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_workload_file_with_a_trace_runs_two_tenants(selftest_engine: str, tmp_path: Path) -> None:
     sample = loadgen("trace-sample", "mooncake", str(tmp_path / "t.jsonl"), "--requests", "40")
@@ -124,6 +125,7 @@ def test_loadgen_help_lists_the_subcommands() -> None:
         assert cmd in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_sweep_reports_max_goodput_at_the_target_attainment(selftest_engine: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,6 +139,7 @@ def test_sweep_reports_max_goodput_at_the_target_attainment(selftest_engine: str
         assert [p["rate_rps"] for p in doc["sweep"]["points"]] == [20.0, 40.0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_presets_offline_sends_everything_at_once_and_server_finds_a_rate(
         selftest_engine: str) -> None:
