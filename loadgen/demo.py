@@ -144,9 +144,10 @@ def compare_workload(duration_s: float, seed: int) -> Workload:
                     slo_classes=(SloClass("interactive", ttft_s=0.5, tpot_s=0.05),))
 
 
-async def _phases(base_url: str, duration_s: float, seed: int
+async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int
                   ) -> tuple[RunOutcome, list[RunOutcome], list[PairedDelta]]:
-    opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=3.0, client=ClientOptions())
+    opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=3.0, client=ClientOptions(),
+                      sim_engines=tuple(engine_urls))
     _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
     tw = tenant_workload(duration_s / 2, seed)
     tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
@@ -202,7 +203,8 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
                                  glog) as gateway:
                         _say(f"starting gateway on {base_url}")
                         _wait_http(f"{base_url}/readyz", gateway, 60)
-                        _show(*uvloop.run(_phases(base_url, duration_s, seed)), out_dir)
+                        _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed)),
+                              out_dir)
                         if keep_running:
                             _keep(base_url, engine_urls)
             except KeyboardInterrupt:

@@ -43,9 +43,10 @@ class EnergyFetch:
     no_id: int  # requests without a gateway request id (engine targeted directly, or refused)
     reason: str  # why energy is unavailable or partial; "" when complete
     source: str = "gateway"  # "gateway": apportioned measurement; "sim": simulator ground truth
+    by_gateway_id: bool = True  # rows keyed by the gateway's request id, else by x-request-id
 
     def row(self, r: RequestResult) -> EnergyRow | None:
-        key = r.request_id if self.source == "gateway" else r.client_request_id
+        key = r.request_id if self.by_gateway_id else r.client_request_id
         return self.rows.get(key) if key and r.ok else None
 
 
@@ -110,38 +111,45 @@ async def fetch_energy(session: aiohttp.ClientSession, base_url: str, admin_key:
     return EnergyFetch(rows, missing, no_id, reason)
 
 
-async def fetch_sim_energy(session: aiohttp.ClientSession, base_url: str,
-                           results: Sequence[RequestResult], precision: str = "",
+async def fetch_sim_energy(session: aiohttp.ClientSession, engine_urls: Sequence[str],
+                           results: Sequence[RequestResult], *, by_gateway_id: bool = False,
                            concurrency: int = 16) -> EnergyFetch:
-    """Ground-truth energy from a simulated engine targeted directly
-    (`GET /sim/requests/{x-request-id}`); carbon and cost are not known there (NaN)."""
-    ids = [r.client_request_id for r in results if r.client_request_id and r.ok]
+    """Ground-truth energy from simulated engines (`GET /sim/requests/{id}`), for runs against a
+    simulated engine directly (id = the x-request-id we sent) or through a gateway without
+    accounting (id = the gateway's request id, which it forwards as x-request-id). Each id is
+    looked up on each engine until one knows it. Carbon and cost are not known there (NaN)."""
+    ids = [(r.request_id if by_gateway_id else r.client_request_id) for r in results if r.ok]
+    ids = [i for i in ids if i]
     sem = asyncio.Semaphore(concurrency)
     rows: dict[str, EnergyRow] = {}
     statuses: set[int] = set()
 
     async def one(rid: str) -> None:
         async with sem:
-            try:
-                async with session.get(f"{base_url.rstrip('/')}/sim/requests/{rid}") as resp:
-                    statuses.add(resp.status)
-                    if resp.status == 200:
+            for url in engine_urls:
+                try:
+                    async with session.get(f"{url.rstrip('/')}/sim/requests/{rid}") as resp:
+                        statuses.add(resp.status)
+                        if resp.status != 200:
+                            continue
                         d = orjson.loads(await resp.read())
                         rows[rid] = EnergyRow(
-                            request_id=rid, tenant="", model="", engine=base_url,
-                            precision=precision, prompt_tokens=int(d["prompt_tokens"]),
+                            request_id=rid, tenant="", model="", engine=url, precision="",
+                            prompt_tokens=int(d["prompt_tokens"]),
                             completion_tokens=int(d["completion_tokens"]),
                             energy_j=float(d["energy_j"]), carbon_g=math.nan,
                             cost_usd=math.nan, final=True, estimated=False)
-            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError,
-                    TypeError, ValueError):
-                statuses.add(0)
+                        return
+                except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, KeyError,
+                        TypeError, ValueError):
+                    statuses.add(0)
 
     await asyncio.gather(*(one(rid) for rid in ids))
     reason = "" if len(rows) == len(ids) else (
         f"{len(ids) - len(rows)} of {len(ids)} requests without a simulator record "
         f"(HTTP {sorted(statuses)})")
-    return EnergyFetch(rows, len(ids) - len(rows), len(results) - len(ids), reason, "sim")
+    return EnergyFetch(rows, len(ids) - len(rows), len(results) - len(ids), reason, "sim",
+                       by_gateway_id)
 
 
 @dataclass(frozen=True, slots=True)

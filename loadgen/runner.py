@@ -34,6 +34,9 @@ class RunOptions:
     # "auto": the gateway's accounting when responses carry its request id, else a simulated
     # engine's ground truth; "gateway"; "sim".
     energy_source: str = "auto"
+    # Simulated engines behind the gateway: their ground truth stands in when the gateway has
+    # no accounting records (the demo's fleet).
+    sim_engines: tuple[str, ...] = ()
     energy_wait_s: float = 5.0
     progress: bool = True
     client: ClientOptions = field(default_factory=ClientOptions)
@@ -94,15 +97,23 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
                 write("\n")
 
 
-async def _energy(target: Target, results: Sequence[RequestResult], opts: RunOptions,
-                  label: str) -> energy.EnergyFetch:
+async def _energy(target: Target, results: Sequence[RequestResult], opts: RunOptions
+                  ) -> energy.EnergyFetch:
     session = make_session(opts.client)
     try:
         via_gateway = any(r.request_id for r in results)
         if opts.energy_source == "gateway" or (opts.energy_source == "auto" and via_gateway):
-            return await energy.fetch_energy(session, target.base_url, opts.admin_key, results,
-                                             wait_final_s=opts.energy_wait_s)
-        return await energy.fetch_sim_energy(session, target.base_url, results, label)
+            fetch = await energy.fetch_energy(session, target.base_url, opts.admin_key, results,
+                                              wait_final_s=opts.energy_wait_s)
+            if fetch.rows or not opts.sim_engines:
+                return fetch
+            sim = await energy.fetch_sim_energy(session, opts.sim_engines, results,
+                                                by_gateway_id=True)
+            if not sim.rows:
+                return fetch
+            return replace(sim, reason="; ".join(x for x in (
+                f"gateway accounting n/a ({fetch.reason})", sim.reason) if x))
+        return await energy.fetch_sim_energy(session, [target.base_url], results)
     finally:
         await session.close()
 
@@ -117,7 +128,7 @@ async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str
     summary, per_request = metrics.summarize(
         results, w.slo, requested_rate_rps=requested_rate_rps(w, plan), label=label,
         lag_threshold_s=opts.lag_threshold_s, closed_loop=w.concurrency is not None)
-    fetch = await _energy(target, results, opts, label) if opts.fetch_energy else None
+    fetch = await _energy(target, results, opts) if opts.fetch_energy else None
     return RunOutcome(
         label=label, target=target, summary=summary, requests=per_request, energy_fetch=fetch,
         energy_overall=energy.overall_energy(fetch, results, label or "all") if fetch else None,

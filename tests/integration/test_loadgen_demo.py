@@ -27,6 +27,9 @@ def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) 
     for prec in ("bf16", "fp8", "int8", "int4"):
         assert f"\n{prec} " in proc.stdout
     assert "accuracy not measured" in proc.stdout
+    # Energy per precision is shown: gateway accounting when it has records, else the
+    # simulated engines' ground truth, labelled as such.
+    assert "gateway accounting" in proc.stdout or "simulator ground truth" in proc.stdout
     html = (tmp_path / "demo.html").read_text()
-    assert "<svg" in html and "Paired deltas" in html
+    assert "<svg" in html and "Paired deltas" in html and "Pareto frontier" in html
     assert demo_processes() == []
