@@ -4,6 +4,7 @@ free port serving GET /admin/v1/requests/{id} in the gateway's shape)."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator
 
 import orjson
@@ -108,3 +109,46 @@ async def test_energy_is_na_with_the_reason_when_there_is_no_accounting() -> Non
     assert "404" in unknown.reason
     assert "401" in refused.reason
     assert "no gateway request ids" in no_ids.reason
+
+
+@contextlib.asynccontextmanager
+async def fake_sim(known: dict[str, float]) -> AsyncIterator[str]:
+    """A simulated engine's truth endpoint: GET /sim/requests/{id} for the ids it served."""
+
+    async def get(request: web.Request) -> web.Response:
+        rid = request.match_info["rid"]
+        if rid not in known:
+            return web.json_response({"error": "unknown request id"}, status=404)
+        return web.json_response({"request_id": rid, "prompt_tokens": 10,
+                                  "completion_tokens": 20, "energy_j": known[rid]})
+
+    app = web.Application()
+    app.router.add_get("/sim/requests/{rid}", get)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.timeout(20)
+async def test_simulator_truth_is_found_on_whichever_engine_served_the_request() -> None:
+    """Through a gateway, each id is looked up on every engine until one knows it; energy is
+    labelled as simulator ground truth with no carbon or cost."""
+    results = [rr(0, "acme", "g1"), rr(1, "acme", "g2"), rr(2, "acme", "g9")]
+    async with fake_sim({"g1": 3.0}) as a, fake_sim({"g2": 5.0}) as b:
+        session = make_session(ClientOptions())
+        try:
+            fetch = await energy.fetch_sim_energy(session, [a, b], results, by_gateway_id=True)
+        finally:
+            await session.close()
+    assert fetch.source == "sim" and set(fetch.rows) == {"g1", "g2"}
+    assert "1 of 3 requests without a simulator record" in fetch.reason
+    total = energy.overall_energy(fetch, results)
+    assert total is not None and total.energy_j == 8.0
+    assert total.j_per_output_token == pytest.approx(8.0 / 40)
+    assert math.isnan(total.carbon_g_per_1k_tokens)
