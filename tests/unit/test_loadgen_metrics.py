@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.config import SloClass
 from loadgen import metrics
@@ -124,3 +126,25 @@ def test_sweep_finds_max_goodput_at_target_attainment_and_min_energy_meeting_it(
 def test_pareto_front_keeps_only_undominated_points() -> None:
     pts = [("bf16", 10.0, 0.5), ("fp8", 12.0, 0.4), ("int8", 11.0, 0.45), ("int4", 14.0, 0.6)]
     assert [p[0] for p in pareto_front(pts)] == ["fp8", "int4"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 0.05), st.floats(0.001, 1),
+                          st.floats(0, 0.1), st.integers(1, 50), st.booleans()),
+                min_size=1, max_size=40))
+def test_summary_invariants_hold_for_any_timelines(
+        rows: list[tuple[float, float, float, float, int, bool]]) -> None:
+    """From-intended latency = from-send + lag for every request; attainment lies in [0, 1];
+    goodput x duration = the number of requests that met their SLO."""
+    rs = [result(i, t, t + lag, ttft, itl, n, status="ok" if ok else "http_500")
+          for i, (t, lag, ttft, itl, n, ok) in enumerate(rows)]
+    s, ms = metrics.summarize(rs, SLOS.__getitem__, requested_rate_rps=1.0, lag_threshold_s=1.0)
+    for m in ms:
+        if m.result.ok:
+            assert m.from_intended.ttft_s is not None and m.from_send.ttft_s is not None
+            assert m.from_intended.ttft_s == pytest.approx(m.from_send.ttft_s + m.result.lag_s)
+            assert m.from_intended.tpot_s == m.from_send.tpot_s
+    assert s.attainment is not None and 0.0 <= s.attainment <= 1.0
+    assert s.goodput_rps is not None
+    assert s.goodput_rps * s.duration_s == pytest.approx(sum(m.slo_met for m in ms))
+    assert s.requests == sum(g.sent for g in s.per_tenant) == sum(g.sent for g in s.per_class)
