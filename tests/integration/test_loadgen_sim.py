@@ -73,3 +73,43 @@ async def test_sim_stall_is_seen_from_intended_arrival_not_from_send(sim_url: st
         assert m.from_send.ttft_s is not None and m.from_send.ttft_s < 0.2
         assert m.from_intended.ttft_s is not None and m.from_intended.ttft_s > 0.3
     assert not s.graded
+
+
+@pytest.fixture(scope="module")
+def roofline_sim_url() -> Iterator[str]:
+    port = free_port()
+    cmd = wattgate_cmd("sim", "--gpu", "h100", "--model", "llama-3.1-8b", "--precision", "bf16",
+                       "--port", str(port))
+    with running(cmd, f"http://127.0.0.1:{port}/health", timeout_s=60):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.timeout(60)
+async def test_measured_latencies_match_the_simulators_own_per_request_truth(
+        roofline_sim_url: str) -> None:
+    """With the roofline timing model (batching, no fixed delays), each request's TTFT and TPOT
+    as the client measured them match the engine's own record of that request (looked up by
+    the x-request-id the client sent): TTFT within 5 ms, TPOT within 5%, medians."""
+    import statistics
+
+    import aiohttp
+
+    t = TenantSpec("t", arrival=Constant(8.0), prompt_tokens=lengths.fixed(512),
+                   output_tokens=lengths.fixed(24), slo_class="i")
+    w = wl((t,), duration_s=2.0)
+    plan = build_plan(w)
+    target = Target(roofline_sim_url, "llama-3.1-8b", request_id_prefix="truth-")
+    results = await run_plan(plan, target, t0=time.monotonic() + 0.05)
+    assert all(r.ok for r in results)
+    ttft_err, tpot_rel = [], []
+    async with aiohttp.ClientSession() as session:
+        for r in results:
+            url = f"{roofline_sim_url}/sim/requests/{r.client_request_id}"
+            async with session.get(url) as resp:
+                truth = await resp.json()
+            m = metrics.request_metrics(r, w.slo("i"))
+            assert m.from_send.ttft_s is not None and m.from_send.tpot_s is not None
+            ttft_err.append(m.from_send.ttft_s - truth["ttft_s"])
+            tpot_rel.append(m.from_send.tpot_s / truth["tpot_s"] - 1)
+    assert abs(statistics.median(ttft_err)) < 0.005
+    assert abs(statistics.median(tpot_rel)) < 0.05
