@@ -145,9 +145,16 @@ async def fetch_sim_energy(session: aiohttp.ClientSession, engine_urls: Sequence
                     statuses.add(0)
 
     await asyncio.gather(*(one(rid) for rid in ids))
-    reason = "" if len(rows) == len(ids) else (
-        f"{len(ids) - len(rows)} of {len(ids)} requests without a simulator record "
-        f"(HTTP {sorted(statuses)})")
+    if not ids:
+        reason = "no successful request to look up"
+    elif not rows:
+        reason = (f"no energy source: the target is not a wattgate gateway (no "
+                  f"x-wattgate-request-id) and has no simulator records (HTTP {sorted(statuses)})")
+    elif len(rows) < len(ids):
+        reason = (f"{len(ids) - len(rows)} of {len(ids)} requests without a simulator record "
+                  f"(HTTP {sorted(statuses)})")
+    else:
+        reason = ""
     return EnergyFetch(rows, len(ids) - len(rows), len(results) - len(ids), reason, "sim",
                        by_gateway_id)
 

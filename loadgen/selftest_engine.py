@@ -6,7 +6,7 @@ client it measures: it answers `POST /v1/chat/completions` and `/v1/completions`
 stream of exactly `max_tokens` token events, the first after `ttft_s` and the others `itl_s`
 apart (all in one write when both are 0), then a usage chunk and `[DONE]`. Header
 `x-sim-fault: stall-ms:N` delays that request's first token by N ms more, as the simulated engine
-does. Every response carries `x-wattgate-request-id: st-<n>`.
+does.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import cast
 import orjson
 
 _HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-         b"Transfer-Encoding: chunked\r\nx-wattgate-request-id: st-%d\r\n\r\n")
+         b"Transfer-Encoding: chunked\r\n\r\n")
 _404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -103,7 +103,7 @@ class _Conn(asyncio.Protocol):
         if fault.startswith("stall-ms:"):
             stall_s = float(fault.split(":", 1)[1]) / 1000.0
         self.server.requests += 1
-        tr.write(_HEAD % self.server.requests)
+        tr.write(_HEAD)
         timing = self.server.timing
         event = _token_event(chat)
         tail = _chunk(_tail(prompt_tokens, n)) + b"0\r\n\r\n"
