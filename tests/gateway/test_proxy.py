@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import statistics
 import sys
 from typing import Any
 
@@ -52,23 +53,30 @@ async def test_stream_is_byte_identical_to_direct_except_the_usage_chunk() -> No
 
 
 async def test_measured_ttft_tpot_match_known_engine_delays() -> None:
-    """Engine: first token after 150 ms, then one token every 20 ms (16 tokens)."""
+    """Engine: first token 150 ms after the request, then one every 20 ms (16 tokens). The
+    gateway's TTFT/TPOT match what the engine did on the wire (median within 5 ms / 1 ms) and
+    the nominal delays within the machine's scheduling noise."""
     records: list[RequestRecord] = []
     async with fake_engine(FakeEngine(ttft_s=0.15, itl_s=0.02, model="m")) as eng, \
             running_gateway(make_config([ep(eng)]), sinks=[records.append]) as gw, \
             aiohttp.ClientSession() as s:
-        for path in ("/v1/completions", "/v1/chat/completions"):
+        for path in ("/v1/completions", "/v1/chat/completions") * 3:
             body = {"model": "m", "max_tokens": 16, "stream": True, "prompt": "x",
                     "messages": [{"role": "user", "content": "x"}]}
             status, _, _ = await post(s, gw + path, body)
             assert status == 200
-    assert len(records) == 2
-    for rec in records:
+    assert len(records) == len(eng.wire) == 6
+    ttft_diffs, tpot_diffs = [], []
+    for rec, (received, first, last) in zip(records, eng.wire, strict=True):
         assert rec.status == "ok" and rec.completion_tokens == 16
-        assert rec.latency.ttft_s == pytest.approx(0.15, abs=0.005)
-        assert rec.latency.tpot_s == pytest.approx(0.02, abs=0.001)
         assert len(rec.latency.itl_s) == 15
-        assert rec.slo_met  # interactive: ttft <= 0.5, tpot <= 0.05
+        assert rec.latency.ttft_s is not None and rec.latency.tpot_s is not None
+        assert rec.latency.ttft_s == pytest.approx(0.15, abs=0.05)
+        assert rec.latency.tpot_s == pytest.approx(0.02, abs=0.005)
+        ttft_diffs.append(abs(rec.latency.ttft_s - (first - received)))
+        tpot_diffs.append(abs(rec.latency.tpot_s - (last - first) / 15))
+    assert statistics.median(ttft_diffs) <= 0.005, ttft_diffs
+    assert statistics.median(tpot_diffs) <= 0.001, tpot_diffs
 
 
 async def test_bad_inputs_get_openai_errors_and_are_counted() -> None:

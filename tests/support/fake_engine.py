@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,9 @@ class FakeEngine:
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     aborted: int = 0  # streams whose client went away before the end
+    # per stream: (request received, first token event written, last token event written),
+    # time.monotonic() seconds: what the engine really did, event-loop lag included
+    wire: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -60,6 +64,7 @@ class FakeEngine:
                                          "choices": [choice]}) + b"\n\n"
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
+        received = time.monotonic()
         body = await request.json(loads=orjson.loads)
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
@@ -88,26 +93,31 @@ class FakeEngine:
             await resp.write(self._chunk(True, "", None))
         await asyncio.sleep(self.ttft_s)
         try:
-            await self._stream(resp, request, chat, n, abort_after, body, usage)
+            await self._stream(resp, request, chat, n, abort_after, body, usage, received)
         except (ConnectionError, asyncio.CancelledError):
             self.aborted += 1
             raise
         return resp
 
     async def _stream(self, resp: web.StreamResponse, request: web.Request, chat: bool, n: int,
-                      abort_after: int | None, body: dict[str, Any], usage: dict[str, int]) -> None:
+                      abort_after: int | None, body: dict[str, Any], usage: dict[str, int],
+                      received: float) -> None:
         sent = events = 0
+        first = last = 0.0
         while sent < n:
             k = min(self.tokens_per_event, n - sent)
             sent += k
             events += 1
             await resp.write(self._chunk(chat, " tok" * k, "length" if sent == n else None))
+            last = time.monotonic()
+            first = first or last
             if abort_after is not None and events >= abort_after:
                 assert request.transport is not None
                 request.transport.abort()
                 return
             if sent < n:
                 await asyncio.sleep(self.itl_s)
+        self.wire.append((received, first, last))
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
             await resp.write(b"data: " + orjson.dumps({"id": "cmpl-1", "object": "chunk",
