@@ -314,7 +314,7 @@ def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float) -> None
 
 @click.command()
 @click.option("--duration", "duration_s", type=float, default=30.0, show_default=True,
-              help="Seconds of load per phase.")
+              help="Seconds of load in all (half tenants, half precision arms).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True)
 @click.option("--keep-running", is_flag=True, help="Leave the gateway and fleet up afterwards.")
