@@ -38,8 +38,9 @@ def stack(tmp_path: Path, itl_s: float = 0.002) -> Iterator[tuple[str, str, subp
 
 
 def test_openai_client_streaming_and_not_through_the_gateway(tmp_path: Path) -> None:
-    with stack(tmp_path) as (gw, _, _):
-        client = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0)
+    with stack(tmp_path) as (gw, _, _), \
+            openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0) as client, \
+            openai.OpenAI(base_url=gw + "/v1", api_key="wrong", max_retries=0) as bad:
         chat = client.chat.completions.create(model="m", max_tokens=5,
                                               messages=[{"role": "user", "content": "hi"}])
         assert chat.choices[0].message.content == " tok" * 5
@@ -53,7 +54,6 @@ def test_openai_client_streaming_and_not_through_the_gateway(tmp_path: Path) -> 
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="no-such-model", prompt="x")
-        bad = openai.OpenAI(base_url=gw + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
 
@@ -70,8 +70,8 @@ def test_curl_streams_through_the_gateway(tmp_path: Path) -> None:
 
 
 def test_sigterm_drains_in_flight_streams_then_exits(tmp_path: Path) -> None:
-    with stack(tmp_path, itl_s=0.01) as (gw, _, proc):
-        client = openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0)
+    with stack(tmp_path, itl_s=0.01) as (gw, _, proc), \
+            openai.OpenAI(base_url=gw + "/v1", api_key=KEY_A, max_retries=0) as client:
         result: list[str] = []
 
         def consume() -> None:
