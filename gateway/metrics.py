@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.fastmetrics import FastCollector, FastCounter, FastHistogram
 from gateway.records import RequestRecord
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
@@ -24,36 +25,46 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class GatewayMetrics:
-    """The gateway's metric families; `observe(record)` is the one call on the request path."""
+    """The gateway's metric families; `observe(record)` is the one call on the request path.
+
+    Per-request families are lock-free (gateway.fastmetrics); gauges and the rarer counters use
+    prometheus_client directly. All live on one explicit registry.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("wattgate_requests", "Requests finished, by outcome",
-                                [*REQUEST_LABELS, "status"], registry=r)
-        self.slo_met = Counter("wattgate_slo_met", "Requests that met every limit of their SLO class",
-                               REQUEST_LABELS, registry=r)
-        self.ttft = Histogram("wattgate_ttft_seconds", "Time to first token-bearing event",
-                              REQUEST_LABELS, buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("wattgate_tpot_seconds", "Time per output token after the first",
-                              REQUEST_LABELS, buckets=_TOKEN_TIME_BUCKETS, registry=r)
-        self.itl = Histogram("wattgate_itl_seconds", "Gap between consecutive token-bearing events",
-                             ("model", "precision", "engine"), buckets=_TOKEN_TIME_BUCKETS,
-                             registry=r)
-        self.e2e = Histogram("wattgate_e2e_seconds", "Request start to last token",
-                             REQUEST_LABELS, buckets=_E2E_BUCKETS, registry=r)
-        self.queue = Histogram("wattgate_gateway_queue_seconds",
-                               "Arrival to upstream dispatch inside the gateway",
-                               ("model",), buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                                    0.01, 0.05, 0.1, 0.5, 1.0), registry=r)
-        self.upstream = Histogram("wattgate_upstream_seconds",
-                                  "Upstream dispatch to the end of the response",
-                                  ("model", "engine"), buckets=_E2E_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("wattgate_prompt_tokens", "Prompt tokens (engine usage)",
-                                     REQUEST_LABELS, registry=r)
-        self.completion_tokens = Counter("wattgate_completion_tokens",
-                                         "Completion tokens (engine usage)", REQUEST_LABELS,
-                                         registry=r)
+        self.requests = FastCounter("wattgate_requests", "Requests finished, by outcome",
+                                    [*REQUEST_LABELS, "status"])
+        self.slo_met = FastCounter("wattgate_slo_met",
+                                   "Requests that met every limit of their SLO class",
+                                   REQUEST_LABELS)
+        self.ttft = FastHistogram("wattgate_ttft_seconds", "Time to first token-bearing event",
+                                  REQUEST_LABELS, _LATENCY_BUCKETS)
+        self.tpot = FastHistogram("wattgate_tpot_seconds", "Time per output token after the first",
+                                  REQUEST_LABELS, _TOKEN_TIME_BUCKETS)
+        self.itl = FastHistogram("wattgate_itl_seconds",
+                                 "Gap between consecutive token-bearing events",
+                                 ("model", "precision", "engine"), _TOKEN_TIME_BUCKETS)
+        self.itl_norm = FastHistogram("wattgate_itl_per_token_seconds",
+                                      "ITL divided by the mean tokens per event of its request",
+                                      ("model", "precision", "engine"), _TOKEN_TIME_BUCKETS)
+        self.e2e = FastHistogram("wattgate_e2e_seconds", "Request start to last token",
+                                 REQUEST_LABELS, _E2E_BUCKETS)
+        self.queue = FastHistogram("wattgate_gateway_queue_seconds",
+                                   "Arrival to upstream dispatch inside the gateway", ("model",),
+                                   (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+                                    0.1, 0.5, 1.0))
+        self.upstream = FastHistogram("wattgate_upstream_seconds",
+                                      "Upstream dispatch to the end of the response",
+                                      ("model", "engine"), _E2E_BUCKETS)
+        self.prompt_tokens = FastCounter("wattgate_prompt_tokens", "Prompt tokens (engine usage)",
+                                         REQUEST_LABELS)
+        self.completion_tokens = FastCounter("wattgate_completion_tokens",
+                                             "Completion tokens (engine usage)", REQUEST_LABELS)
+        r.register(FastCollector([self.requests, self.slo_met, self.ttft, self.tpot, self.itl,
+                                  self.itl_norm, self.e2e, self.queue, self.upstream,
+                                  self.prompt_tokens, self.completion_tokens]))
         self.inflight = Gauge("wattgate_requests_in_flight", "Requests being served now",
                               ("model", "engine"), registry=r)
         self.upstream_errors = Counter("wattgate_upstream_errors",
@@ -64,8 +75,7 @@ class GatewayMetrics:
         self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
                                       "1 when the endpoint passes health checks",
                                       ("model", "engine", "precision"), registry=r)
-        # labels() costs a dict lookup plus a lock; cache children per label tuple.
-        self._children: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._children: dict[tuple[str, ...], tuple[Any, ...]] = {}
 
     def _request_children(self, key: tuple[str, ...]) -> tuple[Any, ...]:
         children = self._children.get(key)
@@ -74,14 +84,17 @@ class GatewayMetrics:
             children = (self.slo_met.labels(*key), self.ttft.labels(*key), self.tpot.labels(*key),
                         self.e2e.labels(*key), self.prompt_tokens.labels(*key),
                         self.completion_tokens.labels(*key),
-                        self.itl.labels(model, precision, engine))
+                        self.itl.labels(model, precision, engine),
+                        self.itl_norm.labels(model, precision, engine),
+                        self.queue.labels(model), self.upstream.labels(model, engine))
             self._children[key] = children
         return children
 
     def observe(self, rec: RequestRecord) -> None:
         key = (rec.model, rec.precision, rec.engine, rec.tenant, rec.slo_class)
         self.requests.labels(*key, rec.status).inc()
-        slo_met, ttft, tpot, e2e, prompt, completion, itl = self._request_children(key)
+        (slo_met, ttft, tpot, e2e, prompt, completion, itl, itl_norm, queue,
+         upstream) = self._request_children(key)
         if rec.slo_met:
             slo_met.inc()
         lat = rec.latency
@@ -92,16 +105,16 @@ class GatewayMetrics:
                 tpot.observe(lat.tpot_s)
             if lat.e2e_s is not None:
                 e2e.observe(lat.e2e_s)
-            for gap in lat.itl_s:
-                itl.observe(gap)
+            if lat.itl_s:
+                itl.observe_many(lat.itl_s)
+                itl_norm.observe_many(lat.itl_norm_s)
         if rec.prompt_tokens:
             prompt.inc(rec.prompt_tokens)
         if rec.completion_tokens:
             completion.inc(rec.completion_tokens)
-        if rec.gateway_queue_s is not None:
-            self.queue.labels(rec.model).observe(rec.gateway_queue_s)
-        if rec.upstream_s is not None:
-            self.upstream.labels(rec.model, rec.engine).observe(rec.upstream_s)
+        if rec.dispatched_s is not None:
+            queue.observe(rec.dispatched_s - rec.arrived_s)
+            upstream.observe(rec.finished_s - rec.dispatched_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -52,44 +52,46 @@ class SseScanner:
             self._buf = buf
             return b"", 0
         complete, self._buf = buf[:cut], buf[cut:]
-        if b'"usage"' in complete or b'"error"' in complete or b"[DONE]" in complete:
-            return self._slow(complete)
-        return complete, self._count_tokens(complete)
+        if b'"usage"' in complete:
+            complete = self._take_usage(complete)
+        if b"[DONE]" in complete:
+            self.done = True
+        if b'{"error"' in complete:
+            self.error = True
+        return complete, _count_tokens(complete)
 
-    @staticmethod
-    def _count_tokens(chunk: bytes) -> int:
-        if chunk.count(b"data:") <= 1:
-            return 1 if _TOKEN_RE.search(chunk) else 0
-        return sum(1 for ev in _events(chunk) if _TOKEN_RE.search(ev))
-
-    def _slow(self, complete: bytes) -> tuple[bytes, int]:
-        """Per-event path for reads holding usage, error or [DONE] events (once per stream)."""
+    def _take_usage(self, complete: bytes) -> bytes:
+        """Read the usage of each event that has one; cut usage-only events when stripping."""
         kept: list[bytes] = []
-        tokens = 0
         for event in _events(complete):
-            payload = _data_of(event)
-            if payload == b"[DONE]":
-                self.done = True
-            elif payload is not None and _USAGE_RE.search(payload):
+            payload = _data_of(event) if b'"usage"' in event else None
+            if payload is not None and _USAGE_RE.search(payload):
                 parsed = _loads(payload)
                 usage = parsed.get("usage") if parsed else None
                 if isinstance(usage, dict):
                     self.usage = usage
-                if _EMPTY_CHOICES_RE.search(payload):
-                    if self.strip_usage:
-                        continue
-                elif _TOKEN_RE.search(payload):
-                    tokens += 1
-            elif payload is not None and payload.startswith(b'{"error"'):
-                self.error = True
-            elif payload is not None and _TOKEN_RE.search(payload):
-                tokens += 1
+                if self.strip_usage and _EMPTY_CHOICES_RE.search(payload):
+                    continue
             kept.append(event)
-        return b"".join(kept), tokens
+        return b"".join(kept)
 
     def pending(self) -> bytes:
         """Bytes of an incomplete trailing event (relayed as is when the stream ends)."""
         return self._buf
+
+
+# Compact JSON (vLLM, trtllm-serve, the simulator): count non-empty text fields with C-level
+# byte counts, once per read. Other spacing falls back to the regex, event by event.
+def _count_tokens(chunk: bytes) -> int:
+    """Token-bearing events in whole events `chunk` (at most one text field per event)."""
+    if b'"reasoning_content"' in chunk or b'"arguments"' in chunk:
+        # reasoning and tool-call deltas can share an event with content: count events
+        return sum(1 for ev in _events(chunk) if _TOKEN_RE.search(ev))
+    found = (chunk.count(b'"text":"') + chunk.count(b'"content":"')
+             - chunk.count(b'"text":""') - chunk.count(b'"content":""'))
+    if found > 0 or b'": "' not in chunk:
+        return found
+    return sum(1 for ev in _events(chunk) if _TOKEN_RE.search(ev))
 
 
 def _events(chunk: bytes) -> list[bytes]:

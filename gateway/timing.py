@@ -65,27 +65,40 @@ class Latency:
     itl_norm_s: tuple[float, ...]
 
 
+def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
+    """ITL gaps straight from per-read (timestamp, events) pairs: the first event of a read is
+    `t - previous read`, the others in the same read are 0 (same as `itl_gaps_s(expand_reads(r))`)."""
+    out: list[float] = []
+    prev: float | None = None
+    for t, n in reads:
+        if prev is not None:
+            out.append(t - prev)
+        if n > 1:
+            out.extend([0.0] * (n - 1))
+        prev = t
+    return out
+
+
 def latency(start_s: float, reads: Sequence[tuple[float, int]], completion_tokens: int,
             end_s: float | None) -> Latency:
     """Latencies from the start time and per-read token events.
 
     `end_s` is used as the end for non-streamed responses (no token events).
     """
-    events = expand_reads(reads)
-    if not events:
+    if not reads:
         e2e = None if end_s is None else end_s - start_s
         # A non-streamed body: its first token is only visible at the end.
         return Latency(ttft_s=e2e if completion_tokens else None, tpot_s=None, e2e_s=e2e,
                        itl_s=(), itl_norm_s=())
-    first, last = events[0], events[-1]
-    gaps = itl_gaps_s(events)
-    per_event = tokens_per_event(completion_tokens, len(events))
+    first, last = reads[0][0], reads[-1][0]
+    gaps = itl_from_reads(reads)
+    scale = 1.0 / tokens_per_event(completion_tokens, len(gaps) + 1)
     return Latency(
         ttft_s=first - start_s,
         tpot_s=tpot_s(first, last, completion_tokens),
         e2e_s=last - start_s,
         itl_s=tuple(gaps),
-        itl_norm_s=tuple(g / per_event for g in gaps),
+        itl_norm_s=tuple(g * scale for g in gaps),
     )
 
 

@@ -90,3 +90,19 @@ def test_any_split_into_reads_relays_the_same_bytes(cuts: list[int], strip: bool
 def test_usage_of_non_streamed_body() -> None:
     assert usage_of_body(b'{"usage": {"completion_tokens": 4}}') == {"completion_tokens": 4}
     assert usage_of_body(b"not json") is None
+
+
+def test_spaced_json_and_tool_call_deltas_are_counted_per_event() -> None:
+    sc = SseScanner(strip_usage=False)
+    spaced = b'data: {"choices": [{"delta": {"content": " hi"}}]}\n\n' * 2
+    assert sc.feed(spaced)[1] == 2
+    tool = ev({"choices": [{"delta": {"content": "", "tool_calls": [{"function": {"arguments": "{"}}]}}]})
+    assert sc.feed(tool + TOK[0])[1] == 2
+
+
+def test_continuous_usage_chunks_keep_tokens_and_update_usage() -> None:
+    sc = SseScanner(strip_usage=True)
+    chunk = ev({"choices": [{"text": " a"}], "usage": {"completion_tokens": 1}})
+    out, n = sc.feed(chunk)
+    assert (out, n) == (chunk, 1)
+    assert sc.usage == {"completion_tokens": 1}

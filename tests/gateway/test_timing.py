@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.config import SloClass
-from gateway.timing import goodput, latency, slo_met
+from gateway.timing import expand_reads, goodput, itl_from_reads, itl_gaps_s, latency, slo_met
 
 
 def test_stream_latency_uses_token_events_and_usage_count() -> None:
@@ -32,3 +34,9 @@ def test_slo_and_goodput() -> None:
     assert not slo_met(slo, slow, ok=True)
     assert not slo_met(slo, good, ok=False)
     assert goodput([True, False, True, True], 2.0) == (1.5, 0.75)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(1, 5)), max_size=20))
+def test_itl_from_reads_equals_the_per_event_definition(reads: list[tuple[float, int]]) -> None:
+    reads = sorted(reads)
+    assert itl_from_reads(reads) == pytest.approx(itl_gaps_s(expand_reads(reads)))
