@@ -46,12 +46,15 @@ class SseScanner:
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Consume one read; return (complete events to relay, token-bearing events in them)."""
-        buf = self._buf + data if self._buf else data
-        cut = _split_point(buf)
-        if cut == 0:
-            self._buf = buf
-            return b"", 0
-        complete, self._buf = buf[:cut], buf[cut:]
+        if not self._buf and data.endswith(b"\n\n"):
+            complete = data  # the usual case: a read ends on an event boundary
+        else:
+            buf = self._buf + data if self._buf else data
+            cut = _split_point(buf)
+            if cut == 0:
+                self._buf = buf
+                return b"", 0
+            complete, self._buf = buf[:cut], buf[cut:]
         if b'"usage"' in complete:
             complete = self._take_usage(complete)
         if b"[DONE]" in complete:
@@ -61,10 +64,22 @@ class SseScanner:
         return complete, _count_tokens(complete)
 
     def _take_usage(self, complete: bytes) -> bytes:
-        """Read the usage of each event that has one; cut usage-only events when stripping."""
-        kept: list[bytes] = []
-        for event in _events(complete):
-            payload = _data_of(event) if b'"usage"' in event else None
+        """Read the usage of each event that has one; cut usage-only events when stripping.
+
+        Only the events holding `"usage"` are looked at; the bytes around them are kept whole.
+        """
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in complete else b"\n\n"
+        parts: list[bytes] = []
+        pos = 0
+        while (i := complete.find(b'"usage"', pos)) >= 0:
+            start = complete.rfind(sep, pos, i)
+            start = pos if start < 0 else start + len(sep)
+            end = complete.find(sep, i)
+            end = len(complete) if end < 0 else end + len(sep)
+            event = complete[start:end]
+            parts.append(complete[pos:start])
+            pos = end
+            payload = _data_of(event)
             if payload is not None and _USAGE_RE.search(payload):
                 parsed = _loads(payload)
                 usage = parsed.get("usage") if parsed else None
@@ -72,8 +87,11 @@ class SseScanner:
                     self.usage = usage
                 if self.strip_usage and _EMPTY_CHOICES_RE.search(payload):
                     continue
-            kept.append(event)
-        return b"".join(kept)
+            parts.append(event)
+        if pos == 0:
+            return complete
+        parts.append(complete[pos:])
+        return b"".join(parts)
 
     def pending(self) -> bytes:
         """Bytes of an incomplete trailing event (relayed as is when the stream ends)."""
@@ -103,6 +121,8 @@ def _events(chunk: bytes) -> list[bytes]:
 
 def _data_of(event: bytes) -> bytes | None:
     """The `data:` payload of one event (multi-line data joined), or None."""
+    if event.startswith(b"data:") and event.count(b"\n") <= 2:
+        return event[5:].strip()
     lines = [ln for ln in event.splitlines() if ln.startswith(b"data:")]
     if not lines:
         return None
