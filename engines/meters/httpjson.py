@@ -19,14 +19,17 @@ from engines.meters.base import EnergyReading, MeterError, ResetTracker, pick_gp
 
 def parse_energy_doc(body: bytes, source: str) -> tuple[float | None, dict[int, float],
                                                          float | None]:
-    """(timestamp_s, {gpu index: joules}, idle_power_w) from an energy document."""
+    """(timestamp_s, {gpu index: joules}, idle_power_w per wall-clock second)."""
     try:
         doc: Any = orjson.loads(body)
         gpus = {int(g["index"]): float(g["energy_j"]) for g in doc["gpus"]}
         ts = doc.get("timestamp_s")
         idle = doc.get("idle_power_w")
+        # A simulator running faster than the wall clock draws idle power per simulated
+        # second; per wall-clock second (the grid's time) that is time_scale times more.
+        scale = float(doc.get("time_scale", 1.0))
         return (None if ts is None else float(ts), gpus,
-                None if idle is None else float(idle))
+                None if idle is None else float(idle) * scale)
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise MeterError(f"{source}: bad energy document: {exc!r}") from None
 

@@ -4,9 +4,10 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
 - static is charged for the time the engine had work resident: static * busy_s / dt (busy_s
   is the union of the requests' residency spans), shared by residency seconds; the static
   energy of the interval's empty time goes to the engine's idle account.
-- dynamic is shared by alpha * prefill_tokens + beta * decode_tokens; a request that did no
-  token work gets none. An interval with residency but no token work sends its dynamic
-  energy to the idle account, and an interval with no request sends all of dE there.
+- dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
+  (decoded tokens x their context); a request that did no token work gets none. An
+  interval with residency but no token work sends its dynamic energy to the idle account,
+  and an interval with no request sends all of dE there.
 Sums use math.fsum, so the result does not depend on the order of the rows, and
 sum(shares) + idle == dE up to one rounding per share.
 """
@@ -44,6 +45,7 @@ _START = itemgetter(5)
 _RES = itemgetter(4)
 _PREFILL = itemgetter(2)
 _DECODE = itemgetter(3)
+_KV = itemgetter(6)
 
 
 def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
@@ -69,7 +71,8 @@ def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
 
 
 def apportion(energy_j: float, interval_s: float, idle_power_w: float,
-              rows: Sequence[WorkRow], alpha: float, beta: float) -> Apportionment:
+              rows: Sequence[WorkRow], alpha: float, beta: float, gamma: float = 0.0,
+              delta: float = 0.0) -> Apportionment:
     """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
     if energy_j < 0.0 or not math.isfinite(energy_j):
         raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
@@ -77,7 +80,12 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     dynamic = energy_j - static
     # Exact sums (fsum) keep the split independent of row order.
     res_total = math.fsum(map(_RES, rows))
-    work_total = alpha * math.fsum(map(_PREFILL, rows)) + beta * math.fsum(map(_DECODE, rows))
+    decode_total = math.fsum(map(_DECODE, rows))
+    # Decode steps in the interval: a request decoding throughout emits one token per step.
+    steps = max(map(_DECODE, rows)) if decode_total > 0.0 else 0.0
+    beta_eff = beta + (delta * steps / decode_total if decode_total > 0.0 else 0.0)
+    work_total = (alpha * math.fsum(map(_PREFILL, rows)) + beta_eff * decode_total
+                  + gamma * math.fsum(map(_KV, rows)))
     busy = busy_seconds(rows, interval_s) if res_total > 0.0 else 0.0
     static_busy = static * (busy / interval_s) if res_total > 0.0 else 0.0
     if res_total <= 0.0 and work_total <= 0.0:
@@ -90,7 +98,7 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     shares = []
     for r in rows:
         res = r.residency_s
-        w = alpha * r.prefill_tokens + beta * r.decode_tokens
+        w = alpha * r.prefill_tokens + beta_eff * r.decode_tokens + gamma * r.kv_tokens
         if res <= 0.0 and w <= 0.0:
             continue
         st = res * static_per_s

@@ -1,10 +1,16 @@
-"""Token-work coefficients per engine/precision, and an online non-negative least-squares fit.
+"""Work coefficients per engine/precision, and an online non-negative least-squares fit.
 
-Dynamic energy is shared by alpha * prefill_tokens + beta * decode_tokens; only the ratio
-matters. Defaults follow the engine profile: a decode token costs far more than a prefill
-token at serving batch sizes, because decode is memory-bound and prefill is batched compute
-(REFERENCE.md: ~0.12 J per output token at batch 64 on H100 with near-TDP prefill). Lower
-precisions shrink weight bytes, which makes decode relatively cheaper.
+An interval's dynamic energy is shared by each request's work
+    alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
+    + delta * decode_steps * decode_tokens / all decode_tokens of the interval
+where kv_tokens counts, per decoded token, the context it attends over, and the last term is
+the weight streaming of each decode step, shared equally by the sequences in the batch
+(decode_steps ~ the most tokens any request decoded in the interval). Only ratios matter.
+Defaults come from the engine profile the simulator models for H100 serving Llama-3.1-8B
+(REFERENCE.md figures): a decode step streams all weights (~1.25 J at BF16), a prefill token
+costs ~0.015 J, a KV context token read ~2e-5 J; FP8/INT8 halve weight bytes and prefill
+compute, INT4 (W4A16) quarters weight bytes but keeps 16-bit prefill compute. Switch the
+online fit on for other models and GPUs.
 """
 
 from __future__ import annotations
@@ -17,18 +23,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Coefficients:
-    alpha: float  # weight of one prefill token
-    beta: float  # weight of one decode token
+    alpha: float  # one prefill token
+    beta: float  # one decode token (per-sequence work of a step)
+    gamma: float = 0.0  # one context token read by one decoded token (KV reads)
+    delta: float = 0.0  # one decode step (weights streamed once, shared by the batch)
 
 
 DEFAULTS: dict[str, Coefficients] = {
-    "bf16": Coefficients(0.08, 1.0),
-    "fp16": Coefficients(0.08, 1.0),
-    "fp8": Coefficients(0.06, 1.0),
-    "int8": Coefficients(0.06, 1.0),
-    "int4": Coefficients(0.10, 1.0),
+    "bf16": Coefficients(0.012, 0.01, 2e-5, 1.0),
+    "fp16": Coefficients(0.012, 0.01, 2e-5, 1.0),
+    "fp8": Coefficients(0.012, 0.02, 4e-5, 1.0),
+    "int8": Coefficients(0.012, 0.02, 4e-5, 1.0),
+    "int4": Coefficients(0.048, 0.04, 8e-5, 1.0),
 }
-FALLBACK = Coefficients(0.08, 1.0)
+FALLBACK = DEFAULTS["bf16"]
 
 
 def default_for(precision: str) -> Coefficients:
@@ -55,7 +63,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 def nnls(x: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
     """Exact non-negative least squares for a few columns: min |Xw - y|, w >= 0.
 
-    Tries every subset of free columns (2^n least-squares solves); fine for n <= 4.
+    Tries every subset of free columns (2^n least-squares solves); fine for n <= 6.
     """
     n = len(x[0]) if x else 0
     best = [0.0] * n
@@ -80,27 +88,25 @@ def nnls(x: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
 @dataclass(frozen=True, slots=True)
 class Fit:
     idle_power_w: float
-    prefill_j_per_token: float
-    decode_j_per_token: float
+    coefficients: Coefficients  # joules per unit of each kind of work
     samples: int
 
 
-def fit_intervals(samples: Sequence[tuple[float, float, float, float]],
-                  min_samples: int = 30) -> Fit | None:
-    """Fit dE = idle_w * dt + a * prefill + b * decode (all >= 0) over recent intervals.
+def fit_intervals(samples: Sequence[tuple[float, ...]], min_samples: int = 30) -> Fit | None:
+    """Fit dE = idle_w * dt + a * prefill + b * decode + c * kv + d * steps (all >= 0).
 
-    samples: (energy_j, interval_s, prefill_tokens, decode_tokens) of intervals with work.
-    None when there are too few samples or the decode coefficient comes out zero.
+    samples: (energy_j, interval_s, prefill, decode, kv, steps) of intervals with work.
+    None when there are too few samples or no decode work was explained.
     """
     if len(samples) < min_samples:
         return None
-    x = [[s[1], s[2], s[3]] for s in samples]
+    x = [list(s[1:6]) for s in samples]
     y = [s[0] for s in samples]
     w = nnls(x, y)
-    if w[2] <= 0.0:
+    if w[2] <= 0.0 and w[4] <= 0.0:
         return None
-    return Fit(w[0], w[1], w[2], len(samples))
+    return Fit(w[0], Coefficients(w[1], w[2], w[3], w[4]), len(samples))
 
 
 def fitted(fit: Fit) -> Coefficients:
-    return Coefficients(alpha=fit.prefill_j_per_token / fit.decode_j_per_token, beta=1.0)
+    return fit.coefficients

@@ -76,7 +76,7 @@ class _Engine:
     track: EnergyTrack = field(default_factory=EnergyTrack)
     state: EngineState | None = None
     carry_j: float = 0.0
-    samples: deque[tuple[float, float, float, float]] = field(
+    samples: deque[tuple[float, ...]] = field(
         default_factory=lambda: deque(maxlen=300))
     since_fit: int = 0
 
@@ -333,7 +333,8 @@ class AccountingService:
         idle_w = (eng.idle_power_w if eng.idle_power_w is not None
                   else DEFAULT_IDLE_W_PER_GPU * info.gpus)
         work = [p.row for p in rows]
-        result = apportion(energy_j, dt, idle_w, work, eng.coeffs.alpha, eng.coeffs.beta)
+        c = eng.coeffs
+        result = apportion(energy_j, dt, idle_w, work, c.alpha, c.beta, c.gamma, c.delta)
         t0 = k * dt
         pricing = self.config.pricing
         estimated = eng.estimated or eng.track.estimated
@@ -342,7 +343,7 @@ class AccountingService:
             result.static_j, result.dynamic_j, result.idle_j, result.idle_s,
             pricing.carbon_g(result.idle_j, result.idle_s * info.gpus, t0),
             pricing.cost_usd(result.idle_j, result.idle_s * info.gpus, t0),
-            estimated, eng.coeffs.alpha, eng.coeffs.beta))
+            estimated, c.alpha, c.beta, c.gamma))
         tenants = {p.row.request_id: (p.tenant, p.apportioned) for p in rows}
         for s in result.shares:
             gpu_s = s.busy_s * info.gpus
@@ -359,7 +360,9 @@ class AccountingService:
         marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),
-                                math.fsum(r.decode_tokens for r in work)))
+                                math.fsum(r.decode_tokens for r in work),
+                                math.fsum(r.kv_tokens for r in work),
+                                max(r.decode_tokens for r in work)))
 
     def _after_commit(self, eng: _Engine, st: EngineState, new: list[IntervalRow],
                       tenant_new: dict[str, list[float]]) -> None:

@@ -1,13 +1,16 @@
 """Per-request work on the wall-clock interval grid (pure).
 
 A finished request becomes one `WorkRow` per interval it touched on its engine:
-- prefill tokens: prompt tokens spread uniformly over dispatched..first_token (the engine's
-  queueing and prefill); a non-streamed request has no first-token time, so its prefill is
-  put at the dispatch instant (prefill is short next to decode);
+- prefill tokens: prompt tokens spread uniformly over the last PREFILL_S seconds before the
+  first token (what comes before is queueing in the engine: not resident in its batch, and
+  charged nothing); a non-streamed request has no first-token time, so its prefill is put
+  at the dispatch instant (prefill is short next to decode);
 - decode tokens: completion tokens spread over the token-bearing events in `reads`,
   proportionally to events; a non-streamed request spreads them uniformly over
   dispatched..finished;
-- residency: seconds of dispatched..finished inside the interval, with the offset where that
+- KV work: each decoded token times the context it attends over (prompt + tokens so far),
+  because decode reads the whole KV cache of its sequence every step;
+- residency: seconds of (prefill start)..finished inside the interval, with the offset where that
   span starts in the interval (residency is one contiguous span per interval, which lets the
   apportioner compute the engine's busy time exactly).
 Requests that never reached an engine have no rows.
@@ -34,7 +37,10 @@ class WorkRow(NamedTuple):
     decode_tokens: float
     residency_s: float
     start_s: float = 0.0  # offset of the residency span from the interval start
+    kv_tokens: float = 0.0  # sum over decoded tokens of their context length (KV read work)
 
+
+PREFILL_S = 0.25  # longest stretch before the first token counted as prefill and residency
 
 _first = itemgetter(0)
 _second = itemgetter(1)
@@ -101,7 +107,8 @@ def _events_per_interval(reads: tuple[tuple[float, int], ...], wall_offset_s: fl
     return out
 
 
-def work_rows(rec: RequestRecord, interval_s: float) -> list[WorkRow]:
+def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S
+              ) -> list[WorkRow]:
     """The request's work per interval of its engine (empty when it never reached one)."""
     if not rec.engine or rec.dispatched_s is None:
         return []
@@ -111,7 +118,11 @@ def work_rows(rec: RequestRecord, interval_s: float) -> list[WorkRow]:
     prefill: dict[int, float] = {}
     decode: dict[int, float] = {}
     if rec.first_token_s is not None:
-        spread(float(rec.prompt_tokens), t_disp, rec.first_token_s + off, interval_s, prefill)
+        t_first = rec.first_token_s + off
+        # Time to first token is mostly queueing behind other requests when the engine is
+        # busy: the request is resident, and prefilling, only near its end.
+        t_disp = min(max(t_disp, t_first - prefill_s), t_end)
+        spread(float(rec.prompt_tokens), t_disp, t_first, interval_s, prefill)
     else:
         spread(float(rec.prompt_tokens), t_disp, t_disp, interval_s, prefill)
     events = _events_per_interval(rec.reads, off, interval_s)
@@ -121,6 +132,12 @@ def work_rows(rec: RequestRecord, interval_s: float) -> list[WorkRow]:
         decode = {k: n * per_event for k, n in events.items()}
     elif rec.completion_tokens:
         spread(float(rec.completion_tokens), t_disp, t_end, interval_s, decode)
+    kv: dict[int, float] = {}
+    done = 0.0
+    for k in sorted(decode):
+        d = decode[k]
+        kv[k] = d * (rec.prompt_tokens + done + d / 2.0)
+        done += d
     rows = []
     rid = rec.request_id
     k_first = math.floor(t_disp / interval_s)
@@ -133,10 +150,11 @@ def work_rows(rec: RequestRecord, interval_s: float) -> list[WorkRow]:
         p = prefill.get(k, 0.0)
         d = decode.get(k, 0.0)
         if res > 0.0:
-            rows.append(WorkRow(rid, k, p, d, res, start - lo))
+            rows.append(WorkRow(rid, k, p, d, res, start - lo, kv.get(k, 0.0)))
         elif p or d:
-            rows.append(WorkRow(rid, k, p, d, 0.0, 0.0))
+            rows.append(WorkRow(rid, k, p, d, 0.0, 0.0, kv.get(k, 0.0)))
     # Token events stamped outside dispatched..finished (clock skew) still count.
     for k in sorted((set(prefill) | set(decode)) - set(range(k_first, k_last + 1))):
-        rows.append(WorkRow(rid, k, prefill.get(k, 0.0), decode.get(k, 0.0), 0.0, 0.0))
+        rows.append(WorkRow(rid, k, prefill.get(k, 0.0), decode.get(k, 0.0), 0.0, 0.0,
+                            kv.get(k, 0.0)))
     return rows

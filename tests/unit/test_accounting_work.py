@@ -26,14 +26,16 @@ def record(**kw: object) -> RequestRecord:
 
 
 def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
+    """Queueing before the last PREFILL_S of the time to first token is not residency."""
     rows = {r.interval_idx: r for r in work_rows(record(), 1.0)}
-    assert sorted(rows) == [1000, 1001, 1002, 1003]
-    assert rows[1000].prefill_tokens == pytest.approx(500)  # 1000.5..1001.5 is the prefill
-    assert rows[1001].prefill_tokens == pytest.approx(500)
-    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([0, 2, 4, 2])
-    assert rows[1000].residency_s == pytest.approx(0.5) and rows[1000].start_s == 0.5
+    assert sorted(rows) == [1001, 1002, 1003]
+    assert rows[1001].prefill_tokens == pytest.approx(1000)  # 1001.25..1001.5 is the prefill
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
+    assert rows[1001].residency_s == pytest.approx(0.75) and rows[1001].start_s == 0.25
     assert rows[1003].residency_s == pytest.approx(0.5) and rows[1003].start_s == 0.0
-    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(3.0)
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(2.25)
+    # KV work: each decoded token times its context (prompt + tokens decoded before it).
+    assert rows[1002].kv_tokens == pytest.approx(4 * (1000 + 2 + 2))
 
 
 def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform() -> None:
@@ -83,10 +85,14 @@ def test_online_fit_recovers_the_engine_power_model() -> None:
     rnd = random.Random(4)
     samples = []
     for _ in range(200):
-        p, d = rnd.uniform(0, 20000), rnd.uniform(0, 2000)
-        samples.append((90.0 + 0.004 * p + 0.12 * d + rnd.gauss(0, 1.0), 1.0, p, d))
+        p, d, steps = rnd.uniform(0, 20000), rnd.uniform(0, 2000), rnd.uniform(10, 60)
+        kv = d * rnd.uniform(100, 3000)
+        e = 90.0 + 0.015 * p + 0.01 * d + 2e-5 * kv + 1.25 * steps + rnd.gauss(0, 0.5)
+        samples.append((e, 1.0, p, d, kv, steps))
     fit = fit_intervals(samples)
     assert fit is not None
     assert fit.idle_power_w == pytest.approx(90.0, rel=0.05)
-    assert fitted(fit).alpha == pytest.approx(0.004 / 0.12, rel=0.05)
+    c = fitted(fit)
+    assert c.alpha / c.delta == pytest.approx(0.015 / 1.25, rel=0.05)
+    assert c.gamma / c.delta == pytest.approx(2e-5 / 1.25, rel=0.1)
     assert fit_intervals(samples[:5]) is None

@@ -87,6 +87,7 @@ class IntervalRow:
     estimated: bool
     alpha: float
     beta: float
+    gamma: float
 
 
 @dataclass(frozen=True, slots=True)

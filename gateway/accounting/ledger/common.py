@@ -31,13 +31,13 @@ def request_params(r: RequestRow) -> tuple[Any, ...]:
 def work_params(w: EngineWork) -> tuple[Any, ...]:
     r = w.row
     return (r.request_id, w.engine, r.interval_idx, r.prefill_tokens, r.decode_tokens,
-            r.residency_s, r.start_s)
+            r.residency_s, r.start_s, r.kv_tokens)
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
     return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
             i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
-            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, hour_of(i.start_s))
+            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, hour_of(i.start_s))
 
 
 def share_params(s: ShareRow) -> tuple[Any, ...]:
@@ -76,7 +76,8 @@ class SqlLedger(ABC):
 
     async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
         rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
-        return [PendingWork(r[7], bool(r[6]), WorkRow(r[0], int(r[1]), r[2], r[3], r[4], r[5]))
+        return [PendingWork(r[7], bool(r[6]),
+                            WorkRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[8]))
                 for r in rows]
 
     async def dirty(self, engine: str, before: int) -> list[int]:
@@ -88,7 +89,7 @@ class SqlLedger(ABC):
         wanted = set(idxs)
         rows = await self._fetch(sql.SELECT_INTERVALS, (engine, min(idxs), max(idxs)))
         return [IntervalRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9],
-                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16])
+                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16], r[17])
                 for r in rows if int(r[1]) in wanted]
 
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],

@@ -19,7 +19,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         """CREATE TABLE work (
             request_id TEXT NOT NULL, engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL,
             prefill {REAL} NOT NULL, decode {REAL} NOT NULL, residency_s {REAL} NOT NULL,
-            start_s {REAL} NOT NULL, apportioned INTEGER NOT NULL DEFAULT 0,
+            start_s {REAL} NOT NULL, kv {REAL} NOT NULL, apportioned INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY (engine, interval_idx, request_id))""",
         "CREATE INDEX work_pending ON work (engine, interval_idx) WHERE apportioned = 0",
         "CREATE INDEX work_request ON work (request_id)",
@@ -30,7 +30,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             static_j {REAL} NOT NULL, dynamic_j {REAL} NOT NULL, idle_j {REAL} NOT NULL,
             idle_s {REAL} NOT NULL, idle_carbon_g {REAL} NOT NULL, idle_cost_usd {REAL} NOT NULL,
             estimated INTEGER NOT NULL, alpha {REAL} NOT NULL, beta {REAL} NOT NULL,
-            PRIMARY KEY (engine, interval_idx))""",
+            gamma {REAL} NOT NULL, PRIMARY KEY (engine, interval_idx))""",
         "CREATE INDEX intervals_start ON intervals (start_s)",
         """CREATE TABLE shares (
             request_id TEXT NOT NULL, engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL,
@@ -56,26 +56,26 @@ INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, pre
     slo_met, last_interval, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, engine, interval_idx, prefill, decode, residency_s,
-    start_s, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
+    start_s, kv, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
 SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
 SELECT_WORK = """SELECT w.request_id, w.interval_idx, w.prefill, w.decode, w.residency_s,
-    w.start_s, w.apportioned, COALESCE(r.tenant, '') FROM work w
+    w.start_s, w.apportioned, COALESCE(r.tenant, ''), w.kv FROM work w
     LEFT JOIN requests r ON r.request_id = w.request_id
     WHERE w.engine = ? AND w.interval_idx >= ? AND w.interval_idx <= ?"""
 SELECT_DIRTY = """SELECT DISTINCT interval_idx FROM work
     WHERE engine = ? AND apportioned = 0 AND interval_idx < ? ORDER BY interval_idx"""
 INTERVAL_COLUMNS = ("engine, interval_idx, start_s, interval_s, model, precision, gpus, energy_j, "
                     "static_j, dynamic_j, idle_j, idle_s, idle_carbon_g, idle_cost_usd, "
-                    "estimated, alpha, beta")
+                    "estimated, alpha, beta, gamma")
 SELECT_INTERVALS = f"""SELECT {INTERVAL_COLUMNS} FROM intervals
     WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
 UPSERT_INTERVAL = f"""INSERT INTO intervals ({INTERVAL_COLUMNS}, hour_idx)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (engine, interval_idx) DO UPDATE SET energy_j = excluded.energy_j,
     static_j = excluded.static_j, dynamic_j = excluded.dynamic_j, idle_j = excluded.idle_j,
     idle_s = excluded.idle_s, idle_carbon_g = excluded.idle_carbon_g,
     idle_cost_usd = excluded.idle_cost_usd, estimated = excluded.estimated,
-    alpha = excluded.alpha, beta = excluded.beta"""
+    alpha = excluded.alpha, beta = excluded.beta, gamma = excluded.gamma"""
 DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
