@@ -15,10 +15,10 @@ import click
 COMMANDS: dict[str, str] = {
     "serve": "gateway.cli:serve",
     "config": "gateway.cli:config",
-    "report": "gateway.cli:report",
+    "report": "gateway.accounting.report_cli:report",
     "sim": "engines.sim.cli:sim",
     "engines": "engines.cli:engines",
-    "agent": "engines.cli:agent",
+    "agent": "engines.meters.agent:agent",
     "loadgen": "loadgen.cli:loadgen",
     "demo": "loadgen.cli:demo",
 }

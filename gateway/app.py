@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import aiohttp
 import orjson
 from aiohttp import web
 
+from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.config import GatewayConfig
 from gateway.errors import AuthError, WattgateError, error_body
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -24,6 +25,9 @@ CONFIG = web.AppKey("config", GatewayConfig)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 PROXY = web.AppKey("proxy", Proxy)
+ACCOUNTING = web.AppKey("accounting", AccountingService)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _STATUS_CODES = {404: ("not_found", "invalid_request_error"),
                  405: ("method_not_allowed", "invalid_request_error"),
@@ -109,6 +113,22 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps({"endpoints": rows}), content_type="application/json")
 
 
+def _admin_only(handler: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        require_admin(request)
+        return await handler(request)
+
+    return guarded
+
+
+def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics
+                        ) -> AccountingService:
+    assert config.accounting is not None
+    engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus)
+               for model, ep in config.endpoints()]
+    return AccountingService(config.accounting, engines, registry=gateway_metrics.registry)
+
+
 def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
     """The one shared keep-alive session to all engines, with explicit limits and timeouts."""
     t = config.timeouts
@@ -137,9 +157,22 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
             state.healthy_now)
 
+    all_sinks = list(sinks)
+    if config.accounting is not None:
+        accounting = _accounting_service(config, gateway_metrics)
+        app[ACCOUNTING] = accounting
+        all_sinks.append(accounting.record)
+        # registered before the proxy's context, so it stops after in-flight requests drained
+        app.cleanup_ctx.append(accounting.cleanup_ctx)
+        from gateway.accounting.admin import admin_routes
+
+        for route in admin_routes(accounting):
+            assert isinstance(route, web.RouteDef)
+            app.router.add_route(route.method, route.path, _admin_only(route.handler))
+
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
-        app[PROXY] = Proxy(config, upstreams, session, gateway_metrics, sinks, clock=clock,
+        app[PROXY] = Proxy(config, upstreams, session, gateway_metrics, all_sinks, clock=clock,
                            wall=wall)
         async with upstreams.running(session):
             yield

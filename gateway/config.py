@@ -8,16 +8,20 @@ hashes and are never printed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.accounting.config import AccountingConfig
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
 ENGINE_KINDS: tuple[str, ...] = ("vllm", "trtllm", "openai")
@@ -116,6 +120,11 @@ class GatewayConfig:
     drain_timeout_s: float = 30.0
     admin_key_sha256: str = field(default="", repr=False)
     auth_required: bool = True
+    accounting: AccountingConfig | None = None  # None: no energy accounting
+
+    def endpoints(self) -> tuple[tuple[str, Endpoint], ...]:
+        """(model alias, endpoint) for every endpoint of every pool."""
+        return tuple((pool.name, ep) for pool in self.models for ep in pool.endpoints)
 
     def model(self, name: str) -> ModelPool | None:
         for pool in self.models:
@@ -336,8 +345,33 @@ def _tenants(root: _Reader, env: Mapping[str, str], slo_names: set[str], default
     return tuple(tenants)
 
 
-def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Validate a decoded YAML document into a GatewayConfig (pure; env passed in)."""
+def _accounting(root: _Reader, env: Mapping[str, str], base_dir: Path | None,
+                models: tuple[ModelPool, ...]) -> AccountingConfig | None:
+    raw = root.get("accounting")
+    if raw is None:
+        return None
+    from gateway.accounting.config import parse_accounting
+
+    acct = parse_accounting(raw, env, base_dir)
+    ledger = acct.ledger
+    if ledger.kind == "sqlite" and base_dir is not None and not Path(ledger.path).is_absolute():
+        # a relative ledger path is relative to the config file, like every other path in it
+        path = str((base_dir / ledger.path).resolve())
+        acct = dataclasses.replace(acct, ledger=dataclasses.replace(ledger, path=path))
+    names = {ep.name for pool in models for ep in pool.endpoints}
+    for name, _ in acct.meters:
+        if name not in names:
+            raise ConfigError(f"accounting.meters.{name}",
+                              f"no endpoint named {name!r}; endpoints: {', '.join(sorted(names))}")
+    return acct
+
+
+def parse_config(data: Any, env: Mapping[str, str] | None = None,
+                 base_dir: Path | None = None) -> GatewayConfig:
+    """Validate a decoded YAML document into a GatewayConfig (pure; env passed in).
+
+    `base_dir` resolves relative file paths (CSV series, SQLite file) of the accounting section.
+    """
     env = os.environ if env is None else env
     root = _Reader(data if data is not None else {}, "")
     lr = root.sub("listen")
@@ -376,9 +410,10 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConf
     ar = root.sub("admin")
     admin_hash = _secret_hash(ar, env, "api_key", required=False)
     ar.finish()
+    models = _models(root)
     config = GatewayConfig(
         listen=listen,
-        models=_models(root),
+        models=models,
         tenants=tenants,
         slo_classes=slo_classes,
         default_slo_class=default_slo,
@@ -390,6 +425,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None) -> GatewayConf
         drain_timeout_s=root.number("drain_timeout_s", 30.0),
         admin_key_sha256=admin_hash,
         auth_required=root.flag("auth_required", True),
+        accounting=_accounting(root, env, base_dir, models),
     )
     if config.auth_required and not tenants:
         raise ConfigError("tenants", "at least one tenant is required when auth_required is true")
@@ -408,7 +444,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), f"invalid YAML: {exc}") from None
-    return parse_config(data, env)
+    return parse_config(data, env, p.resolve().parent)
 
 
 def normalised(config: GatewayConfig) -> dict[str, Any]:
@@ -419,4 +455,7 @@ def normalised(config: GatewayConfig) -> dict[str, Any]:
     for tenant in data["tenants"]:
         tenant["key_sha256"] = "<set>"
     data["admin_key_sha256"] = "<set>" if config.admin_key_sha256 else "<unset>"
+    if config.accounting is not None:
+        ledger = data["accounting"]["ledger"]
+        ledger["dsn"] = "<set>" if ledger.get("dsn") else ""
     return data
