@@ -49,8 +49,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_configs(tmp: Path) -> tuple[Path, Path, int, list[str]]:
-    """Copies of the example fleet and gateway configs on free ports; returns
+def write_configs(tmp: Path, ledger: Path | None = None) -> tuple[Path, Path, int, list[str]]:
+    """Copies of the example fleet and gateway configs on free ports (meters follow their
+    engines; the ledger goes to `ledger`, default beside the copies); returns
     (fleet file, gateway file, gateway port, engine URLs)."""
     fleet = yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())
     gw = yaml.safe_load((EXAMPLES / "local.yaml").read_text())
@@ -64,6 +65,13 @@ def write_configs(tmp: Path) -> tuple[Path, Path, int, list[str]]:
     for pool in gw["models"]:
         for ep in pool["endpoints"]:
             ep["url"] = remap.get(ep["url"].rstrip("/"), ep["url"])
+    accounting = gw.get("accounting")
+    if accounting:
+        for meter in (accounting.get("meters") or {}).values():
+            if "url" in meter:
+                meter["url"] = remap.get(meter["url"].rstrip("/"), meter["url"])
+        accounting["ledger"] = {"kind": "sqlite",
+                                "path": str((ledger or tmp / "ledger.db").resolve())}
     port = free_port()
     gw["listen"]["port"] = port
     fleet_path, gw_path = tmp / "fleet.yaml", tmp / "gateway.yaml"
@@ -191,7 +199,9 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wattgate-demo-") as tmp_name:
         tmp = Path(tmp_name)
-        fleet_file, gw_file, port, engine_urls = write_configs(tmp)
+        ledger = out_dir / "ledger.db"
+        ledger.unlink(missing_ok=True)  # each demo run bills from an empty ledger
+        fleet_file, gw_file, port, engine_urls = write_configs(tmp, ledger)
         base_url = f"http://127.0.0.1:{port}"
         with open(out_dir / "fleet.log", "w") as flog, open(out_dir / "gateway.log", "w") as glog:
             try:
