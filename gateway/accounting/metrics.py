@@ -1,7 +1,8 @@
 """Prometheus series of the accounting service, created on a registry passed in.
 
 Per-tenant counters are incremented by the replica that apportions, as intervals are
-apportioned; the ledger stays the bill (a revised interval adds only the late requests' share).
+apportioned; a revised interval adds the change. Counters never go down, so a tenant whose
+share a revision lowered sees it netted against its next increments; the ledger is the bill.
 """
 
 from __future__ import annotations

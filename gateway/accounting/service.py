@@ -98,6 +98,7 @@ class AccountingService:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.metrics = AccountingMetrics(registry) if registry is not None else None
+        self._owed: dict[str, list[float]] = {}
         self.engines: dict[str, _Engine] = {}
         for info in engines:
             cfg = config.meter_for(info.name)
@@ -307,6 +308,15 @@ class AccountingService:
             boundary_s, boundary_j = (k + 1) * self.config.interval_s, e_end
             self._one(eng, k, max(raw, 0.0), rows, intervals, shares, marks, tenant_new)
         stored = {i.interval_idx: i for i in await self.ledger.intervals(name, dirty)}
+        if dirty and self.metrics:
+            # A revision moves joules between requests: count the change, not the total.
+            for k, tenant, energy, carbon, cost in await self.ledger.tenant_shares(
+                    name, dirty[0], dirty[-1]):
+                if k in stored:
+                    acc = tenant_new.setdefault(tenant, [0.0, 0.0, 0.0])
+                    acc[0] -= energy
+                    acc[1] -= carbon
+                    acc[2] -= cost
         for k in dirty:
             old = stored.get(k)
             if old is None:
@@ -322,7 +332,10 @@ class AccountingService:
         await self.ledger.commit(name, intervals, shares, marks, new_state)
         eng.state = new_state
         eng.track.prune(boundary_s)
-        self._after_commit(eng, new_state, intervals[:len(ready)], tenant_new)
+        revised = intervals[len(ready):]
+        idle_delta = math.fsum([*(i.idle_j for i in intervals[:len(ready)]),
+                                *(i.idle_j - stored[i.interval_idx].idle_j for i in revised)])
+        self._after_commit(eng, new_state, intervals[:len(ready)], tenant_new, idle_delta)
         return len(intervals)
 
     def _one(self, eng: _Engine, k: int, energy_j: float, rows: list[PendingWork],
@@ -351,12 +364,10 @@ class AccountingService:
             cost = pricing.cost_usd(s.energy_j, gpu_s, t0)
             shares.append(ShareRow(s.request_id, info.name, k, t0, s.energy_j, s.static_j,
                                    s.dynamic_j, gpu_s, carbon, cost, estimated))
-            tenant, was_done = tenants[s.request_id]
-            if not was_done:
-                acc = tenant_new.setdefault(tenant, [0.0, 0.0, 0.0])
-                acc[0] += s.energy_j
-                acc[1] += carbon
-                acc[2] += cost
+            acc = tenant_new.setdefault(tenants[s.request_id][0], [0.0, 0.0, 0.0])
+            acc[0] += s.energy_j
+            acc[1] += carbon
+            acc[2] += cost
         marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),
@@ -365,7 +376,7 @@ class AccountingService:
                                 max(r.decode_tokens for r in work)))
 
     def _after_commit(self, eng: _Engine, st: EngineState, new: list[IntervalRow],
-                      tenant_new: dict[str, list[float]]) -> None:
+                      tenant_new: dict[str, list[float]], idle_delta: float) -> None:
         if self.config.fit.enabled:
             eng.since_fit += len(new)
             if eng.since_fit >= self.config.fit.every:
@@ -378,13 +389,27 @@ class AccountingService:
         m = self.metrics
         if m is None:
             return
-        for tenant, (energy, carbon, cost) in tenant_new.items():
-            m.tenant_energy.labels(tenant).inc(energy)
-            m.tenant_carbon.labels(tenant).inc(carbon)
-            m.tenant_cost.labels(tenant).inc(cost)
+        for tenant, delta in tenant_new.items():
+            for i, counter in enumerate((m.tenant_energy, m.tenant_carbon, m.tenant_cost)):
+                self._count(counter, tenant, i, delta[i])
+        self._count(m.engine_idle, eng.info.name, 3, idle_delta)
         m.engine_energy.labels(eng.info.name).inc(math.fsum(i.energy_j for i in new))
-        m.engine_idle.labels(eng.info.name).inc(math.fsum(i.idle_j for i in new))
         self._publish_residual(eng, st)
+
+    def _count(self, counter: Any, label: str, slot: int, delta: float) -> None:
+        """Counters only go up: a label whose value a revision lowered owes the difference,
+        netted against its next increments (`counter_debt` shows what is owed)."""
+        owed = self._owed.setdefault(label, [0.0, 0.0, 0.0, 0.0])
+        total = delta + owed[slot]
+        if total > 0.0:
+            counter.labels(label).inc(total)
+            owed[slot] = 0.0
+        else:
+            owed[slot] = total
+
+    def counter_debt(self) -> dict[str, list[float]]:
+        """Per label: [energy J, carbon g, cost USD, idle J] not yet netted (<= 0)."""
+        return {k: list(v) for k, v in self._owed.items()}
 
     def _publish_residual(self, eng: _Engine, st: EngineState) -> None:
         latest = eng.track.latest

@@ -148,6 +148,11 @@ class Ledger(Protocol):
         """All work rows of `engine` in intervals first..last."""
         ...
 
+    async def tenant_shares(self, engine: str, first: int, last: int
+                            ) -> list[tuple[int, str, float, float, float]]:
+        """(interval, tenant, energy_j, carbon_g, cost_usd) of the stored shares."""
+        ...
+
     async def dirty(self, engine: str, before: int) -> list[int]:
         """Intervals < before that hold work not yet apportioned (late records)."""
         ...

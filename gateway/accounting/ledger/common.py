@@ -80,6 +80,11 @@ class SqlLedger(ABC):
                             WorkRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[8]))
                 for r in rows]
 
+    async def tenant_shares(self, engine: str, first: int, last: int
+                            ) -> list[tuple[int, str, float, float, float]]:
+        rows = await self._fetch(sql.SELECT_TENANT_SHARES, (engine, first, last))
+        return [(int(r[0]), r[1], float(r[2]), float(r[3]), float(r[4])) for r in rows]
+
     async def dirty(self, engine: str, before: int) -> list[int]:
         return [int(r[0]) for r in await self._fetch(sql.SELECT_DIRTY, (engine, before))]
 

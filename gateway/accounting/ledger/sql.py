@@ -62,6 +62,11 @@ SELECT_WORK = """SELECT w.request_id, w.interval_idx, w.prefill, w.decode, w.res
     w.start_s, w.apportioned, COALESCE(r.tenant, ''), w.kv FROM work w
     LEFT JOIN requests r ON r.request_id = w.request_id
     WHERE w.engine = ? AND w.interval_idx >= ? AND w.interval_idx <= ?"""
+SELECT_TENANT_SHARES = """SELECT s.interval_idx, COALESCE(r.tenant, ''), SUM(s.energy_j),
+    SUM(s.carbon_g), SUM(s.cost_usd) FROM shares s
+    LEFT JOIN requests r ON r.request_id = s.request_id
+    WHERE s.engine = ? AND s.interval_idx >= ? AND s.interval_idx <= ?
+    GROUP BY s.interval_idx, COALESCE(r.tenant, '')"""
 SELECT_DIRTY = """SELECT DISTINCT interval_idx FROM work
     WHERE engine = ? AND apportioned = 0 AND interval_idx < ? ORDER BY interval_idx"""
 INTERVAL_COLUMNS = ("engine, interval_idx, start_s, interval_s, model, precision, gpus, energy_j, "
