@@ -29,7 +29,10 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.apportion
+	$(BIN)/python -m bench.loadgen_rate
+	$(BIN)/python -m bench.gateway_overhead --install
+	$(BIN)/python -m bench.gateway_overhead
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
