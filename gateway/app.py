@@ -17,6 +17,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import AuthError, WattgateError, error_body
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
+from gateway.upstream import ClientSettings, UpstreamClient
 from gateway.upstreams import Upstreams
 
 log = logging.getLogger("wattgate.app")
@@ -129,8 +130,15 @@ def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics
     return AccountingService(config.accounting, engines, registry=gateway_metrics.registry)
 
 
+def upstream_client(config: GatewayConfig) -> UpstreamClient:
+    """The request path's keep-alive client to all engines (lean HTTP/1.1 on uvloop)."""
+    t = config.timeouts
+    return UpstreamClient(ClientSettings(connect_s=t.connect_s, first_byte_s=t.first_byte_s,
+                                         read_s=t.read_s))
+
+
 def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
-    """The one shared keep-alive session to all engines, with explicit limits and timeouts."""
+    """The aiohttp session for health checks and load scrapes (off the request path)."""
     t = config.timeouts
     connector = aiohttp.TCPConnector(limit=4096, limit_per_host=0, keepalive_timeout=60.0,
                                      ttl_dns_cache=300)
@@ -172,11 +180,13 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
-        app[PROXY] = Proxy(config, upstreams, session, gateway_metrics, all_sinks, clock=clock,
+        client = upstream_client(config)
+        app[PROXY] = Proxy(config, upstreams, client, gateway_metrics, all_sinks, clock=clock,
                            wall=wall)
         async with upstreams.running(session):
             yield
             await drain(app)
+        client.close()
         await session.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-import aiohttp
 from aiohttp import web
 
 from gateway.auth import Authenticator
@@ -39,17 +38,23 @@ from gateway.requests import (
 from gateway.routing import RoutingContext, policy_for, select_precisions
 from gateway.sse import SseScanner, usage_of_body
 from gateway.timing import latency, slo_met
+from gateway.upstream import (
+    UpstreamClient,
+    UpstreamClosedError,
+    UpstreamConnectError,
+    UpstreamFailure,
+    UpstreamHeadTimeout,
+    UpstreamProtocolError,
+    UpstreamReadTimeout,
+    UpstreamResponse,
+)
 from gateway.upstreams import EndpointState, Upstreams
 
 log = logging.getLogger("wattgate.proxy")
 
 Sink = Callable[[RequestRecord], None]
 REQUEST_ID_HEADER = "x-wattgate-request-id"
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                         "te", "trailers", "transfer-encoding", "upgrade", "host",
-                         "content-length", "authorization", "cookie"})
-_UPSTREAM_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-                            aiohttp.ClientOSError)
+_X_PREFIXES = (b"x-", b"X-")
 
 
 class Flight:
@@ -84,13 +89,13 @@ class Flight:
 
 
 class Proxy:
-    def __init__(self, config: GatewayConfig, upstreams: Upstreams, session: aiohttp.ClientSession,
+    def __init__(self, config: GatewayConfig, upstreams: Upstreams, client: UpstreamClient,
                  metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
                  wall: Callable[[], float]):
         self.config = config
         self.metrics = metrics
         self.upstreams = upstreams
-        self.session = session
+        self.client = client
         self.sinks = [metrics.observe, *sinks]
         self.clock = clock
         self.wall = wall
@@ -100,9 +105,6 @@ class Proxy:
         self.inflight = 0
         self.idle = asyncio.Event()
         self.idle.set()
-        t = config.timeouts
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=t.connect_s,
-                                                     sock_connect=t.connect_s, sock_read=t.read_s)
 
     # --- entry point --------------------------------------------------------------------
 
@@ -199,43 +201,47 @@ class Proxy:
     async def _attempt(self, request: web.Request, flight: Flight, state: EndpointState,
                        parsed: ParsedRequest, raw: bytes) -> web.StreamResponse:
         ep = state.endpoint
-        headers = {"Content-Type": "application/json", "x-request-id": flight.request_id}
-        for name, value in request.headers.items():
-            lname = name.lower()
-            if lname.startswith("x-") and not lname.startswith("x-wattgate-") \
-                    and lname not in _HOP_BY_HOP and lname != "x-request-id":
-                headers[name] = value
-        url = ep.url + request.path
+        headers = [("Content-Type", "application/json"), ("x-request-id", flight.request_id)]
+        headers += forwarded_headers(request.raw_headers)
         body = upstream_body(parsed, raw, ep.upstream_model)
         state.inflight += 1
         flight.dispatched_s = self.clock()
+        timeouts = self.config.timeouts
         try:
-            remaining = self.config.timeouts.total_s - (flight.dispatched_s - flight.arrived_s)
-            async with asyncio.timeout(remaining):
+            # One deadline for the whole attempt. Connect, first-byte and per-read stalls are
+            # the client's own lazy timer, so no timer is rescheduled per read.
+            async with asyncio.timeout(timeouts.total_s - (flight.dispatched_s - flight.arrived_s)):
                 try:
-                    async with asyncio.timeout(self.config.timeouts.first_byte_s):
-                        upstream = await self.session.post(url, data=body, headers=headers,
-                                                           timeout=self._stream_timeout)
-                except _UPSTREAM_CONNECT_ERRORS as exc:
+                    upstream = await self.client.post(ep.url, request.path, body, headers)
+                except (UpstreamConnectError, UpstreamClosedError) as exc:
                     self.upstream_error(ep.name, "connect")
                     self.upstreams.eject(state)
                     raise _RetryableError(UpstreamError(
                         f"engine {ep.name} is unreachable")) from exc
-                except TimeoutError:
+                except UpstreamHeadTimeout:
                     self.upstream_error(ep.name, "timeout")
                     raise UpstreamTimeoutError(
                         f"engine {ep.name} did not answer within "
-                        f"{self.config.timeouts.first_byte_s:g} s") from None
-                async with upstream:
+                        f"{timeouts.first_byte_s:g} s") from None
+                except UpstreamProtocolError as exc:
+                    self.upstream_error(ep.name, "protocol")
+                    raise UpstreamError(f"engine {ep.name} sent an invalid HTTP response"
+                                        ) from exc
+                try:
                     flight.first_byte_s = self.clock()
                     if upstream.status >= 500:
-                        await upstream.read()
+                        with contextlib.suppress(UpstreamFailure):
+                            await upstream.read_all()
                         self.upstream_error(ep.name, f"http_{upstream.status}")
                         raise _RetryableError(UpstreamError(
                             f"engine {ep.name} answered HTTP {upstream.status}"))
                     if parsed.stream and upstream.status == 200:
                         return await self._relay_stream(request, flight, upstream, parsed)
                     return await self._relay_body(flight, upstream)
+                finally:
+                    # back to the pool only if the whole response was read; else dropped, so
+                    # the engine sees the request aborted
+                    upstream.close()
         except TimeoutError:
             self.upstream_error(ep.name, "timeout")
             raise UpstreamTimeoutError("the engine did not finish within the request deadline"
@@ -253,11 +259,16 @@ class Proxy:
             headers["x-wattgate-precision"] = ep.endpoint.precision
         return headers
 
-    async def _relay_body(self, flight: Flight, upstream: aiohttp.ClientResponse) -> web.Response:
+    async def _relay_body(self, flight: Flight, upstream: UpstreamResponse) -> web.Response:
+        engine = flight.endpoint.endpoint.name if flight.endpoint else ""
         try:
-            body = await upstream.read()
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "", "body")
+            body = await upstream.read_all()
+        except UpstreamReadTimeout:
+            self.upstream_error(engine, "timeout")
+            raise UpstreamTimeoutError("the engine stalled longer than the read timeout"
+                                       ) from None
+        except UpstreamFailure as exc:
+            self.upstream_error(engine, "body")
             raise UpstreamError("the engine closed the connection before the response ended"
                                 ) from exc
         usage = usage_of_body(body) if upstream.status == 200 else None
@@ -271,7 +282,7 @@ class Proxy:
                             headers=self._response_headers(flight))
 
     async def _relay_stream(self, request: web.Request, flight: Flight,
-                            upstream: aiohttp.ClientResponse, parsed: ParsedRequest
+                            upstream: UpstreamResponse, parsed: ParsedRequest
                             ) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -282,7 +293,7 @@ class Proxy:
         reads = flight.reads
         error: WattgateError | None = None
         try:
-            async for data in upstream.content.iter_any():
+            while data := await upstream.read():
                 now = clock()
                 out, tokens = scanner.feed(data)
                 if tokens:
@@ -291,17 +302,17 @@ class Proxy:
                     reads.append((now, tokens))
                 if out and not await _write(response, out):
                     flight.status, flight.http_status = "client_disconnected", 499
-                    upstream.close()  # drops the connection: the engine aborts the request
+                    upstream.abort()  # drops the connection: the engine aborts the request
                     return response
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-            log.warning("request %s: engine stream broke: %s", flight.request_id, type(exc).__name__)
-            error = UpstreamError("the engine stream ended before the response was complete",
-                                  code="upstream_stream_error")
-        except TimeoutError:
+        except UpstreamReadTimeout:
             error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
                                          code="upstream_timeout")
+        except UpstreamFailure as exc:
+            log.warning("request %s: engine stream broke: %s", flight.request_id, exc)
+            error = UpstreamError("the engine stream ended before the response was complete",
+                                  code="upstream_stream_error")
         except asyncio.CancelledError:
-            upstream.close()  # the client went away (handler cancelled): abort the engine request
+            upstream.abort()  # the client went away (handler cancelled): abort the engine request
             raise
         if scanner.usage:
             flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
@@ -357,6 +368,20 @@ class _RetryableError(Exception):
     def __init__(self, error: WattgateError):
         super().__init__(error.message)
         self.error = error
+
+
+def forwarded_headers(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """The client's `x-*` headers that go on to the engine (not `x-wattgate-*`, which are for
+    the gateway, nor `x-request-id`, which the gateway sets). Most requests carry none, so the
+    loop is one prefix test per header."""
+    out = []
+    for name, value in raw_headers:
+        if name.startswith(_X_PREFIXES):
+            lname = name.lower()
+            if not lname.startswith(b"x-wattgate-") and lname != b"x-request-id":
+                out.append((name.decode("utf-8", "surrogateescape"),
+                            value.decode("utf-8", "surrogateescape")))
+    return out
 
 
 async def _write(response: web.StreamResponse, data: bytes) -> bool:

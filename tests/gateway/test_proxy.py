@@ -294,13 +294,20 @@ async def test_models_health_ready_and_metrics_endpoints() -> None:
 
 
 async def test_upstream_sockets_use_tcp_nodelay() -> None:
-    from gateway.app import upstream_session
+    """The request path's client sets TCP_NODELAY on every engine connection it opens."""
+    from gateway.app import upstream_client
 
     async with fake_engine(FakeEngine(model="m")) as eng:
-        session = upstream_session(make_config([ep(eng)]))
-        body = {"model": "m", "prompt": "a", "max_tokens": 3, "stream": True}
-        async with session, session.post(eng.url + "/v1/completions", json=body) as r:
-            assert r.connection is not None and r.connection.transport is not None
-            sock = r.connection.transport.get_extra_info("socket")
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
-            await r.read()
+        client = upstream_client(make_config([ep(eng)]))
+        body = orjson.dumps({"model": "m", "prompt": "a", "max_tokens": 3, "stream": True})
+        try:
+            r = await client.post(eng.url, "/v1/completions", body,
+                                  [("Content-Type", "application/json")])
+            try:
+                sock = r._conn._transport.get_extra_info("socket")  # type: ignore[union-attr]
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+                assert b"[DONE]" in await r.read_all()
+            finally:
+                r.close()
+        finally:
+            client.close()

@@ -1,0 +1,252 @@
+"""One keep-alive HTTP/1.1 connection to an engine, as an `asyncio.Protocol`.
+
+It carries one request at a time: `send` writes the request in one `transport.write`,
+`head` waits for the response head, `read` returns the body bytes buffered so far (one item
+for however many reads and chunks arrived), `b""` at the end. Deadlines run on one lazy timer
+per response instead of a timer per read: the timer re-arms itself only when it fires early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import cast
+
+from gateway.upstream.errors import (
+    UpstreamClosedError,
+    UpstreamHeadTimeout,
+    UpstreamProtocolError,
+    UpstreamReadTimeout,
+    UpstreamStaleConnection,
+)
+from gateway.upstream.parser import MalformedResponse, ResponseHead, ResponseParser
+
+HIGH_WATER_BYTES = 256 * 1024  # buffered body bytes that pause reading from the engine
+# uvloop's clock ticks in milliseconds: a timer may fire a hair before its due time
+_SLACK_S = 0.002
+
+
+class UpstreamConnection(asyncio.Protocol):
+    __slots__ = ("_body", "_buffered", "_exc", "_first_byte_at", "_last_read_at", "_loop",
+                 "_parser", "_paused", "_read_s", "_timer", "_transport", "_waiter", "closed",
+                 "idle_since", "requests", "seen_bytes")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._parser: ResponseParser | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._exc: BaseException | None = None
+        self._paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._first_byte_at = 0.0
+        self._last_read_at = 0.0
+        self._read_s = 0.0
+        self.closed = False
+        self.idle_since = 0.0
+        self.requests = 0  # requests sent on this connection
+        self.seen_bytes = False  # any byte of the current response arrived
+
+    # --- protocol callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TCPTransport is not an asyncio.Transport subclass, but has its methods
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # without it the last small write of a stream waits for a delayed ACK
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:  # bytes while idle: the engine broke the protocol
+            self._fail(UpstreamProtocolError("the engine sent bytes outside a response"))
+            return
+        self.seen_bytes = True
+        self._last_read_at = self._loop.time()
+        try:
+            body = parser.feed(data)
+        except MalformedResponse as exc:
+            self._fail(UpstreamProtocolError(str(exc)))
+            return
+        if body:
+            self._body.append(body)
+            self._buffered += len(body)
+            if self._buffered > HIGH_WATER_BYTES and not self._paused:
+                self._paused = True
+                assert self._transport is not None
+                self._transport.pause_reading()
+        if parser.done:
+            self._cancel_timer()
+            if parser.extra:  # bytes past the response: never reuse this connection
+                self._close_transport()
+        elif parser.head is None:
+            return
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def eof_received(self) -> bool:
+        parser = self._parser
+        if parser is not None and parser.until_close:
+            parser.feed_eof()
+            self._cancel_timer()
+            self._wake()
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        parser = self._parser
+        if parser is None or parser.done:
+            self._wake()
+            return
+        if parser.until_close and exc is None:
+            parser.feed_eof()
+            self._wake()
+            return
+        if not self.seen_bytes and self.requests > 1:
+            error: BaseException = UpstreamStaleConnection(
+                "a reused connection closed before the response started")
+        else:
+            error = UpstreamClosedError("the engine closed the connection "
+                                        + ("mid-response" if self.seen_bytes else
+                                           "before answering"))
+        if exc is not None:
+            error.__cause__ = exc
+        self._fail(error, close=False)
+
+    def pause_writing(self) -> None:  # the request is one write; nothing else to stop
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # --- the request/response cycle ---------------------------------------------------------
+
+    def send(self, request: bytes, *, first_byte_s: float, read_s: float,
+             no_body: bool = False) -> None:
+        """Write one request and start waiting for its response."""
+        assert self._transport is not None and not self.closed
+        self._parser = ResponseParser(no_body=no_body)
+        self._body = []
+        self._buffered = 0
+        self._exc = None
+        self.seen_bytes = False
+        self.requests += 1
+        self._read_s = read_s
+        now = self._loop.time()
+        self._first_byte_at = now + first_byte_s
+        self._last_read_at = now
+        self._timer = self._loop.call_at(now + min(first_byte_s, read_s), self._on_timer)
+        self._transport.write(request)
+
+    async def head(self) -> ResponseHead:
+        """Wait for the response head. Raises `UpstreamFailure` subclasses."""
+        parser = self._parser
+        assert parser is not None
+        while parser.head is None:
+            if self._exc is not None:
+                raise self._exc
+            await self._wait()
+        return parser.head
+
+    async def read(self) -> bytes:
+        """Body bytes that arrived since the last call (waits for some); b"" at the end."""
+        while True:
+            if self._body:
+                body = self._body
+                data = body[0] if len(body) == 1 else b"".join(body)
+                self._body = []
+                self._buffered = 0
+                if self._paused:
+                    self._paused = False
+                    self._last_read_at = self._loop.time()  # the pause was ours, not a stall
+                    if self._transport is not None:
+                        self._transport.resume_reading()
+                return data
+            if self._exc is not None:
+                raise self._exc
+            parser = self._parser
+            if parser is None or parser.done:
+                return b""
+            await self._wait()
+
+    @property
+    def complete(self) -> bool:
+        """The whole response arrived and was read: the connection may serve another."""
+        parser = self._parser
+        return (parser is not None and parser.done and not self._body and not self.closed
+                and parser.head is not None and parser.head.keep_alive and not parser.extra)
+
+    def reset(self, now: float) -> None:
+        """Back to idle, after a complete response."""
+        self._parser = None
+        self.idle_since = now
+
+    def abort(self) -> None:
+        """Drop the connection now; the engine sees the request cancelled."""
+        self._cancel_timer()
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- internals --------------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        waiter = self._loop.create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        parser = self._parser
+        if parser is None or parser.done or self._exc is not None:
+            return
+        now = self._loop.time()
+        if parser.head is None:  # only the first-byte deadline applies before the head
+            if now >= self._first_byte_at - _SLACK_S:
+                self._fail(UpstreamHeadTimeout("no response head within the first-byte timeout"))
+                return
+            due = self._first_byte_at
+        elif self._paused:  # back-pressure from the client, not an engine stall
+            due = now + self._read_s
+        else:
+            due = self._last_read_at + self._read_s
+            if now >= due - _SLACK_S:
+                self._fail(UpstreamReadTimeout("the engine sent nothing for longer than the "
+                                               "read timeout"))
+                return
+        self._timer = self._loop.call_at(due, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fail(self, exc: BaseException, *, close: bool = True) -> None:
+        if self._exc is None:
+            self._exc = exc
+        self._cancel_timer()
+        if close:
+            self._close_transport()
+        self._wake()
+
+    def _close_transport(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
