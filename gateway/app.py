@@ -166,7 +166,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
             state.healthy_now)
 
     all_sinks = list(sinks)
-    if config.accounting is not None:
+    if config.accounting is not None and config.accounting.enabled:
         accounting = _accounting_service(config, gateway_metrics)
         app[ACCOUNTING] = accounting
         all_sinks.append(accounting.record)
