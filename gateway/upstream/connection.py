@@ -128,11 +128,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     # --- the request/response cycle ---------------------------------------------------------
 
-    def send(self, request: bytes, *, first_byte_s: float, read_s: float,
-             no_body: bool = False) -> None:
+    def send(self, request: bytes, *, first_byte_s: float, read_s: float) -> None:
         """Write one request and start waiting for its response."""
         assert self._transport is not None and not self.closed
-        self._parser = ResponseParser(no_body=no_body)
+        self._parser = ResponseParser()
         self._body = []
         self._buffered = 0
         self._exc = None
