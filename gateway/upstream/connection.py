@@ -3,7 +3,8 @@
 It carries one request at a time: `send` writes the request in one `transport.write`,
 `head` waits for the response head, `read` returns the body bytes buffered so far (one item
 for however many reads and chunks arrived), `b""` at the end. Deadlines run on one lazy timer
-per response instead of a timer per read: the timer re-arms itself only when it fires early.
+per connection, not one per read or per request: it stays armed across back-to-back requests,
+re-arms itself from the current response's deadlines when it fires, and lapses once idle.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ _SLACK_S = 0.002
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("_body", "_buffered", "_exc", "_first_byte_at", "_last_read_at", "_loop",
-                 "_parser", "_paused", "_read_s", "_timer", "_transport", "_waiter", "closed",
-                 "idle_since", "requests", "seen_bytes")
+                 "_parser", "_paused", "_read_s", "_spare", "_timer", "_transport", "_waiter",
+                 "closed", "idle_since", "requests", "seen_bytes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._transport: asyncio.Transport | None = None
-        self._parser: ResponseParser | None = None
+        self._parser: ResponseParser | None = None  # the response in progress
+        self._spare: ResponseParser | None = None  # the last one's, reset for the next
         self._waiter: asyncio.Future[None] | None = None
         self._body: list[bytes] = []
         self._buffered = 0
@@ -79,7 +81,6 @@ class UpstreamConnection(asyncio.Protocol):
                 assert self._transport is not None
                 self._transport.pause_reading()
         if parser.done:
-            self._cancel_timer()
             if parser.extra:  # bytes past the response: never reuse this connection
                 self._close_transport()
         elif parser.head is None:
@@ -94,7 +95,6 @@ class UpstreamConnection(asyncio.Protocol):
         parser = self._parser
         if parser is not None and parser.until_close:
             parser.feed_eof()
-            self._cancel_timer()
             self._wake()
         return False  # let the transport close itself
 
@@ -131,7 +131,13 @@ class UpstreamConnection(asyncio.Protocol):
     def send(self, request: bytes, *, first_byte_s: float, read_s: float) -> None:
         """Write one request and start waiting for its response."""
         assert self._transport is not None and not self.closed
-        self._parser = ResponseParser()
+        parser = self._spare
+        if parser is None:
+            parser = ResponseParser()
+        else:
+            parser.reset()
+            self._spare = None
+        self._parser = parser
         self._body = []
         self._buffered = 0
         self._exc = None
@@ -141,7 +147,12 @@ class UpstreamConnection(asyncio.Protocol):
         now = self._loop.time()
         self._first_byte_at = now + first_byte_s
         self._last_read_at = now
-        self._timer = self._loop.call_at(now + min(first_byte_s, read_s), self._on_timer)
+        due = now + min(first_byte_s, read_s)
+        timer = self._timer
+        if timer is None or timer.when() > due:  # else the armed one fires early enough
+            if timer is not None:
+                timer.cancel()
+            self._timer = self._loop.call_at(due, self._on_timer)
         self._transport.write(request)
 
     async def head(self) -> ResponseHead:
@@ -184,6 +195,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def reset(self, now: float) -> None:
         """Back to idle, after a complete response."""
+        self._spare = self._parser
         self._parser = None
         self.idle_since = now
 
@@ -214,7 +226,8 @@ class UpstreamConnection(asyncio.Protocol):
             if now >= self._first_byte_at - _SLACK_S:
                 self._fail(UpstreamHeadTimeout("no response head within the first-byte timeout"))
                 return
-            due = self._first_byte_at
+            # not later than a read timeout away: the head may come and the body then stall
+            due = min(self._first_byte_at, now + self._read_s)
         elif self._paused:  # back-pressure from the client, not an engine stall
             due = now + self._read_s
         else:

@@ -65,6 +65,15 @@ class ResponseParser:
         self.extra = False
         self.until_close = False
 
+    def reset(self) -> None:
+        """Get ready for the next response on the same connection (after a complete, reusable
+        one: llhttp then sits at a message boundary). Cheaper than a new parser."""
+        self._body = []
+        self._headers = []
+        self._seen = 0
+        self.head = None
+        self.done = self.extra = self.until_close = False
+
     def feed(self, data: bytes) -> bytes:
         """Consume one read; return the body bytes in it (b"" if none)."""
         if self.done:

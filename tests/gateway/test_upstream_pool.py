@@ -282,3 +282,30 @@ async def test_abort_mid_stream_closes_the_engine_connection() -> None:
         r.close()
         assert await eventually(lambda: eng.peer_closed == 1)
         assert c.pool(f"http://127.0.0.1:{eng.port}").open == 0
+
+
+async def test_deadlines_hold_on_a_reused_connection() -> None:
+    """The per-connection timer carries over between requests: a stall on the third request of
+    a kept-alive connection is still caught at the read timeout."""
+    async def third_stalls(writer: asyncio.StreamWriter, n: int, on_conn: int) -> bool:
+        if on_conn < 3:
+            writer.write(OK)
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await asyncio.sleep(3)
+        return False
+
+    async with raw_engine(third_stalls) as eng, client(first_byte_s=5, read_s=0.3) as c:
+        url = f"http://127.0.0.1:{eng.port}"
+        assert [await get(c, eng) for _ in range(2)] == [b"{}", b"{}"]
+        await asyncio.sleep(0.2)
+        r = await c.post(url, "/", b"", [])
+        try:
+            assert await r.read() == b"hi"
+            start = time.monotonic()
+            with pytest.raises(UpstreamReadTimeout):
+                await r.read()
+            assert 0.25 <= time.monotonic() - start < 1.5
+        finally:
+            r.close()
+        assert eng.connections == 1
