@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.upstream.connection import UpstreamConnection
@@ -33,7 +33,7 @@ class UpstreamResponse:
     was read, and drops it otherwise (the engine then sees the request aborted).
     """
 
-    __slots__ = ("_conn", "_pool", "content_type", "head", "status")
+    __slots__ = ("_conn", "_pool", "content_type", "head", "read", "status")
 
     def __init__(self, pool: EndpointPool, conn: UpstreamConnection, head: ResponseHead):
         self._pool = pool
@@ -41,10 +41,9 @@ class UpstreamResponse:
         self.head = head
         self.status = head.status
         self.content_type = head.content_type
-
-    async def read(self) -> bytes:
-        """The body bytes that arrived since the last call (waits for some); b"" at the end."""
-        return await self._conn.read()
+        # The body bytes that arrived since the last call (waits for some); b"" at the end.
+        # The connection's own method: no extra coroutine per read.
+        self.read: Callable[[], Awaitable[bytes]] = conn.read
 
     async def read_all(self) -> bytes:
         conn = self._conn

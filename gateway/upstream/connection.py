@@ -162,7 +162,11 @@ class UpstreamConnection(asyncio.Protocol):
         while parser.head is None:
             if self._exc is not None:
                 raise self._exc
-            await self._wait()
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
         return parser.head
 
     async def read(self) -> bytes:
@@ -184,7 +188,12 @@ class UpstreamConnection(asyncio.Protocol):
             parser = self._parser
             if parser is None or parser.done:
                 return b""
-            await self._wait()
+            # inline, not a helper coroutine: this runs once per engine write
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
 
     @property
     def complete(self) -> bool:
@@ -207,14 +216,6 @@ class UpstreamConnection(asyncio.Protocol):
             self._transport.abort()
 
     # --- internals --------------------------------------------------------------------------
-
-    async def _wait(self) -> None:
-        waiter = self._loop.create_future()
-        self._waiter = waiter
-        try:
-            await waiter
-        finally:
-            self._waiter = None
 
     def _on_timer(self) -> None:
         self._timer = None
