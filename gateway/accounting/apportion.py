@@ -2,14 +2,23 @@
 
 static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
 - static is charged for the time the engine had work resident: static * busy_s / dt (busy_s
-  is the union of the requests' residency spans), shared by residency seconds; the static
-  energy of the interval's empty time goes to the engine's idle account.
+  is the union of the requests' residency spans); the static energy of the interval's empty
+  time goes to the engine's idle account. The busy part is shared by residency seconds, or,
+  with `instant` (what the service uses), equally among the requests resident at each
+  instant: a request's weight is the integral of 1/n(t) over its span, n(t) being how many
+  spans cover t. That is how an engine spends it: every step's static power serves the
+  sequences in that step, and a request that stays while the batch drains pays more per
+  second than one that left when it was full.
 - dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
-  (decoded tokens x their context); a request that did no token work gets none. An
-  interval with residency but no token work sends its dynamic energy to the idle account,
-  and an interval with no request sends all of dE there.
-Sums use math.fsum, so the result does not depend on the order of the rows, and
-sum(shares) + idle == dE up to one rounding per share.
+  (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
+  delta(tokens per step) * steps. Steps are estimated as the most tokens any request decoded
+  in the interval. Without `instant` the steps' energy is shared by decode tokens; with it,
+  like static: equally among the requests with token work resident at each instant (every
+  sequence in a step shares that step's weight reads). A request that did no token work gets
+  no dynamic share. An interval with residency but no token work sends its dynamic energy to
+  the idle account, and an interval with no request sends all of dE there.
+Sums use math.fsum over values that do not depend on the order of the rows, so neither does
+the result, and sum(shares) + idle == dE up to one rounding per share.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from dataclasses import dataclass
 from operator import add, itemgetter
 from typing import NamedTuple
 
+from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.work import WorkRow
 
 
@@ -43,9 +53,7 @@ class Apportionment:
 
 _START = itemgetter(5)
 _RES = itemgetter(4)
-_PREFILL = itemgetter(2)
-_DECODE = itemgetter(3)
-_KV = itemgetter(6)
+_FULL = 1.0 - 1e-12  # a span this close to the whole interval covers it
 
 
 def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
@@ -70,39 +78,119 @@ def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
     return min(total, interval_s)
 
 
+def instant_weights(starts: Sequence[float], residencies: Sequence[float],
+                    interval_s: float) -> list[float]:
+    """Per span, the integral over it of 1/n(t) (n(t): spans covering t). They sum to the
+    length of the union of the spans. Depends only on the set of spans, not their order."""
+    n = len(starts)
+    if min(residencies) >= interval_s * _FULL:
+        return [interval_s / n] * n  # everyone resident all along
+    ends = list(map(add, starts, residencies))
+    lo_sorted = sorted(s for s, r in zip(starts, residencies, strict=True) if r > 0.0)
+    hi_sorted = sorted(e for e, r in zip(ends, residencies, strict=True) if r > 0.0)
+    bounds = sorted(set(lo_sorted).union(hi_sorted))
+    at: dict[float, float] = {}  # integral of 1/n from the first bound to each bound
+    m = len(lo_sorted)
+    acc = 0.0
+    i = j = 0
+    prev = bounds[0] if bounds else 0.0
+    for b in bounds:
+        if i > j:
+            acc += (b - prev) / (i - j)
+        at[b] = acc
+        while i < m and lo_sorted[i] <= b:
+            i += 1
+        while j < m and hi_sorted[j] <= b:
+            j += 1
+        prev = b
+    return [at[e] - at[s] if r > 0.0 else 0.0
+            for s, e, r in zip(starts, ends, residencies, strict=True)]
+
+
+def step_joules(delta: float, delta_1: float | None, half_tokens: float,
+                tokens_per_step: float) -> float:
+    """Weight streaming of one step: delta_1 at one token per step, tending to delta at many
+    (kernels that stream weights poorly at small batch), halfway at 1 + half_tokens."""
+    if delta_1 is None or half_tokens <= 0.0:
+        return delta
+    extra = max(tokens_per_step - 1.0, 0.0)
+    return delta + (delta_1 - delta) * half_tokens / (extra + half_tokens)
+
+
 def apportion(energy_j: float, interval_s: float, idle_power_w: float,
               rows: Sequence[WorkRow], alpha: float, beta: float, gamma: float = 0.0,
-              delta: float = 0.0) -> Apportionment:
+              delta: float = 0.0, *, delta_1: float | None = None,
+              delta_half_tokens: float = 0.0, instant: bool = False) -> Apportionment:
     """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
     if energy_j < 0.0 or not math.isfinite(energy_j):
         raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
     static = min(max(idle_power_w, 0.0) * interval_s, energy_j)
     dynamic = energy_j - static
-    # Exact sums (fsum) keep the split independent of row order.
-    res_total = math.fsum(map(_RES, rows))
-    decode_total = math.fsum(map(_DECODE, rows))
-    # Decode steps in the interval: a request decoding throughout emits one token per step.
-    steps = max(map(_DECODE, rows)) if decode_total > 0.0 else 0.0
-    beta_eff = beta + (delta * steps / decode_total if decode_total > 0.0 else 0.0)
-    work_total = (alpha * math.fsum(map(_PREFILL, rows)) + beta_eff * decode_total
-                  + gamma * math.fsum(map(_KV, rows)))
-    busy = busy_seconds(rows, interval_s) if res_total > 0.0 else 0.0
-    static_busy = static * (busy / interval_s) if res_total > 0.0 else 0.0
+    if not rows:
+        return Apportionment(energy_j, static, dynamic, energy_j, interval_s, ())
+    # Column-wise views: one C-level transpose instead of attribute access per row.
+    rids, _, pre, dec, res, start, kv = zip(*rows, strict=True)
+    res_total = math.fsum(res)
+    decode_total = math.fsum(dec)
+    own = [alpha * p + beta * d + gamma * k for p, d, k in zip(pre, dec, kv, strict=True)]
+    steps = max(dec) if decode_total > 0.0 else 0.0
+    step_j = 0.0
+    if steps > 0.0 and delta > 0.0:
+        tokens = (math.fsum(pre) + decode_total) / steps
+        step_j = step_joules(delta, delta_1, delta_half_tokens, tokens) * steps
+    if res_total > 0.0:
+        if instant:
+            weights: Sequence[float] = instant_weights(start, res, interval_s)
+            busy = min(math.fsum(weights), interval_s)
+        else:
+            weights = res
+            busy = busy_seconds(rows, interval_s)
+        w_total = math.fsum(weights)
+        if w_total > 0.0:
+            static_per_w = static * (busy / interval_s) / w_total
+            busy_per_w = busy / w_total
+        else:  # spans too short to measure
+            busy = static_per_w = busy_per_w = 0.0
+    else:
+        weights = res
+        busy = static_per_w = busy_per_w = 0.0
+    work = own
+    if step_j > 0.0:
+        if instant:
+            # Sequences decoding in the interval share its steps by their instant weights.
+            part = [w if o > 0.0 and d > 0.0 else 0.0
+                    for o, d, w in zip(own, dec, weights, strict=True)]
+            w_work = math.fsum(part)
+            if w_work > 0.0:
+                per_w = step_j / w_work
+                work = [o + q * per_w for o, q in zip(own, part, strict=True)]
+            else:
+                per_d = step_j / decode_total
+                work = [o + d * per_d for o, d in zip(own, dec, strict=True)]
+        else:
+            per_d = step_j / decode_total
+            work = [o + d * per_d for o, d in zip(own, dec, strict=True)]
+    work_total = math.fsum(work)
     if res_total <= 0.0 and work_total <= 0.0:
         idle = energy_j
     else:
-        idle = (static - static_busy) + (dynamic if work_total <= 0.0 else 0.0)
-    static_per_s = static_busy / res_total if res_total > 0.0 else 0.0
-    busy_per_s = busy / res_total if res_total > 0.0 else 0.0
+        idle = (static - static * (busy / interval_s)) + (dynamic if work_total <= 0.0 else 0.0)
     dyn_per_work = dynamic / work_total if work_total > 0.0 else 0.0
-    shares = []
-    for r in rows:
-        res = r.residency_s
-        w = alpha * r.prefill_tokens + beta_eff * r.decode_tokens + gamma * r.kv_tokens
-        if res <= 0.0 and w <= 0.0:
+    shares: list[Share] = []
+    append = shares.append
+    for rid, w, x in zip(rids, weights, work, strict=True):
+        if w <= 0.0 and x <= 0.0:
             continue
-        st = res * static_per_s
-        d = w * dyn_per_work
-        shares.append(Share(r.request_id, st + d, st, d, res * busy_per_s))
+        st = w * static_per_w
+        d = x * dyn_per_work
+        append(Share(rid, st + d, st, d, w * busy_per_w))
     return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
                          idle_s=interval_s - busy, shares=tuple(shares))
+
+
+def apportion_by(energy_j: float, interval_s: float, idle_power_w: float,
+                 rows: Sequence[WorkRow], c: Coefficients) -> Apportionment:
+    """The service's apportioning: coefficients of one engine/precision, instant sharing."""
+    return apportion(energy_j, interval_s, idle_power_w, rows, c.alpha, c.beta, c.gamma,
+                     c.delta, delta_1=c.delta_1, delta_half_tokens=c.delta_half_tokens,
+                     instant=True)

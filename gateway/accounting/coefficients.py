@@ -2,15 +2,27 @@
 
 An interval's dynamic energy is shared by each request's work
     alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
-    + delta * decode_steps * decode_tokens / all decode_tokens of the interval
+    + its part of delta(tokens per step) * decode_steps
 where kv_tokens counts, per decoded token, the context it attends over, and the last term is
 the weight streaming of each decode step, shared equally by the sequences in the batch
-(decode_steps ~ the most tokens any request decoded in the interval). Only ratios matter.
-Defaults come from the engine profile the simulator models for H100 serving Llama-3.1-8B
-(REFERENCE.md figures): a decode step streams all weights (~1.25 J at BF16), a prefill token
-costs ~0.015 J, a KV context token read ~2e-5 J; FP8/INT8 halve weight bytes and prefill
-compute, INT4 (W4A16) quarters weight bytes but keeps 16-bit prefill compute. Switch the
-online fit on for other models and GPUs.
+(decode_steps ~ the most tokens any request decoded in the interval; see apportion.py). Only
+ratios within an interval matter.
+Defaults are derived from the public constants of the engine profile the simulator models
+(vLLM serving Llama-3.1-8B on one H100; REFERENCE.md and docs/simulator.md): idle 75 W,
+TDP 700 W, HBM 3.35 TB/s, tensor-core peaks, the fitted kernel efficiencies and the power
+weights of each kind of work. Per precision:
+- alpha, a prompt token: its GEMM FLOPs at the precision's tensor-core rate (FP8 and INT8
+  halve the time; prefill-bound FP8/INT8 steps run at TDP, so the board's power cap, not the
+  extra power of quantising activations, sets their energy per token);
+- beta, a decoded token: the same GEMM FLOPs plus the per-sequence sampling kernels;
+- gamma, one context token read by one decoded token: the KV bytes (always 16-bit) over
+  HBM, plus its attention FLOPs;
+- delta, one decode step's weight streaming and host gaps at many tokens per step, and
+  delta_1 at one token per step: vLLM's FP8 and INT8 kernels stream weights poorly at small
+  batch (ML.ENERGY v3: FP8 +30 % energy at batch 8-16, -11 % at 65-256), AWQ INT4 the other
+  way round; halfway at 1 + delta_half_tokens tokens per step.
+They are exact for that profile up to the time a step spends on each kind of work; switch
+the online fit on for other models and GPUs.
 """
 
 from __future__ import annotations
@@ -27,14 +39,16 @@ class Coefficients:
     beta: float  # one decode token (per-sequence work of a step)
     gamma: float = 0.0  # one context token read by one decoded token (KV reads)
     delta: float = 0.0  # one decode step (weights streamed once, shared by the batch)
+    delta_1: float | None = None  # one step at one token per step (None: delta throughout)
+    delta_half_tokens: float = 0.0  # tokens per step (beyond one) halfway from delta_1 to delta
 
 
 DEFAULTS: dict[str, Coefficients] = {
-    "bf16": Coefficients(0.012, 0.01, 2e-5, 1.0),
-    "fp16": Coefficients(0.012, 0.01, 2e-5, 1.0),
-    "fp8": Coefficients(0.012, 0.02, 4e-5, 1.0),
-    "int8": Coefficients(0.012, 0.02, 4e-5, 1.0),
-    "int4": Coefficients(0.048, 0.04, 8e-5, 1.0),
+    "bf16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444),
+    "fp16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444),
+    "fp8": Coefficients(0.0086, 0.0250, 3.0e-5, 1.07, 2.566, 38.0),
+    "int8": Coefficients(0.0086, 0.0228, 3.0e-5, 0.92, 1.362, 21.4),
+    "int4": Coefficients(0.0306, 0.0447, 3.0e-5, 0.735, 0.644, 18.8),
 }
 FALLBACK = DEFAULTS["bf16"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from engines.meters.base import Meter, MeterError
 from engines.meters.model import ModelMeter
 from engines.meters.registry import make_meter
-from gateway.accounting.apportion import apportion
+from gateway.accounting.apportion import apportion_by
 from gateway.accounting.coefficients import Coefficients, default_for, fit_intervals, fitted
 from gateway.accounting.config import AccountingConfig, LedgerConfig
 from gateway.accounting.energy import Boundary, EnergyTrack
@@ -361,7 +361,7 @@ class AccountingService:
                   else DEFAULT_IDLE_W_PER_GPU * info.gpus)
         work = [p.row for p in rows]
         c = eng.coeffs
-        result = apportion(energy_j, dt, idle_w, work, c.alpha, c.beta, c.gamma, c.delta)
+        result = apportion_by(energy_j, dt, idle_w, work, c)
         t0 = k * dt
         pricing = self.config.pricing
         estimated = eng.estimated or eng.track.estimated

@@ -171,10 +171,11 @@ def test_apportioning_matches_simulator_ground_truth(tmp_path: Path) -> None:
         result = uvloop.run(run_accuracy(tmp_path, urls))
     s = summarise(result)
     assert s["final"] == s["sent"]
-    # The targets are median <= 5 % and p95 <= 15 %; on a shared 2-core machine this
-    # reaches ~7 % / ~22-25 % (docs/accounting.md, "Results"). These bounds guard against
-    # regressions; the per-tenant bound is the target itself.
-    assert s["median"] <= 0.10
-    assert s["p95"] <= 0.30
+    # The targets are median <= 5 % and p95 <= 15 % (docs/accounting.md, "Results").
+    # The median is met with margin (2.7-3.1 % over seven runs); p95 is 9.6-20.6 % on this
+    # shared 2-core machine, driven by short requests decoding through the prefill bursts at
+    # phase starts, so the p95 bound here guards against regressions rather than the target.
+    assert s["median"] <= 0.05
+    assert s["p95"] <= 0.25
     for got, want in s["tenants"].values():
         assert math.isclose(got, want, rel_tol=0.02)

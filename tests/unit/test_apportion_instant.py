@@ -1,0 +1,121 @@
+"""Property tests of the service's apportioning mode (`apportion_by`: instant sharing of static
+power and decode steps, a per-precision step cost): conservation, non-negativity, order
+independence, no dynamic share without token work."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.accounting.apportion import apportion, apportion_by, instant_weights, step_joules
+from gateway.accounting.coefficients import DEFAULTS, Coefficients
+from gateway.accounting.work import WorkRow
+
+DT = 1.0
+
+
+@st.composite
+def work_sets(draw: st.DrawFn) -> list[WorkRow]:
+    n = draw(st.integers(0, 24))
+    rows = []
+    for i in range(n):
+        res = draw(st.sampled_from([0.0, DT]) | st.floats(0.0, DT))
+        start = draw(st.floats(0.0, DT - res)) if res < DT else 0.0
+        prefill = draw(st.sampled_from([0.0]) | st.floats(0.0, 8192.0))
+        decode = draw(st.sampled_from([0.0]) | st.floats(0.0, 256.0))
+        kv = draw(st.sampled_from([0.0]) | st.floats(0.0, 1e6))
+        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start, kv))
+    return rows
+
+
+energies = st.sampled_from([0.0]) | st.floats(0.0, 5000.0) | st.floats(1e-6, 1e-3)
+idle_powers = st.floats(0.0, 1500.0)
+coefficients = st.sampled_from(sorted(DEFAULTS.values(), key=repr)) | st.builds(
+    Coefficients, st.floats(0.0, 0.1), st.floats(0.0, 0.1), st.floats(0.0, 1e-4),
+    st.floats(0.0, 3.0), st.none() | st.floats(0.0, 3.0), st.floats(0.0, 100.0))
+
+
+@settings(max_examples=100, deadline=None)
+@given(work_sets(), energies, idle_powers, coefficients)
+def test_instant_shares_plus_idle_equal_measured_energy_and_are_non_negative(
+        rows: list[WorkRow], energy: float, idle_w: float, c: Coefficients) -> None:
+    a = apportion_by(energy, DT, idle_w, rows, c)
+    total = math.fsum(s.energy_j for s in a.shares) + a.idle_j
+    assert total == pytest.approx(energy, rel=1e-9, abs=1e-12)
+    assert a.idle_j >= -1e-12 * max(1.0, energy)
+    for s in a.shares:
+        assert s.energy_j >= 0.0 and s.static_j >= 0.0 and s.dynamic_j >= 0.0
+        assert s.busy_s >= 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(work_sets(), energies, idle_powers, coefficients, st.randoms())
+def test_instant_shares_do_not_depend_on_request_order(
+        rows: list[WorkRow], energy: float, idle_w: float, c: Coefficients,
+        rnd: object) -> None:
+    shuffled = list(rows)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    a = apportion_by(energy, DT, idle_w, rows, c)
+    b = apportion_by(energy, DT, idle_w, shuffled, c)
+    assert {s.request_id: s for s in a.shares} == {s.request_id: s for s in b.shares}
+    assert a.idle_j == b.idle_j
+
+
+@settings(max_examples=100, deadline=None)
+@given(work_sets(), energies, idle_powers, coefficients)
+def test_instant_request_without_token_work_gets_no_dynamic_share(
+        rows: list[WorkRow], energy: float, idle_w: float, c: Coefficients) -> None:
+    a = apportion_by(energy, DT, idle_w, rows, c)
+    by_id = {s.request_id: s for s in a.shares}
+    for r in rows:
+        if c.alpha * r.prefill_tokens + c.beta * r.decode_tokens + c.gamma * r.kv_tokens == 0.0:
+            assert by_id.get(r.request_id) is None or by_id[r.request_id].dynamic_j == 0.0
+        if r.residency_s == 0.0 and r.request_id in by_id:
+            assert by_id[r.request_id].static_j == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(work_sets().filter(lambda rows: any(r.residency_s > 0.0 for r in rows)))
+def test_instant_weights_sum_to_the_busy_time(rows: list[WorkRow]) -> None:
+    w = instant_weights([r.start_s for r in rows], [r.residency_s for r in rows], DT)
+    spans = sorted((r.start_s, r.start_s + r.residency_s) for r in rows if r.residency_s > 0)
+    union, hi = 0.0, -1.0
+    for lo, end in spans:
+        union += max(0.0, end - max(lo, hi))
+        hi = max(hi, end)
+    assert math.fsum(w) == pytest.approx(union, rel=1e-9, abs=1e-12)
+    assert all(x >= 0.0 for x in w)
+
+
+def test_static_is_shared_equally_among_requests_resident_at_each_instant() -> None:
+    """a resident all second, b the first half: a pays 1/2 of the first half and all of the
+    second (0.75 of the static), b 0.25; by residency seconds it would be 2/3 and 1/3."""
+    rows = [WorkRow("a", 0, 0.0, 30.0, 1.0, 0.0), WorkRow("b", 0, 100.0, 0.0, 0.5, 0.0)]
+    inst = {s.request_id: s for s in apportion_by(100.0, DT, 40.0, rows, Coefficients(0.1, 1.0)).shares}
+    old = {s.request_id: s for s in apportion(100.0, DT, 40.0, rows, 0.1, 1.0).shares}
+    assert inst["a"].static_j == pytest.approx(30.0) and inst["b"].static_j == pytest.approx(10.0)
+    assert old["a"].static_j == pytest.approx(40.0 * 2 / 3)
+    assert inst["a"].busy_s == pytest.approx(0.75) and inst["b"].busy_s == pytest.approx(0.25)
+
+
+def test_decode_steps_go_to_the_sequences_resident_while_they_run() -> None:
+    """Two requests each decode 10 tokens; b stays alone for the second half, so it has
+    more of the steps' weight streaming than a (1/2 of the shared half plus all of its own)."""
+    rows = [WorkRow("a", 0, 0.0, 10.0, 0.5, 0.0), WorkRow("b", 0, 0.0, 10.0, 1.0, 0.0)]
+    c = Coefficients(0.0, 1e-12, 0.0, 1.0)
+    s = {x.request_id: x for x in apportion_by(100.0, DT, 0.0, rows, c).shares}
+    assert s["b"].dynamic_j == pytest.approx(75.0) and s["a"].dynamic_j == pytest.approx(25.0)
+
+
+def test_step_cost_falls_from_one_token_per_step_to_many() -> None:
+    fp8 = DEFAULTS["fp8"]
+    assert fp8.delta_1 is not None
+    assert step_joules(fp8.delta, fp8.delta_1, fp8.delta_half_tokens, 1.0) == fp8.delta_1
+    mid = step_joules(fp8.delta, fp8.delta_1, fp8.delta_half_tokens, 1.0 + fp8.delta_half_tokens)
+    assert mid == pytest.approx((fp8.delta + fp8.delta_1) / 2)
+    assert step_joules(fp8.delta, fp8.delta_1, fp8.delta_half_tokens, 1e9) == pytest.approx(
+        fp8.delta, rel=1e-6)
+    assert step_joules(1.4, None, 0.0, 64.0) == 1.4
