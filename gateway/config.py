@@ -146,7 +146,7 @@ def hash_key(key: str) -> str:
 # --- validation helpers -------------------------------------------------------------------
 
 
-class _Reader:
+class FieldReader:
     """Reads one mapping of the YAML tree, remembering its path for error messages."""
 
     def __init__(self, data: Any, path: str):
@@ -189,10 +189,10 @@ class _Reader:
             raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
         return float(value)
 
-    def opt_num(self, key: str) -> float | None:
+    def opt_number(self, key: str, *, inclusive: bool = False) -> float | None:
         if self.get(key) is None:
             return None
-        return self.number(key, None)
+        return self.number(key, None, inclusive=inclusive)
 
     def integer(self, key: str, default: int | None, *, minimum: int = 1) -> int:
         value = self.get(key, default)
@@ -208,8 +208,8 @@ class _Reader:
             raise ConfigError(self.at(key), "must be true or false")
         return value
 
-    def sub(self, key: str) -> _Reader:
-        return _Reader(self.get(key) or {}, self.at(key))
+    def sub(self, key: str) -> FieldReader:
+        return FieldReader(self.get(key) or {}, self.at(key))
 
     def items(self, key: str, *, required: bool = True) -> list[tuple[str, Any]]:
         value = self.get(key)
@@ -225,7 +225,7 @@ class _Reader:
             raise ConfigError(self.at(str(unknown[0])), "unknown field")
 
 
-def _secret_hash(r: _Reader, env: Mapping[str, str], prefix: str, *, required: bool) -> str:
+def _secret_hash(r: FieldReader, env: Mapping[str, str], prefix: str, *, required: bool) -> str:
     """A key given as `<prefix>_env` (env var name) or `<prefix>_sha256` (hex digest)."""
     env_name = r.get(f"{prefix}_env")
     digest = r.get(f"{prefix}_sha256")
@@ -251,7 +251,7 @@ def _secret_hash(r: _Reader, env: Mapping[str, str], prefix: str, *, required: b
     return ""
 
 
-def _precisions(r: _Reader, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+def _precisions(r: FieldReader, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
     value = r.get(key)
     if value is None:
         return default
@@ -264,7 +264,7 @@ def _precisions(r: _Reader, key: str, default: tuple[str, ...]) -> tuple[str, ..
 
 
 def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
-    r = _Reader(raw, path)
+    r = FieldReader(raw, path)
     url = r.text("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(r.at("url"), "must start with http:// or https://")
@@ -281,11 +281,11 @@ def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
     return ep
 
 
-def _models(root: _Reader) -> tuple[ModelPool, ...]:
+def _models(root: FieldReader) -> tuple[ModelPool, ...]:
     pools: list[ModelPool] = []
     seen_endpoints: set[str] = set()
     for path, raw in root.items("models"):
-        r = _Reader(raw, path)
+        r = FieldReader(raw, path)
         name = r.text("name")
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
@@ -301,28 +301,28 @@ def _models(root: _Reader) -> tuple[ModelPool, ...]:
     return tuple(pools)
 
 
-def _slo_classes(root: _Reader) -> tuple[SloClass, ...]:
+def _slo_classes(root: FieldReader) -> tuple[SloClass, ...]:
     raw = root.get("slo_classes") or {"default": {}}
     if not isinstance(raw, Mapping):
         raise ConfigError(root.at("slo_classes"), "must be a mapping of name -> limits")
     out = []
     for name, limits in raw.items():
-        r = _Reader(limits or {}, f"{root.at('slo_classes')}.{name}")
+        r = FieldReader(limits or {}, f"{root.at('slo_classes')}.{name}")
         out.append(
             SloClass(
-                name=str(name), ttft_s=r.opt_num("ttft_s"), tpot_s=r.opt_num("tpot_s"),
-                e2e_s=r.opt_num("e2e_s"),
+                name=str(name), ttft_s=r.opt_number("ttft_s"), tpot_s=r.opt_number("tpot_s"),
+                e2e_s=r.opt_number("e2e_s"),
             )
         )
         r.finish()
     return tuple(out)
 
 
-def _tenants(root: _Reader, env: Mapping[str, str], slo_names: set[str], default_slo: str
+def _tenants(root: FieldReader, env: Mapping[str, str], slo_names: set[str], default_slo: str
              ) -> tuple[Tenant, ...]:
     tenants: list[Tenant] = []
     for path, raw in root.items("tenants", required=False):
-        r = _Reader(raw, path)
+        r = FieldReader(raw, path)
         name = r.text("name")
         slo = r.text("slo_class", default_slo)
         if slo not in slo_names:
@@ -345,7 +345,7 @@ def _tenants(root: _Reader, env: Mapping[str, str], slo_names: set[str], default
     return tuple(tenants)
 
 
-def _accounting(root: _Reader, env: Mapping[str, str], base_dir: Path | None,
+def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None,
                 models: tuple[ModelPool, ...]) -> AccountingConfig | None:
     raw = root.get("accounting")
     if raw is None:
@@ -373,7 +373,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
     `base_dir` resolves relative file paths (CSV series, SQLite file) of the accounting section.
     """
     env = os.environ if env is None else env
-    root = _Reader(data if data is not None else {}, "")
+    root = FieldReader(data if data is not None else {}, "")
     lr = root.sub("listen")
     listen = Listen(host=lr.text("host", "127.0.0.1"), port=lr.integer("port", 8080, minimum=0))
     lr.finish()

@@ -34,81 +34,10 @@ from gateway.accounting.pricing import (
     Series,
     series_from_csv,
 )
+from gateway.config import FieldReader as _Reader
 from gateway.errors import ConfigError
 
 LEDGER_KINDS: tuple[str, ...] = ("sqlite", "postgres")
-
-
-class _Reader:
-    """One mapping of the YAML tree, with its field path for error messages."""
-
-    def __init__(self, data: Any, path: str):
-        if not isinstance(data, Mapping):
-            raise ConfigError(path, f"expected a mapping, got {type(data).__name__}")
-        self.data = data
-        self.path = path
-        self.used: set[str] = set()
-
-    def at(self, key: str) -> str:
-        return f"{self.path}.{key}"
-
-    def get(self, key: str) -> Any:
-        self.used.add(key)
-        return self.data.get(key)
-
-    def text(self, key: str, default: str | None = None) -> str:
-        value = self.get(key)
-        value = default if value is None else value
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.at(key), "is required" if value is None
-                              else "must be a non-empty string")
-        return value
-
-    def choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> str:
-        value = self.text(key, default)
-        if value not in allowed:
-            raise ConfigError(self.at(key), f"{value!r} is not one of {', '.join(allowed)}")
-        return value
-
-    def number(self, key: str, default: float | None, *, minimum: float = 0.0,
-               inclusive: bool = False) -> float:
-        """A number > minimum (>= minimum when inclusive)."""
-        value = self.get(key)
-        value = default if value is None else value
-        if value is None:
-            raise ConfigError(self.at(key), "is required")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(self.at(key), "must be a number")
-        if value < minimum or (value == minimum and not inclusive):
-            raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
-        return float(value)
-
-    def opt_number(self, key: str) -> float | None:
-        if self.get(key) is None:
-            return None
-        return self.number(key, None, inclusive=True)
-
-    def integer(self, key: str, default: int, *, minimum: int = 1) -> int:
-        value = self.get(key)
-        value = default if value is None else value
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(self.at(key), f"must be an integer >= {minimum}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.get(key)
-        value = default if value is None else value
-        if not isinstance(value, bool):
-            raise ConfigError(self.at(key), "must be true or false")
-        return value
-
-    def sub(self, key: str) -> _Reader:
-        return _Reader(self.get(key) or {}, self.at(key))
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            raise ConfigError(self.at(str(unknown[0])), "unknown field")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +138,7 @@ def _meter(r: _Reader) -> EngineMeterConfig:
         url = r.text("url").rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(r.at("url"), "must start with http:// or https://")
-    idle = r.opt_number("idle_power_w")
+    idle = r.opt_number("idle_power_w", inclusive=True)
     alpha, beta = r.get("alpha"), r.get("beta")
     coeffs = None
     if alpha is not None or beta is not None:
