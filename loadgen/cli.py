@@ -313,7 +313,7 @@ def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float) -> None
 
 
 @click.command()
-@click.option("--duration", "duration_s", type=float, default=30.0, show_default=True,
+@click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
               help="Seconds of load in all (half tenants, half precision arms).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True)

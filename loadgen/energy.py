@@ -174,6 +174,8 @@ class EnergyStats:
     usd_per_1k_tokens: float
     estimated: int  # how many came from a power model rather than a hardware counter
     not_final: int
+    carbon_g: float = 0.0  # the group's bill: grams CO2e and USD in all
+    cost_usd: float = 0.0
 
 
 def energy_stats(name: str, rows: Iterable[EnergyRow]) -> EnergyStats | None:
@@ -188,7 +190,8 @@ def energy_stats(name: str, rows: Iterable[EnergyRow]) -> EnergyStats | None:
         j_per_request=e / len(rs), j_per_output_token=e / out if out else float("nan"),
         carbon_g_per_1k_tokens=1000 * sum(r.carbon_g for r in rs) / total if total else 0.0,
         usd_per_1k_tokens=1000 * sum(r.cost_usd for r in rs) / total if total else 0.0,
-        estimated=sum(1 for r in rs if r.estimated), not_final=sum(1 for r in rs if not r.final))
+        estimated=sum(1 for r in rs if r.estimated), not_final=sum(1 for r in rs if not r.final),
+        carbon_g=sum(r.carbon_g for r in rs), cost_usd=sum(r.cost_usd for r in rs))
 
 
 def group_energy(fetch: EnergyFetch, results: Sequence[RequestResult], by: str

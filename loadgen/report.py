@@ -47,8 +47,8 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
               quality: dict[str, float] | None = None) -> str:
     """One row per run (arm): latency from intended arrival, goodput, energy."""
     header = ["arm", "sent", "ok", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-              "E2E p50", "lag p99", "goodput", "attain", "J/req", "J/out-tok", "gCO2e/1k",
-              "USD/1k"]
+              "E2E p50", "lag p99", "goodput", "attain", "J/req", "J/out-tok", "gCO2e/1M tok",
+              "USD/1M tok"]
     rows = []
     for o in outcomes:
         s, e = o.summary, o.energy_overall
@@ -59,8 +59,8 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
                      _num(s.goodput_rps), _num(s.attainment, "{:.1%}"),
                      _num(e.j_per_request if e else None, "{:.1f}"),
                      _num(e.j_per_output_token if e else None, "{:.3f}"),
-                     _num(e.carbon_g_per_1k_tokens if e else None, "{:.3f}"),
-                     _num(e.usd_per_1k_tokens if e else None, "{:.5f}")])
+                     _num(e.carbon_g_per_1k_tokens * 1e3 if e else None, "{:.1f}"),
+                     _num(e.usd_per_1k_tokens * 1e3 if e else None, "{:.3f}")])
     text = "latency in ms, measured from intended arrival\n" + _table(header, rows)
     notes = [f"{o.label or 'run'}: {o.summary.grading_note}" for o in outcomes]
     notes += [f"{o.label or 'run'}: energy {o.energy_note}" for o in outcomes if o.energy_note]
@@ -91,10 +91,11 @@ def tenant_table(o: RunOutcome) -> str:
         rows.append([g.name, g.slo, str(g.sent), str(g.ok), _ms(g.ttft_s.p50), _ms(g.ttft_s.p99),
                      _ms(g.tpot_s.p50), _num(g.goodput_rps), _num(g.attainment, "{:.1%}"),
                      _num(e.energy_j if e else None, "{:.1f}"),
-                     _num(e.j_per_output_token if e else None, "{:.3f}"),
-                     _num(e.usd_per_1k_tokens if e else None, "{:.5f}")])
+                     _num(e.carbon_g if e else None, "{:.4f}"),
+                     _num(e.cost_usd if e else None, "{:.6f}"),
+                     _num(e.j_per_output_token if e else None, "{:.3f}")])
     return _table(["tenant", "slo class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50",
-                   "goodput", "attain", "energy J", "J/out-tok", "USD/1k"], rows)
+                   "goodput", "attain", "energy J", "gCO2e", "USD", "J/out-tok"], rows)
 
 
 def class_table(o: RunOutcome) -> str:
