@@ -98,10 +98,27 @@ def build_agent_app(source: Source) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def metrics(_: web.Request) -> web.Response:
+        """Prometheus text: each GPU's cumulative energy counter, for the ServiceMonitor."""
+        try:
+            gpus = source()[1]
+        except MeterError:
+            return web.Response(status=503, text="# energy counters unavailable\n")
+        return web.Response(text=prometheus_text(gpus),
+                            content_type="text/plain", charset="utf-8")
+
     app = web.Application()
     app.router.add_get("/v1/energy", energy)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
     return app
+
+
+def prometheus_text(gpus: Sequence[tuple[int, float]]) -> str:
+    lines = ["# HELP wattgate_agent_gpu_energy_joules_total GPU energy counter (monotonic)",
+             "# TYPE wattgate_agent_gpu_energy_joules_total counter"]
+    lines += [f'wattgate_agent_gpu_energy_joules_total{{gpu="{i}"}} {e!r}' for i, e in gpus]
+    return "\n".join(lines) + "\n"
 
 
 def _dumps(obj: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -88,7 +89,11 @@ def _live_metrics_text() -> str:
     async def scrape() -> str:
         async with fake_engine(FakeEngine(tokens=5, ttft_s=0.01, itl_s=0.002, model="m")) as eng:
             endpoint = {"name": "e1", "url": eng.url, "kind": "vllm", "precision": "bf16"}
-            async with running_gateway(make_config([endpoint])) as gw, aiohttp.ClientSession() as s:
+            ledger = Path(tempfile.mkdtemp(prefix="wattgate-dash-")) / "ledger.db"
+            accounting = {"ledger": {"kind": "sqlite", "path": str(ledger)},
+                          "meters": {"e1": {"kind": "model"}}}
+            async with running_gateway(make_config([endpoint], accounting=accounting)) as gw, \
+                    aiohttp.ClientSession() as s:
                 body = {"model": "m", "stream": True, "max_tokens": 5,
                         "messages": [{"role": "user", "content": "hi"}]}
                 headers = {"Authorization": f"Bearer {KEY_A}"}

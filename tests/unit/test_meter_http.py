@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -119,3 +120,18 @@ async def test_model_meter_is_estimated_and_follows_token_work() -> None:
     reading = await meter.read()
     assert reading.estimated
     assert reading.total_j == pytest.approx(200 + 2)
+
+
+async def test_agent_metrics_expose_each_gpu_counter_in_prometheus_text() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engines.meters.agent import build_agent_app
+    from tests.support.fake_engine import serving
+
+    app = build_agent_app(lambda: (1.0, [(0, 12.5), (1, 3.0)]))
+    async with serving(app) as port, aiohttp.ClientSession() as s, \
+            s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    samples = {s.labels["gpu"]: s.value for s in fams["wattgate_agent_gpu_energy_joules"].samples}
+    assert samples == {"0": 12.5, "1": 3.0}
