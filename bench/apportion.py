@@ -5,9 +5,10 @@
 
 Throughput covers the pure pipeline the apportioner runs for each request: spreading the
 record over the interval grid (work rows), grouping rows per (engine, interval), and
-apportioning every interval. The ledger round trip is not included (it is batched and off
-the loop). Both CPU time of this process (per core; the machine may be shared) and wall time
-are reported. `record()` is timed on a service whose ledger does nothing.
+apportioning every interval as the service does (`apportion_by`, default BF16 coefficients:
+instant sharing of static power and decode steps). The ledger round trip is not included
+(it is batched and off the loop). Both CPU time of this process (per core; the machine may
+be shared) and wall time are reported. `record()` is timed on a service whose ledger does nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.apportion import apportion
+from gateway.accounting.apportion import apportion_by
+from gateway.accounting.coefficients import default_for
 from gateway.accounting.config import AccountingConfig
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.accounting.work import WorkRow, work_rows
@@ -65,8 +67,9 @@ def pipeline(records: list[RequestRecord], interval_s: float) -> tuple[int, int]
         for row in work_rows(rec, interval_s):
             by_key.setdefault((rec.engine, row.interval_idx), []).append(row)
             rows += 1
+    coefficients = default_for("bf16")
     for work in by_key.values():
-        apportion(400.0, interval_s, 90.0, work, 0.033, 1.0)
+        apportion_by(400.0, interval_s, 90.0, work, coefficients)
     return rows, len(by_key)
 
 

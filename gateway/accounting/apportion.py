@@ -54,6 +54,7 @@ class Apportionment:
 _START = itemgetter(5)
 _RES = itemgetter(4)
 _FULL = 1.0 - 1e-12  # a span this close to the whole interval covers it
+_new_share = tuple.__new__  # builds a Share without the NamedTuple's Python-level __new__
 
 
 def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
@@ -83,28 +84,37 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
     """Per span, the integral over it of 1/n(t) (n(t): spans covering t). They sum to the
     length of the union of the spans. Depends only on the set of spans, not their order."""
     n = len(starts)
-    if min(residencies) >= interval_s * _FULL:
-        return [interval_s / n] * n  # everyone resident all along
-    ends = list(map(add, starts, residencies))
-    lo_sorted = sorted(s for s, r in zip(starts, residencies, strict=True) if r > 0.0)
-    hi_sorted = sorted(e for e, r in zip(ends, residencies, strict=True) if r > 0.0)
-    bounds = sorted(set(lo_sorted).union(hi_sorted))
+    full = interval_s * _FULL
+    partial = [(lo, lo + r) for lo, r in zip(starts, residencies, strict=True)
+               if 0.0 < r < full]
+    base = sum(r >= full for r in residencies)  # spans covering the whole interval
+    if not partial:
+        return [interval_s / base if r >= full else 0.0 for r in residencies] if base else [0.0] * n
+    # Spans covering the whole interval are a constant `base` in n(t): only the partial spans'
+    # ends (and the interval's, for the full spans) are breakpoints of the sweep.
+    lo_sorted = sorted(lo for lo, _ in partial)
+    hi_sorted = sorted(hi for _, hi in partial)
+    points = {*lo_sorted, *hi_sorted}
+    if base:
+        points.update((0.0, interval_s))
+    bounds = sorted(points)
     at: dict[float, float] = {}  # integral of 1/n from the first bound to each bound
     m = len(lo_sorted)
     acc = 0.0
     i = j = 0
-    prev = bounds[0] if bounds else 0.0
-    for b in bounds:
-        if i > j:
-            acc += (b - prev) / (i - j)
-        at[b] = acc
-        while i < m and lo_sorted[i] <= b:
+    prev = bounds[0]
+    for x in bounds:
+        if i > j or base:
+            acc += (x - prev) / (base + i - j)
+        at[x] = acc
+        while i < m and lo_sorted[i] <= x:
             i += 1
-        while j < m and hi_sorted[j] <= b:
+        while j < m and hi_sorted[j] <= x:
             j += 1
-        prev = b
-    return [at[e] - at[s] if r > 0.0 else 0.0
-            for s, e, r in zip(starts, ends, residencies, strict=True)]
+        prev = x
+    whole = at[interval_s] - at[0.0] if base else 0.0
+    return [whole if r >= full else (at[lo + r] - at[lo] if r > 0.0 else 0.0)
+            for lo, r in zip(starts, residencies, strict=True)]
 
 
 def step_joules(delta: float, delta_1: float | None, half_tokens: float,
@@ -156,34 +166,31 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         busy = static_per_w = busy_per_w = 0.0
     work = own
     if step_j > 0.0:
-        if instant:
-            # Sequences decoding in the interval share its steps by their instant weights.
-            part = [w if o > 0.0 and d > 0.0 else 0.0
-                    for o, d, w in zip(own, dec, weights, strict=True)]
-            w_work = math.fsum(part)
-            if w_work > 0.0:
-                per_w = step_j / w_work
-                work = [o + q * per_w for o, q in zip(own, part, strict=True)]
-            else:
-                per_d = step_j / decode_total
-                work = [o + d * per_d for o, d in zip(own, dec, strict=True)]
-        else:
-            per_d = step_j / decode_total
-            work = [o + d * per_d for o, d in zip(own, dec, strict=True)]
+        # The steps go to sequences that decoded with token work of their own: with `instant`
+        # by their instant weights (spans too short to weigh: by decode tokens), else by
+        # decode tokens.
+        part = ([w if o > 0.0 and d > 0.0 else 0.0
+                 for o, d, w in zip(own, dec, weights, strict=True)] if instant else [])
+        part_total = math.fsum(part)
+        if part_total <= 0.0:
+            part = [d if o > 0.0 else 0.0 for o, d in zip(own, dec, strict=True)]
+            part_total = math.fsum(part)
+        if part_total > 0.0:
+            per_part = step_j / part_total
+            work = [o + q * per_part for o, q in zip(own, part, strict=True)]
     work_total = math.fsum(work)
     if res_total <= 0.0 and work_total <= 0.0:
         idle = energy_j
     else:
         idle = (static - static * (busy / interval_s)) + (dynamic if work_total <= 0.0 else 0.0)
     dyn_per_work = dynamic / work_total if work_total > 0.0 else 0.0
-    shares: list[Share] = []
-    append = shares.append
-    for rid, w, x in zip(rids, weights, work, strict=True):
-        if w <= 0.0 and x <= 0.0:
-            continue
-        st = w * static_per_w
-        d = x * dyn_per_work
-        append(Share(rid, st + d, st, d, w * busy_per_w))
+    if math.isinf(dyn_per_work):  # subnormal work: its reciprocal overflows, so rescale it
+        top = max(work)
+        work = [x / top for x in work]
+        dyn_per_work = dynamic / math.fsum(work)
+    sp, dp = static_per_w, dyn_per_work
+    shares = [_new_share(Share, (rid, w * sp + x * dp, w * sp, x * dp, w * busy_per_w))
+              for rid, w, x in zip(rids, weights, work, strict=True) if w > 0.0 or x > 0.0]
     return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
                          idle_s=interval_s - busy, shares=tuple(shares))
 

@@ -90,10 +90,15 @@ def _events_per_interval(reads: tuple[tuple[float, int], ...], wall_offset_s: fl
     hottest loop). Events are conserved even if reads arrive out of order."""
     if not reads:
         return {}
+    total = sum(map(_second, reads))
+    k_first = math.floor((reads[0][0] + wall_offset_s) / interval_s)
+    k_last = math.floor((reads[-1][0] + wall_offset_s) / interval_s)
+    if k_first == k_last:
+        return {k_first: total} if total > 0 else {}
     times = list(map(_first, reads))
-    cum = list(accumulate(map(_second, reads)))
-    k_first = math.floor((times[0] + wall_offset_s) / interval_s)
-    k_last = math.floor((times[-1] + wall_offset_s) / interval_s)
+    # One event per read (the usual case): prefix sums are the indices themselves.
+    cum: list[int] | range = (range(1, len(reads) + 1) if total == len(reads)
+                              else list(accumulate(map(_second, reads))))
     out: dict[int, int] = {}
     prev = 0
     for k in range(k_first, k_last):
@@ -102,9 +107,12 @@ def _events_per_interval(reads: tuple[tuple[float, int], ...], wall_offset_s: fl
         if c > prev:
             out[k] = c - prev
             prev = c
-    if cum[-1] > prev:
-        out[k_last] = out.get(k_last, 0) + cum[-1] - prev
+    if total > prev:
+        out[k_last] = out.get(k_last, 0) + total - prev
     return out
+
+
+_new_row = tuple.__new__  # builds a WorkRow without the Python-level NamedTuple __new__
 
 
 def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S
@@ -114,47 +122,111 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
     t_disp = rec.dispatched_s + off
-    t_end = max(t_disp, rec.finished_s + off)
+    t_end = rec.finished_s + off
+    if t_end < t_disp:
+        t_end = t_disp
+    prompt = float(rec.prompt_tokens)
     prefill: dict[int, float] = {}
-    decode: dict[int, float] = {}
-    if rec.first_token_s is not None:
-        t_first = rec.first_token_s + off
+    first = rec.first_token_s
+    if first is not None:
+        t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
         # busy: the request is resident, and prefilling, only near its end.
-        t_disp = min(max(t_disp, t_first - prefill_s), t_end)
-        spread(float(rec.prompt_tokens), t_disp, t_first, interval_s, prefill)
-    else:
-        spread(float(rec.prompt_tokens), t_disp, t_disp, interval_s, prefill)
-    events = _events_per_interval(rec.reads, off, interval_s)
-    n_events = sum(events.values())
-    if rec.completion_tokens and n_events:
-        per_event = rec.completion_tokens / n_events
-        decode = {k: n * per_event for k, n in events.items()}
-    elif rec.completion_tokens:
-        spread(float(rec.completion_tokens), t_disp, t_end, interval_s, decode)
+        if t_first - prefill_s > t_disp:
+            t_disp = t_first - prefill_s
+        if t_disp > t_end:
+            t_disp = t_end
+        if prompt:
+            k = math.floor(t_disp / interval_s)
+            if t_first <= t_disp or math.floor(t_first / interval_s) == k:
+                prefill[k] = prompt  # the usual case: the prefill lies in one interval
+            else:
+                spread(prompt, t_disp, t_first, interval_s, prefill)
+    elif prompt:
+        prefill[math.floor(t_disp / interval_s)] = prompt
+    completion = rec.completion_tokens
+    reads = rec.reads
+    k_first = math.floor(t_disp / interval_s)
+    k_last = math.floor(t_end / interval_s)
+    if (completion and reads and len(prefill) <= 1 and min(prefill, default=k_first) >= k_first
+            and math.floor((reads[0][0] + off) / interval_s) >= k_first
+            and math.floor((reads[-1][0] + off) / interval_s) <= k_last
+            and (total := sum(map(_second, reads)))):
+        return _streamed_rows(rec.request_id, reads, total, off, completion, prompt, prefill,
+                              t_disp, t_end, k_first, k_last, interval_s)
+    decode: dict[int, float] = {}
+    if completion:
+        events = _events_per_interval(reads, off, interval_s)
+        n_events = sum(events.values())
+        if n_events:
+            per_event = completion / n_events
+            decode = {k: n * per_event for k, n in events.items()}
+        else:
+            spread(float(completion), t_disp, t_end, interval_s, decode)
     kv: dict[int, float] = {}
     done = 0.0
     for k in sorted(decode):
         d = decode[k]
-        kv[k] = d * (rec.prompt_tokens + done + d / 2.0)
+        kv[k] = d * (prompt + done + d / 2.0)
         done += d
-    rows = []
+    rows: list[WorkRow] = []
+    append = rows.append
     rid = rec.request_id
-    k_first = math.floor(t_disp / interval_s)
-    k_last = math.floor(t_end / interval_s)
+    get_p, get_d, get_kv = prefill.get, decode.get, kv.get
     for k in range(k_first, k_last + 1):
         lo = k * interval_s
         start = t_disp if t_disp > lo else lo
         hi = lo + interval_s
         res = (t_end if t_end < hi else hi) - start
-        p = prefill.get(k, 0.0)
-        d = decode.get(k, 0.0)
+        p = get_p(k, 0.0)
+        d = get_d(k, 0.0)
         if res > 0.0:
-            rows.append(WorkRow(rid, k, p, d, res, start - lo, kv.get(k, 0.0)))
+            append(_new_row(WorkRow, (rid, k, p, d, res, start - lo, get_kv(k, 0.0))))
         elif p or d:
-            rows.append(WorkRow(rid, k, p, d, 0.0, 0.0, kv.get(k, 0.0)))
+            append(_new_row(WorkRow, (rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0))))
     # Token events stamped outside dispatched..finished (clock skew) still count.
-    for k in sorted((set(prefill) | set(decode)) - set(range(k_first, k_last + 1))):
-        rows.append(WorkRow(rid, k, prefill.get(k, 0.0), decode.get(k, 0.0), 0.0, 0.0,
-                            kv.get(k, 0.0)))
+    outside = [k for k in (*prefill, *decode) if k < k_first or k > k_last]
+    for k in sorted(set(outside)):
+        append(_new_row(WorkRow, (rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0,
+                                  get_kv(k, 0.0))))
+    return rows
+
+
+def _streamed_rows(rid: str, reads: tuple[tuple[float, int], ...], total: int, off: float,
+                   completion: int, prompt: float, prefill: dict[int, float], t_disp: float,
+                   t_end: float, k_first: int, k_last: int, interval_s: float) -> list[WorkRow]:
+    """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
+    the prefill all inside the residency span. Same rows as the general path."""
+    per_event = completion / total
+    # One event per read (the usual case): prefix sums are the indices themselves.
+    times = list(map(_first, reads))
+    cum: list[int] | range = (range(1, len(reads) + 1) if total == len(reads)
+                              else list(accumulate(map(_second, reads))))
+    k_p, p_tokens = next(iter(prefill.items())) if prefill else (k_first - 1, 0.0)
+    rows: list[WorkRow] = []
+    append = rows.append
+    done = 0.0
+    prev = 0
+    for k in range(k_first, k_last + 1):
+        lo = k * interval_s
+        hi = lo + interval_s
+        if k < k_last:
+            i = bisect_left(times, hi - off)
+            c = cum[i - 1] if i else 0
+        else:
+            c = total
+        d = 0.0
+        kv = 0.0
+        if c > prev:
+            d = (c - prev) * per_event
+            kv = d * (prompt + done + d / 2.0)
+            done += d
+            prev = c
+        p = p_tokens if k == k_p else 0.0
+        start = t_disp if t_disp > lo else lo
+        res = (t_end if t_end < hi else hi) - start
+        if res > 0.0:
+            append(_new_row(WorkRow, (rid, k, p, d, res, start - lo, kv)))
+        elif p or d:
+            append(_new_row(WorkRow, (rid, k, p, d, 0.0, 0.0, kv)))
     return rows
