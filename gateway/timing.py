@@ -15,15 +15,10 @@ All times are seconds on one monotonic clock.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.config import SloClass
-
-
-def ttft_s(start_s: float, first_token_s: float | None) -> float | None:
-    return None if first_token_s is None else first_token_s - start_s
 
 
 def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_tokens: int
@@ -34,24 +29,11 @@ def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_t
     return (last_token_s - first_token_s) / (completion_tokens - 1)
 
 
-def itl_gaps_s(event_times_s: Sequence[float]) -> list[float]:
-    """Gaps between consecutive token-bearing events (one timestamp per event)."""
-    return [b - a for a, b in itertools.pairwise(event_times_s)]
-
-
 def tokens_per_event(completion_tokens: int, events: int) -> float:
     """Mean tokens carried by each event after the first (>= 1 for a sane stream)."""
     if events < 2 or completion_tokens < 2:
         return 1.0
     return max(1.0, (completion_tokens - 1) / (events - 1))
-
-
-def expand_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
-    """Per-event timestamps from per-read (timestamp, token events in that read) pairs."""
-    out: list[float] = []
-    for t, n in reads:
-        out.extend([t] * n)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +49,7 @@ class Latency:
 
 def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
     """ITL gaps straight from per-read (timestamp, events) pairs: the first event of a read is
-    `t - previous read`, the others in the same read are 0 (same as `itl_gaps_s(expand_reads(r))`)."""
+    `t - previous read`, the others in the same read are 0 (the per-event definition)."""
     out: list[float] = []
     prev: float | None = None
     for t, n in reads:
@@ -111,12 +93,3 @@ def slo_met(slo: SloClass, lat: Latency, ok: bool) -> bool:
     if slo.tpot_s is not None and lat.tpot_s is not None and lat.tpot_s > slo.tpot_s:
         return False
     return not (slo.e2e_s is not None and (lat.e2e_s is None or lat.e2e_s > slo.e2e_s))
-
-
-def goodput(met_flags: Sequence[bool], duration_s: float) -> tuple[float, float]:
-    """(goodput req/s, attainment) over all requests sent, errors included (DistServe)."""
-    if not met_flags:
-        return 0.0, 0.0
-    good = sum(1 for m in met_flags if m)
-    rate = good / duration_s if duration_s > 0 else 0.0
-    return rate, good / len(met_flags)
