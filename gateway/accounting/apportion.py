@@ -11,12 +11,14 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   second than one that left when it was full.
 - dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
   (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
-  delta(tokens per step) * steps. Steps are estimated as the most tokens any request decoded
-  in the interval. Without `instant` the steps' energy is shared by decode tokens; with it,
-  like static: equally among the requests with token work resident at each instant (every
-  sequence in a step shares that step's weight reads). A request that did no token work gets
-  no dynamic share. An interval with residency but no token work sends its dynamic energy to
-  the idle account, and an interval with no request sends all of dE there.
+  delta(tokens per step) for each step. Steps are estimated as the most tokens any request
+  decoded in the interval; each carries decode/steps tokens, and one per request prefilling
+  in the interval also carries that prompt. Without `instant` the steps' energy is shared by
+  decode tokens; with it, by the instant weights of the requests that decoded in the
+  interval (every sequence in a step shares that step's weight reads). A request that
+  did no token work gets no dynamic share. An interval with residency but no token work sends
+  its dynamic energy to the idle account, and an interval with no request sends all of dE
+  there.
 Sums use math.fsum over values that do not depend on the order of the rows, so neither does
 the result, and sum(shares) + idle == dE up to one rounding per share.
 """
@@ -146,8 +148,15 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     steps = max(dec) if decode_total > 0.0 else 0.0
     step_j = 0.0
     if steps > 0.0 and delta > 0.0:
-        tokens = (math.fsum(pre) + decode_total) / steps
-        step_j = step_joules(delta, delta_1, delta_half_tokens, tokens) * steps
+        # Decode steps carry `batch` tokens; the prefills ride in about one step each
+        # (rows with prompt tokens, at most `steps`), which their tokens make cheaper per
+        # token for kernels that stream weights better with more tokens per step.
+        batch = decode_total / steps
+        n_pf = min(float(sum(p > 0.0 for p in pre)), steps)
+        step_j = (steps - n_pf) * step_joules(delta, delta_1, delta_half_tokens, batch)
+        if n_pf:
+            step_j += n_pf * step_joules(delta, delta_1, delta_half_tokens,
+                                         batch + math.fsum(pre) / n_pf)
     if res_total > 0.0:
         if instant:
             weights: Sequence[float] = instant_weights(start, res, interval_s)
