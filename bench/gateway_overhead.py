@@ -44,7 +44,7 @@ from bench.overhead.targets import (
     nginx_bin,
 )
 
-PROXIES = ("wattgate", "nginx", "vllm-router", "aiohttp-naive")
+PROXIES = ("wattgate", "wattgate-noacct", "nginx", "vllm-router", "aiohttp-naive")
 RESULTS = REPO / "bench" / "results"
 TOKEN_EVENT = b'"text":" tok"'
 

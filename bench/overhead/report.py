@@ -46,7 +46,7 @@ def summarise(raw: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "requests": sum(r["requests"] for r in runs),
         })
     order = {m: i for i, m in enumerate(MODES)}
-    targets = ["direct", "wattgate", "aiohttp-naive", "nginx", "vllm-router"]
+    targets = ["direct", "wattgate", "wattgate-noacct", "aiohttp-naive", "nginx", "vllm-router"]
     rows.sort(key=lambda x: (order.get(x["mode"], 99), x["connections"],
                              targets.index(x["target"]) if x["target"] in targets else 99))
     return rows

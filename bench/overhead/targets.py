@@ -164,8 +164,13 @@ def start_engine(fleet: Fleet, binary: Path) -> str:
     return url
 
 
-def _gateway_config(engine_url: str, port: int) -> str:
+def _gateway_config(engine_url: str, port: int, ledger: Path | None) -> str:
+    """The benchmarked gateway; with a ledger path, accounting is on as shipped (the fast
+    engine has no energy counter, so its meter is the estimated `model` one)."""
     digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    acct_field = "" if ledger is None else (
+        f',\n  "accounting": {{"ledger": {{"kind": "sqlite", "path": "{ledger}"}}, '
+        f'"meters": {{"fast": {{"kind": "model"}}}}}}')
     # JSON is YAML: the gateway's loader reads it as is.
     return f"""{{
   "listen": {{"host": "127.0.0.1", "port": {port}}},
@@ -176,21 +181,29 @@ def _gateway_config(engine_url: str, port: int) -> str:
   "models": [{{"name": "m", "endpoints": [
      {{"name": "fast", "url": "{engine_url}", "kind": "openai", "precision": "bf16"}}]}}],
   "health": {{"interval_s": 2, "timeout_s": 1, "scrape_metrics": false}},
-  "timeouts": {{"connect_s": 2, "first_byte_s": 10, "read_s": 10, "total_s": 30}}
+  "timeouts": {{"connect_s": 2, "first_byte_s": 10, "read_s": 10, "total_s": 30}}{acct_field}
 }}
 """
 
 
 def start_wattgate(fleet: Fleet, engine_url: str) -> Target:
+    return _start_wattgate(fleet, engine_url, fleet.workdir / "ledger.db", "wattgate")
+
+
+def start_wattgate_noacct(fleet: Fleet, engine_url: str) -> Target:
+    return _start_wattgate(fleet, engine_url, None, "wattgate-noacct")
+
+
+def _start_wattgate(fleet: Fleet, engine_url: str, ledger: Path | None, name: str) -> Target:
     port = free_port()
-    cfg = fleet.workdir / "wattgate.yaml"
-    cfg.write_text(_gateway_config(engine_url, port))
-    proc = fleet.spawn("wattgate", [sys.executable, "-m", "wattgate_cli", "serve", "--config",
+    cfg = fleet.workdir / f"{name}.yaml"
+    cfg.write_text(_gateway_config(engine_url, port, ledger))
+    proc = fleet.spawn(name, [sys.executable, "-m", "wattgate_cli", "serve", "--config",
                                     str(cfg), "--port", str(port), "--log-level", "warning"],
                        PROXY_CORE)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/readyz", proc, 60)
-    return Target("wattgate", url, proc, process_tree(proc.pid))
+    return Target(name, url, proc, process_tree(proc.pid))
 
 
 NGINX_CONF = """\
@@ -265,7 +278,8 @@ def fleet(workdir: Path, names: Sequence[str]) -> Iterator[list[Target]]:
         log(f"fast engine on {engine_url} (core {ENGINE_CORE})")
         engine_pids = process_tree(f.procs[0].pid)
         targets = [Target("direct", engine_url, None, engine_pids)]
-        starters = {"wattgate": start_wattgate, "nginx": start_nginx,
+        starters = {"wattgate": start_wattgate, "wattgate-noacct": start_wattgate_noacct,
+                    "nginx": start_nginx,
                     "vllm-router": start_vllm_router, "aiohttp-naive": start_aiohttp_naive}
         for name in names:
             target = starters[name](f, engine_url)
