@@ -152,7 +152,7 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         # (rows with prompt tokens, at most `steps`), which their tokens make cheaper per
         # token for kernels that stream weights better with more tokens per step.
         batch = decode_total / steps
-        n_pf = min(float(sum(p > 0.0 for p in pre)), steps)
+        n_pf = min(float(len(pre) - pre.count(0.0)), steps)  # token counts are >= 0
         step_j = (steps - n_pf) * step_joules(delta, delta_1, delta_half_tokens, batch)
         if n_pf:
             step_j += n_pf * step_joules(delta, delta_1, delta_half_tokens,
