@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from engines.meters.base import EnergyReading, MeterError, ResetTracker, pick_gpus
+from engines.meters.httpjson import fetch
 
 METRIC = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 _GPU_LABEL = re.compile(r'(?:^|[{,])\s*gpu="(\d+)"')
@@ -59,13 +60,8 @@ class DcgmMeter:
     async def read(self) -> EnergyReading:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        try:
-            async with self._session.get(self.url, timeout=self._timeout) as resp:
-                if resp.status != 200:
-                    raise MeterError(f"dcgm: GET {self.url} -> HTTP {resp.status}")
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise MeterError(f"dcgm: GET {self.url} failed: {exc!r}") from None
+        text = (await fetch(self._session, self.url, self._timeout, "dcgm")).decode(
+            "utf-8", "replace")
         raw = pick_gpus(parse_dcgm(text), self.gpus, "dcgm")
         return EnergyReading(timestamp_s=self._clock(), energy_j=self._tracker.update(raw),
                              resets=self._tracker.resets)

@@ -34,6 +34,18 @@ def parse_energy_doc(body: bytes, source: str) -> tuple[float | None, dict[int, 
         raise MeterError(f"{source}: bad energy document: {exc!r}") from None
 
 
+
+async def fetch(session: aiohttp.ClientSession, url: str, client_timeout: aiohttp.ClientTimeout,
+                kind: str) -> bytes:
+    """GET `url`; any failure or non-200 answer is a MeterError naming the meter kind."""
+    try:
+        async with session.get(url, timeout=client_timeout) as resp:
+            if resp.status != 200:
+                raise MeterError(f"{kind}: GET {url} -> HTTP {resp.status}")
+            return await resp.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise MeterError(f"{kind}: GET {url} failed: {exc!r}") from None
+
 class HttpJsonMeter:
     """GET `url + path`; the document's own timestamp is used when present."""
 
@@ -54,13 +66,7 @@ class HttpJsonMeter:
     async def read(self) -> EnergyReading:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        try:
-            async with self._session.get(self.url, timeout=self._timeout) as resp:
-                if resp.status != 200:
-                    raise MeterError(f"{self.kind}: GET {self.url} -> HTTP {resp.status}")
-                body = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise MeterError(f"{self.kind}: GET {self.url} failed: {exc!r}") from None
+        body = await fetch(self._session, self.url, self._timeout, self.kind)
         ts, by_index, idle_w = parse_energy_doc(body, self.kind)
         gpus = self.gpus if self.gpus is not None else tuple(sorted(by_index))
         raw = pick_gpus(by_index, gpus, self.kind)
