@@ -11,16 +11,17 @@ from typing import Any
 
 import click
 
-# name -> "module:attribute" of a click command or group
-COMMANDS: dict[str, str] = {
-    "serve": "gateway.cli:serve",
-    "config": "gateway.cli:config",
-    "report": "gateway.accounting.report_cli:report",
-    "sim": "engines.sim.cli:sim",
-    "engines": "engines.cli:engines",
-    "agent": "engines.meters.agent:agent",
-    "loadgen": "loadgen.cli:loadgen",
-    "demo": "loadgen.cli:demo",
+# name -> ("module:attribute" of a click command or group, one-line help for `wattgate --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.cli:serve", "Run the gateway (aiohttp on uvloop)."),
+    "config": ("gateway.cli:config", "Validate a gateway config and print it normalised."),
+    "report": ("gateway.accounting.report_cli:report",
+               "Chargeback from the ledger: energy, carbon, cost per tenant/model/precision."),
+    "sim": ("engines.sim.cli:sim", "Run simulated vLLM / trtllm-serve engines (no GPU needed)."),
+    "engines": ("engines.cli:engines", "Launch specs per precision for vLLM and TensorRT-LLM."),
+    "agent": ("engines.meters.agent:agent", "Serve this node's GPU energy counters (NVML)."),
+    "loadgen": ("loadgen.cli:loadgen", "Load generator: arrivals, traces, compare, sweep."),
+    "demo": ("loadgen.cli:demo", "Simulated fleet + gateway + load: tables, bills, report."),
 }
 
 
@@ -31,10 +32,10 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
-        if target is None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
             return None
-        module_name, attr = target.split(":")
+        module_name, attr = entry[0].split(":")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -43,6 +44,11 @@ class LazyGroup(click.Group):
             return None
         command: Any = getattr(module, attr, None)
         return command if isinstance(command, click.Command) else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # From the table: listing the commands imports none of them.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
