@@ -197,6 +197,7 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
     import uvloop
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    _interrupt_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="wattgate-demo-") as tmp_name:
         tmp = Path(tmp_name)
         ledger = out_dir / "ledger.db"
@@ -216,7 +217,7 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
                         _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed)),
                               out_dir)
                         if keep_running:
-                            _keep(base_url, engine_urls)
+                            _keep(base_url, engine_urls, out_dir)
             except KeyboardInterrupt:
                 _say("interrupted; stopping the gateway and the fleet")
                 return 130
@@ -226,14 +227,28 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
     return 0
 
 
-def _keep(base_url: str, engine_urls: list[str]) -> None:
-    click.echo(f"\ngateway: {base_url}  (metrics {base_url}/metrics, keys sk-demo-acme, "
-               f"sk-demo-globex, sk-demo-initech; admin sk-demo-admin)")
+def _keep(base_url: str, engine_urls: list[str], out_dir: Path) -> None:
+    click.echo(f"\ngateway API: {base_url}/v1  (keys sk-demo-acme, sk-demo-globex, "
+               f"sk-demo-initech)")
+    click.echo(f"metrics:     {base_url}/metrics")
+    click.echo(f"usage:       {base_url}/admin/v1/usage?group_by=tenant,precision  "
+               f"(admin key sk-demo-admin)")
+    click.echo(f"report:      {(out_dir / 'demo.html').resolve()}")
     for url in engine_urls:
-        click.echo(f"engine:  {url}")
-    click.echo("running; Ctrl-C stops everything")
+        click.echo(f"engine:      {url}")
+    click.echo("running; Ctrl-C stops everything", nl=True)
+    sys.stdout.flush()
     while True:
         time.sleep(3600)
+
+
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM stops the demo like Ctrl-C, so what it started is stopped too."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 

@@ -3,7 +3,9 @@ and leaves no process behind."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,4 +34,31 @@ def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) 
     assert "gateway accounting" in proc.stdout or "simulator ground truth" in proc.stdout
     html = (tmp_path / "demo.html").read_text()
     assert "<svg" in html and "Paired deltas" in html and "Pareto frontier" in html
+    assert demo_processes() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_keep_running_prints_urls_serves_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    with subprocess.Popen(wattgate_cmd("demo", "--duration", "6", "--keep-running", "--out",
+                                       str(tmp_path)), cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if line.startswith("running; Ctrl-C"):
+                    break
+            urls = {ln.split(":", 1)[0]: ln.split(":", 1)[1].split()[0]
+                    for ln in lines if ln.startswith(("gateway API", "metrics", "report"))}
+            assert set(urls) == {"gateway API", "metrics", "report"}
+            with urllib.request.urlopen(urls["metrics"], timeout=5) as resp:
+                assert b"wattgate_requests_total" in resp.read()
+            assert Path(urls["report"]).exists()
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert demo_processes() == []
