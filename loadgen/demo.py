@@ -198,7 +198,8 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _interrupt_on_sigterm()
-    with tempfile.TemporaryDirectory(prefix="wattgate-demo-") as tmp_name:
+    # the configs live under out_dir, so this run's processes can be told from any other's
+    with tempfile.TemporaryDirectory(prefix="wattgate-demo-", dir=out_dir) as tmp_name:
         tmp = Path(tmp_name)
         ledger = out_dir / "ledger.db"
         ledger.unlink(missing_ok=True)  # each demo run bills from an empty ledger

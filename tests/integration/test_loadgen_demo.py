@@ -13,9 +13,11 @@ import pytest
 from tests.support.procs import REPO, wattgate_cmd
 
 
-def demo_processes() -> list[str]:
+def demo_processes(out_dir: Path) -> list[str]:
+    """Processes of the demo run that wrote to `out_dir` (its configs live there)."""
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
-    return [line for line in out.stdout.splitlines() if "wattgate-demo-" in line]
+    return [line for line in out.stdout.splitlines()
+            if f"{out_dir}/wattgate-demo-" in line]
 
 
 @pytest.mark.slow
@@ -34,7 +36,7 @@ def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) 
     assert "gateway accounting" in proc.stdout or "simulator ground truth" in proc.stdout
     html = (tmp_path / "demo.html").read_text()
     assert "<svg" in html and "Paired deltas" in html and "Pareto frontier" in html
-    assert demo_processes() == []
+    assert demo_processes(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -61,4 +63,4 @@ def test_keep_running_prints_urls_serves_and_ctrl_c_stops_everything(tmp_path: P
         finally:
             if proc.poll() is None:
                 proc.kill()
-    assert demo_processes() == []
+    assert demo_processes(tmp_path) == []
