@@ -20,6 +20,7 @@ from engines.sim.state import (
     ABORTED,
     FINISHED,
     RUNNING,
+    CoreRecords,
     DuplicateRequestError,
     Emission,
     IterationStat,
@@ -29,7 +30,7 @@ from engines.sim.state import (
 )
 
 
-class FixedTimingCore:
+class FixedTimingCore(CoreRecords):
     """Deterministic per-request timing (see module docstring)."""
 
     def __init__(self, deployment: Deployment, profile: KernelProfile, *, ttft_s: float,
@@ -142,15 +143,3 @@ class FixedTimingCore:
 
     def load(self) -> tuple[int, int, float]:
         return len(self.requests), 0, 0.0
-
-    def take_finished(self) -> list[RequestTruth]:
-        out, self._finished = self._finished, []
-        return out
-
-    def live_truth(self) -> list[RequestTruth]:
-        return [truth_of(req, self.ledger) for req in self.requests.values()]
-
-    def take_iterations(self) -> list[IterationStat]:
-        out = list(self._iterations)
-        self._iterations.clear()
-        return out

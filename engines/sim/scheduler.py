@@ -22,6 +22,7 @@ from engines.sim.state import (
     FINISHED,
     RUNNING,
     WAITING,
+    CoreRecords,
     DuplicateRequestError,
     Emission,
     IterationStat,
@@ -47,7 +48,7 @@ class _Step:
     energy: StepEnergy
 
 
-class BatchingCore:
+class BatchingCore(CoreRecords):
     """The continuous-batching engine (see module docstring)."""
 
     def __init__(self, deployment: Deployment, profile: KernelProfile, *, max_batch: int = 256,
@@ -70,7 +71,7 @@ class BatchingCore:
         self._step: _Step | None = None
         self._outbox: list[Emission] = []
         self._finished: list[RequestTruth] = []
-        self._iteration_stats: deque[IterationStat] = deque(maxlen=ITERATION_STATS_KEPT)
+        self._iterations: deque[IterationStat] = deque(maxlen=ITERATION_STATS_KEPT)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -240,7 +241,7 @@ class BatchingCore:
                 self.completed += 1
                 self._release(req)
                 self._retire(req)
-        self._iteration_stats.append(IterationStat(
+        self._iterations.append(IterationStat(
             self.iterations, step.end_s, step.energy.duration_s, len(self.running),
             len(self.waiting), self.completed, self.total_blocks,
             self.total_blocks - self.free_blocks, KV_BLOCK_TOKENS,
@@ -251,18 +252,6 @@ class BatchingCore:
     def load(self) -> tuple[int, int, float]:
         used = self.total_blocks - self.free_blocks
         return len(self.running), len(self.waiting), used / self.total_blocks if self.total_blocks else 0.0
-
-    def take_finished(self) -> list[RequestTruth]:
-        out, self._finished = self._finished, []
-        return out
-
-    def live_truth(self) -> list[RequestTruth]:
-        return [truth_of(req, self.ledger) for req in self.requests.values()]
-
-    def take_iterations(self) -> list[IterationStat]:
-        out = list(self._iteration_stats)
-        self._iteration_stats.clear()
-        return out
 
 
 def _seq_work(req: SimRequest, n: int) -> SeqWork:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -119,6 +120,27 @@ def truth_of(req: SimRequest, ledger: EnergyLedger) -> RequestTruth:
         acct.prefill_j, acct.decode_j, acct.static_j, req.arrived_s, req.first_token_s,
         req.finished_s, req.preemptions,
     )
+
+
+class CoreRecords:
+    """What both engine cores keep for the runtime: finished truths and iteration stats."""
+
+    requests: dict[str, SimRequest]
+    ledger: EnergyLedger
+    _finished: list[RequestTruth]
+    _iterations: deque[IterationStat]
+
+    def take_finished(self) -> list[RequestTruth]:
+        out, self._finished = self._finished, []
+        return out
+
+    def live_truth(self) -> list[RequestTruth]:
+        return [truth_of(req, self.ledger) for req in self.requests.values()]
+
+    def take_iterations(self) -> list[IterationStat]:
+        out = list(self._iterations)
+        self._iterations.clear()
+        return out
 
 
 class EngineCore(Protocol):
