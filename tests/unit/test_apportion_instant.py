@@ -5,6 +5,7 @@ independence, no dynamic share without token work."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 from hypothesis import given, settings
@@ -13,22 +14,10 @@ from hypothesis import strategies as st
 from gateway.accounting.apportion import apportion, apportion_by, instant_weights, step_joules
 from gateway.accounting.coefficients import DEFAULTS, Coefficients
 from gateway.accounting.work import WorkRow
+from tests.unit.test_apportion_properties import DT
+from tests.unit.test_apportion_properties import work_sets as base_work_sets
 
-DT = 1.0
-
-
-@st.composite
-def work_sets(draw: st.DrawFn) -> list[WorkRow]:
-    n = draw(st.integers(0, 24))
-    rows = []
-    for i in range(n):
-        res = draw(st.sampled_from([0.0, DT]) | st.floats(0.0, DT))
-        start = draw(st.floats(0.0, DT - res)) if res < DT else 0.0
-        prefill = draw(st.sampled_from([0.0]) | st.floats(0.0, 8192.0))
-        decode = draw(st.sampled_from([0.0]) | st.floats(0.0, 256.0))
-        kv = draw(st.sampled_from([0.0]) | st.floats(0.0, 1e6))
-        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start, kv))
-    return rows
+work_sets = partial(base_work_sets, with_kv=True)
 
 
 energies = st.sampled_from([0.0]) | st.floats(0.0, 5000.0) | st.floats(1e-6, 1e-3)

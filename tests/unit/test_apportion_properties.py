@@ -15,7 +15,8 @@ DT = 1.0
 
 
 @st.composite
-def work_sets(draw: st.DrawFn) -> list[WorkRow]:
+def work_sets(draw: st.DrawFn, with_kv: bool = False) -> list[WorkRow]:
+    """Random work rows of one interval (with KV read work too when `with_kv`)."""
     n = draw(st.integers(0, 24))
     rows = []
     for i in range(n):
@@ -23,7 +24,8 @@ def work_sets(draw: st.DrawFn) -> list[WorkRow]:
         start = draw(st.floats(0.0, DT - res)) if res < DT else 0.0
         prefill = draw(st.sampled_from([0.0]) | st.floats(0.0, 8192.0))
         decode = draw(st.sampled_from([0.0]) | st.floats(0.0, 256.0))
-        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start))
+        kv = draw(st.sampled_from([0.0]) | st.floats(0.0, 1e6)) if with_kv else 0.0
+        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start, kv))
     return rows
 
 
