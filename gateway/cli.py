@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import orjson
 
-from gateway.config import GatewayConfig, Listen, load_config, normalised
+from gateway.config import GatewayConfig, load_config, normalised
 from gateway.errors import ConfigError
 
 
@@ -35,8 +35,8 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
           log_level: str) -> None:
     """Run the gateway (aiohttp on uvloop). Exits 2 on a bad config before binding a port."""
     config = _load_or_exit(config_path)
-    listen = Listen(host=host or config.listen.host,
-                    port=config.listen.port if port is None else port)
+    listen = dataclasses.replace(config.listen, host=host or config.listen.host,
+                                 port=config.listen.port if port is None else port)
     config = dataclasses.replace(config, listen=listen)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -46,20 +46,13 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
 
 
 async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
-    from aiohttp import web
-
-    from gateway.app import PROXY, build_app
+    from gateway.app import build_app
+    from gateway.front.server import start
 
     app = build_app(config)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           shutdown_timeout=config.drain_timeout_s, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, config.listen.host, config.listen.port, backlog=2048,
-                       reuse_port=reuse_port or None)
     try:
-        await site.start()
+        running = await start(config, app, reuse_port=reuse_port)
     except OSError as exc:
-        await runner.cleanup()
         click.echo(f"wattgate: cannot listen on {config.listen.host}:{config.listen.port}: "
                    f"{exc.strerror}", err=True)
         sys.exit(1)
@@ -71,8 +64,7 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     click.echo("wattgate: draining", err=True)
-    app[PROXY].draining = True
-    await runner.cleanup()
+    await running.stop()
 
 
 @click.group()

@@ -103,6 +103,7 @@ class Routing:
 class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
+    keepalive_s: float = 75.0  # idle client connections close after this (nginx's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +376,8 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     root = FieldReader(data if data is not None else {}, "")
     lr = root.sub("listen")
-    listen = Listen(host=lr.text("host", "127.0.0.1"), port=lr.integer("port", 8080, minimum=0))
+    listen = Listen(host=lr.text("host", "127.0.0.1"), port=lr.integer("port", 8080, minimum=0),
+                    keepalive_s=lr.number("keepalive_s", 75.0))
     lr.finish()
     slo_classes = _slo_classes(root)
     slo_names = {s.name for s in slo_classes}

@@ -18,7 +18,6 @@ from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, Tenant
 from gateway.errors import (
     ModelNotFoundError,
-    PayloadTooLargeError,
     RoutingError,
     ShuttingDownError,
     UpstreamError,
@@ -26,6 +25,7 @@ from gateway.errors import (
     WattgateError,
     error_body,
 )
+from gateway.exchange import AiohttpExchange, Exchange
 from gateway.metrics import GatewayMetrics
 from gateway.records import RequestRecord
 from gateway.requests import (
@@ -109,48 +109,53 @@ class Proxy:
     # --- entry point --------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The aiohttp handler for the completion routes (connections the front handed over)."""
+        exchange = AiohttpExchange(request)
+        await self.serve(exchange)
+        assert exchange.response is not None
+        return exchange.response
+
+    async def serve(self, exchange: Exchange) -> None:
+        """Serve one completion request; always ends in exactly one record to the sinks."""
         flight = Flight(os.urandom(12).hex(), self.clock(), self.wall(),
                         self.config.default_slo_class)
         self.inflight += 1
         self.idle.clear()
         try:
-            return await self._serve(request, flight)
+            await self._serve(exchange, flight)
         except WattgateError as exc:
             flight.fail(exc)
-            return web.Response(status=exc.status, body=exc.body(), content_type="application/json",
-                                headers={REQUEST_ID_HEADER: flight.request_id})
+            exchange.reply(exc.status, exc.body(), "application/json",
+                           {REQUEST_ID_HEADER: flight.request_id})
         except asyncio.CancelledError:
             flight.status, flight.http_status = "client_disconnected", 499
             raise
+        except Exception:  # last line of defence: log the trace, show the client none of it
+            log.exception("request %s failed", flight.request_id)
+            flight.status, flight.http_status = "internal_error", 500
+            exchange.reply(500, error_body("internal gateway error", "server_error",
+                                           "internal_error"), "application/json",
+                           {REQUEST_ID_HEADER: flight.request_id})
         finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self.idle.set()
             self._finish(flight)
 
-    async def _serve(self, request: web.Request, flight: Flight) -> web.StreamResponse:
+    async def _serve(self, exchange: Exchange, flight: Flight) -> None:
         if self.draining:
             raise ShuttingDownError("the gateway is shutting down; retry on another replica")
-        tenant = self.auth.tenant(request.headers.get("Authorization"))
+        tenant = self.auth.tenant(exchange.header("authorization"))
         flight.tenant, flight.slo_class = tenant.name, tenant.slo_class
-        check_content_type(request.headers.get("Content-Type", ""))
-        raw = await self._read_body(request)
-        parsed = parse_body(raw, request.headers.get("x-wattgate-precision"))
+        check_content_type(exchange.header("content-type") or "")
+        raw = await exchange.read_body(self.config.max_body_bytes)
+        parsed = parse_body(raw, exchange.header("x-wattgate-precision"))
         flight.stream = parsed.stream
         if self.config.model(parsed.model) is None:
             raise ModelNotFoundError(f"the model {parsed.model!r} does not exist",
                                      param="model")
         flight.model = parsed.model
-        return await self._dispatch(request, flight, tenant, parsed, raw)
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise PayloadTooLargeError(f"request body exceeds {limit} bytes")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise PayloadTooLargeError(f"request body exceeds {limit} bytes") from None
+        await self._dispatch(exchange, flight, tenant, parsed, raw)
 
     # --- routing and retries ------------------------------------------------------------
 
@@ -170,8 +175,8 @@ class Proxy:
         ctx = RoutingContext(self.upstreams.next_sequence(parsed.model), key, routing.load_bound)
         return states[self.policy([s.candidate() for s in states], ctx)]
 
-    async def _dispatch(self, request: web.Request, flight: Flight, tenant: Tenant,
-                        parsed: ParsedRequest, raw: bytes) -> web.StreamResponse:
+    async def _dispatch(self, exchange: Exchange, flight: Flight, tenant: Tenant,
+                        parsed: ParsedRequest, raw: bytes) -> None:
         retries = self.config.retries
         deadline = flight.arrived_s + retries.deadline_s
         tried: list[str] = []
@@ -189,7 +194,7 @@ class Proxy:
                 self.metrics.retries.labels(parsed.model).inc()
             flight.endpoint = state
             try:
-                return await self._attempt(request, flight, state, parsed, raw)
+                return await self._attempt(exchange, flight, state, parsed, raw)
             except _RetryableError as exc:
                 last_error = exc.error
         assert last_error is not None
@@ -198,11 +203,11 @@ class Proxy:
     def upstream_error(self, engine: str, reason: str) -> None:
         self.metrics.upstream_errors.labels(engine, reason).inc()
 
-    async def _attempt(self, request: web.Request, flight: Flight, state: EndpointState,
-                       parsed: ParsedRequest, raw: bytes) -> web.StreamResponse:
+    async def _attempt(self, exchange: Exchange, flight: Flight, state: EndpointState,
+                       parsed: ParsedRequest, raw: bytes) -> None:
         ep = state.endpoint
         headers = [("Content-Type", "application/json"), ("x-request-id", flight.request_id)]
-        headers += forwarded_headers(request.raw_headers)
+        headers += forwarded_headers(exchange.raw_headers)
         body = upstream_body(parsed, raw, ep.upstream_model)
         state.inflight += 1
         flight.dispatched_s = self.clock()
@@ -212,7 +217,7 @@ class Proxy:
             # the client's own lazy timer, so no timer is rescheduled per read.
             async with asyncio.timeout(timeouts.total_s - (flight.dispatched_s - flight.arrived_s)):
                 try:
-                    upstream = await self.client.post(ep.url, request.path, body, headers)
+                    upstream = await self.client.post(ep.url, exchange.path, body, headers)
                 except (UpstreamConnectError, UpstreamClosedError) as exc:
                     self.upstream_error(ep.name, "connect")
                     self.upstreams.eject(state)
@@ -236,8 +241,8 @@ class Proxy:
                         raise _RetryableError(UpstreamError(
                             f"engine {ep.name} answered HTTP {upstream.status}"))
                     if parsed.stream and upstream.status == 200:
-                        return await self._relay_stream(request, flight, upstream, parsed)
-                    return await self._relay_body(flight, upstream)
+                        return await self._relay_stream(exchange, flight, upstream, parsed)
+                    return await self._relay_body(exchange, flight, upstream)
                 finally:
                     # back to the pool only if the whole response was read; else dropped, so
                     # the engine sees the request aborted
@@ -259,7 +264,8 @@ class Proxy:
             headers["x-wattgate-precision"] = ep.endpoint.precision
         return headers
 
-    async def _relay_body(self, flight: Flight, upstream: UpstreamResponse) -> web.Response:
+    async def _relay_body(self, exchange: Exchange, flight: Flight, upstream: UpstreamResponse
+                          ) -> None:
         engine = flight.endpoint.endpoint.name if flight.endpoint else ""
         try:
             body = await upstream.read_all()
@@ -277,21 +283,17 @@ class Proxy:
             flight.completion_tokens = int(usage.get("completion_tokens") or 0)
         if upstream.status != 200:
             flight.status, flight.http_status = f"upstream_http_{upstream.status}", upstream.status
-        return web.Response(status=upstream.status, body=body,
-                            content_type=upstream.content_type or "application/json",
-                            headers=self._response_headers(flight))
+        exchange.reply(upstream.status, body, upstream.content_type or "application/json",
+                       self._response_headers(flight))
 
-    async def _relay_stream(self, request: web.Request, flight: Flight,
-                            upstream: UpstreamResponse, parsed: ParsedRequest
-                            ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-            **self._response_headers(flight)})
-        await response.prepare(request)
+    async def _relay_stream(self, exchange: Exchange, flight: Flight,
+                            upstream: UpstreamResponse, parsed: ParsedRequest) -> None:
+        await exchange.start_stream(self._response_headers(flight))
         scanner = SseScanner(strip_usage=not parsed.client_wants_usage)
         clock = self.clock
         reads = flight.reads
         error: WattgateError | None = None
+        last = b""  # the final piece, sent with the end of the stream in one write
         try:
             while data := await upstream.read():
                 now = clock()
@@ -300,10 +302,13 @@ class Proxy:
                     if flight.first_token_s is None:
                         flight.first_token_s = now
                     reads.append((now, tokens))
-                if out and not await _write(response, out):
+                if out and upstream.at_end():
+                    last = out
+                    break
+                if out and not await exchange.write(out):
                     flight.status, flight.http_status = "client_disconnected", 499
                     upstream.abort()  # drops the connection: the engine aborts the request
-                    return response
+                    return
         except UpstreamReadTimeout:
             error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
                                          code="upstream_timeout")
@@ -320,20 +325,16 @@ class Proxy:
         elif reads:
             # No usage arrived (broken stream): count events, the best lower bound left.
             flight.completion_tokens = sum(n for _, n in reads)
-        tail = scanner.pending()
-        if error is None and tail:
-            await _write(response, tail)
         if error is not None:
             self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "",
                                 "stream")
             flight.fail(error)
-            await _write(response, b"data: " + error_body(error.message, error.error_type,
-                                                          error.code) + b"\n\n")
-        elif scanner.error:
-            flight.status, flight.http_status = "upstream_error_event", 200
-        with contextlib.suppress(ConnectionError):
-            await response.write_eof()
-        return response
+            last = b"data: " + error_body(error.message, error.error_type, error.code) + b"\n\n"
+        else:
+            last += scanner.pending()
+            if scanner.error:
+                flight.status, flight.http_status = "upstream_error_event", 200
+        await exchange.end_stream(last)
 
     # --- recording ----------------------------------------------------------------------
 
@@ -382,12 +383,3 @@ def forwarded_headers(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[
                 out.append((name.decode("utf-8", "surrogateescape"),
                             value.decode("utf-8", "surrogateescape")))
     return out
-
-
-async def _write(response: web.StreamResponse, data: bytes) -> bool:
-    """Write to the client; False when the client has gone away."""
-    try:
-        await response.write(data)
-    except ConnectionError:
-        return False
-    return True

@@ -33,7 +33,7 @@ class UpstreamResponse:
     was read, and drops it otherwise (the engine then sees the request aborted).
     """
 
-    __slots__ = ("_conn", "_pool", "content_type", "head", "read", "status")
+    __slots__ = ("_conn", "_pool", "at_end", "content_type", "head", "read", "status")
 
     def __init__(self, pool: EndpointPool, conn: UpstreamConnection, head: ResponseHead):
         self._pool = pool
@@ -44,6 +44,8 @@ class UpstreamResponse:
         # The body bytes that arrived since the last call (waits for some); b"" at the end.
         # The connection's own method: no extra coroutine per read.
         self.read: Callable[[], Awaitable[bytes]] = conn.read
+        # True once the response is complete and read: the last piece can end the client's too
+        self.at_end: Callable[[], bool] = conn.at_end
 
     async def read_all(self) -> bytes:
         conn = self._conn

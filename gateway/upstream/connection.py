@@ -169,6 +169,11 @@ class UpstreamConnection(asyncio.Protocol):
                 self._waiter = None
         return parser.head
 
+    def at_end(self) -> bool:
+        """The whole response arrived and every body byte was read: the next `read` is b""."""
+        parser = self._parser
+        return not self._body and self._exc is None and (parser is None or parser.done)
+
     async def read(self) -> bytes:
         """Body bytes that arrived since the last call (waits for some); b"" at the end."""
         while True:

@@ -35,9 +35,12 @@ async def post(s: aiohttp.ClientSession, url: str, body: Any, headers: dict[str,
         return r.status, await r.read(), dict(r.headers)
 
 
-async def test_stream_is_byte_identical_to_direct_except_the_usage_chunk() -> None:
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+async def test_stream_is_byte_identical_to_direct_except_the_usage_chunk(front: bool) -> None:
+    """Through the lean front and through aiohttp (connections the front hands over)."""
     async with fake_engine(FakeEngine(tokens=6, tokens_per_event=2, model="m")) as eng, \
-            running_gateway(make_config([ep(eng)])) as gw, aiohttp.ClientSession() as s:
+            running_gateway(make_config([ep(eng)]), front=front) as gw, \
+            aiohttp.ClientSession() as s:
         body = {"model": "m", "prompt": "hello there", "max_tokens": 6, "stream": True}
         _, direct, _ = await post(s, eng.url + "/v1/completions", body)
         status, proxied, headers = await post(s, gw + "/v1/completions", body)
@@ -79,11 +82,13 @@ async def test_measured_ttft_tpot_match_known_engine_delays() -> None:
     assert statistics.median(tpot_diffs) <= 0.001, tpot_diffs
 
 
-async def test_bad_inputs_get_openai_errors_and_are_counted() -> None:
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+async def test_bad_inputs_get_openai_errors_and_are_counted(front: bool) -> None:
     records: list[RequestRecord] = []
     async with fake_engine(FakeEngine(model="m")) as eng, \
             running_gateway(make_config([ep(eng)], max_body_bytes=2048),
-                            sinks=[records.append]) as gw, aiohttp.ClientSession() as s:
+                            sinks=[records.append], front=front) as gw, \
+            aiohttp.ClientSession() as s:
         url = gw + "/v1/completions"
         ok = {"model": "m", "prompt": "hi", "max_tokens": 2}
         cases = [

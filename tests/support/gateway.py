@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from gateway.app import build_app
 from gateway.config import GatewayConfig, parse_config
+from gateway.front.server import start
 from gateway.proxy import Sink
 from tests.support.fake_engine import serving
 
@@ -46,8 +48,18 @@ def make_config(endpoints: Sequence[dict[str, Any]], **extra: Any) -> GatewayCon
 
 @contextlib.asynccontextmanager
 async def running_gateway(config: GatewayConfig, sinks: Sequence[Sink] = (), *,
-                          handler_cancellation: bool = True) -> AsyncIterator[str]:
-    """Serve the gateway on a free 127.0.0.1 port (runner settings as `wattgate serve`)."""
+                          handler_cancellation: bool = True, front: bool = True
+                          ) -> AsyncIterator[str]:
+    """Serve the gateway on a free 127.0.0.1 port, as `wattgate serve` does (lean front, aiohttp
+    behind it); `front=False` serves everything through aiohttp alone."""
     app = build_app(config, sinks=sinks)
-    async with serving(app, handler_cancellation=handler_cancellation) as port:
-        yield f"http://127.0.0.1:{port}"
+    if not front:
+        async with serving(app, handler_cancellation=handler_cancellation) as port:
+            yield f"http://127.0.0.1:{port}"
+        return
+    running = await start(dataclasses.replace(config, listen=dataclasses.replace(config.listen, port=0)), app,
+                          cancel_on_disconnect=handler_cancellation)
+    try:
+        yield f"http://127.0.0.1:{running.port}"
+    finally:
+        await running.stop()

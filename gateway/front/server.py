@@ -1,0 +1,82 @@
+"""Running the gateway on one listening socket: the lean front first, aiohttp behind it.
+
+    running = await start(config, app)      # binds; OSError if the port is taken
+    ...
+    await running.stop()                    # stop accepting, drain, close, app cleanup
+
+The aiohttp runner is set up without a site of its own: its protocol factory only serves the
+connections the front hands over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from gateway.app import PROXY
+from gateway.config import GatewayConfig
+from gateway.front.protocol import FrontConnections, FrontProtocol, FrontSettings
+
+COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions")
+SWEEP_S = 5.0  # the most an idle connection outlives listen.keepalive_s
+
+
+class RunningGateway:
+    def __init__(self, config: GatewayConfig, runner: web.AppRunner, server: asyncio.Server,
+                 connections: FrontConnections):
+        self.config = config
+        self.runner = runner
+        self.server = server
+        self.connections = connections
+        sockets = server.sockets or ()
+        self.port: int = sockets[0].getsockname()[1] if sockets else config.listen.port
+        self._sweeper = asyncio.create_task(self._sweep(), name="wattgate-keepalive")
+
+    async def _sweep(self) -> None:
+        keepalive_s = self.config.listen.keepalive_s
+        while True:
+            await asyncio.sleep(min(SWEEP_S, keepalive_s / 2))
+            self.connections.close_idle(keepalive_s)
+
+    async def stop(self) -> None:
+        """Stop accepting, answer new requests 503 while in-flight ones finish (bounded by
+        `drain_timeout_s`), then close every connection and run the app's cleanup."""
+        self._sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sweeper
+        self.server.close()
+        proxy = self.runner.app[PROXY]
+        proxy.draining = True
+        self.connections.closing = True
+        self.connections.close_idle()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.drain_timeout_s):
+                await proxy.idle.wait()
+        self.connections.abort_all()
+        await self.runner.cleanup()
+
+
+async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool = False,
+                cancel_on_disconnect: bool = True) -> RunningGateway:
+    """Set up `app` and listen on config.listen (port 0: any free port)."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           shutdown_timeout=config.drain_timeout_s,
+                           handler_cancellation=cancel_on_disconnect)
+    await runner.setup()
+    aiohttp_server = runner.server
+    assert aiohttp_server is not None
+    settings = FrontSettings(serve=app[PROXY].serve, handoff=aiohttp_server,
+                             routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
+                             cancel_on_disconnect=cancel_on_disconnect)
+    connections = FrontConnections()
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(lambda: FrontProtocol(settings, connections),
+                                          config.listen.host, config.listen.port, backlog=2048,
+                                          reuse_port=reuse_port or None)
+    except OSError:
+        await runner.cleanup()
+        raise
+    return RunningGateway(config, runner, server, connections)

@@ -1,0 +1,62 @@
+"""The lean front's request-head parser: it serves the plain shape, hands over the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.front.head import HANDOFF, MAX_HEAD_BYTES, RequestHead, parse_head
+
+ROUTES = frozenset({b"/v1/completions", b"/v1/chat/completions"})
+GOOD = (b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer k\r\n"
+        b"Content-Type: application/json\r\nX-Trace:  a b \r\nContent-Length: 2\r\n\r\n{}")
+
+
+def test_plain_completion_request_is_parsed() -> None:
+    head = parse_head(GOOD, ROUTES, 1024)
+    assert isinstance(head, RequestHead)
+    assert head.path == "/v1/completions" and head.content_length == 2 and head.keep_alive
+    assert GOOD[head.body_start:] == b"{}"
+    assert head.headers[b"authorization"] == b"Bearer k"
+    assert (b"X-Trace", b"a b") in head.raw_headers  # value trimmed, name as sent
+
+
+def test_incomplete_head_waits_and_an_endless_one_is_handed_over() -> None:
+    assert parse_head(GOOD[:40], ROUTES, 1024) is None
+    assert parse_head(b"POST /v1/completions HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES,
+                      ROUTES, 1024) is HANDOFF
+
+
+def test_connection_close_is_noted() -> None:
+    head = parse_head(GOOD.replace(b"Host: gw", b"Connection: Close"), ROUTES, 1024)
+    assert isinstance(head, RequestHead) and not head.keep_alive
+
+
+@pytest.mark.parametrize("request_bytes", [
+    GOOD.replace(b"POST", b"GET"),  # other methods
+    GOOD.replace(b"/v1/completions", b"/v1/models"),  # other routes
+    GOOD.replace(b"/v1/completions", b"/v1/completions?x=1"),  # query strings
+    GOOD.replace(b"HTTP/1.1", b"HTTP/1.0"),
+    GOOD.replace(b"Content-Length: 2", b"Transfer-Encoding: chunked"),
+    GOOD.replace(b"Host: gw", b"Expect: 100-continue"),
+    GOOD.replace(b"Host: gw", b"Upgrade: h2c"),
+    GOOD.replace(b"Content-Length: 2\r\n", b""),  # no length
+    GOOD.replace(b"Content-Length: 2", b"Content-Length: +2"),
+    GOOD.replace(b"Host: gw", b"Content-Length: 2"),  # duplicate length
+    GOOD.replace(b"Content-Length: 2", b"Content-Length: 2000"),  # over the body limit
+    GOOD.replace(b"Host: gw", b"Host gw"),  # not a header line
+    GOOD.replace(b"Host: gw", b"Bad Name: v"),  # name is not a token
+    GOOD.replace(b"Host: gw", b"X-A: a\nX-Injected: b"),  # bare LF
+    GOOD.replace(b"Host: gw", b"X-A: a\rb"),  # bare CR
+    GOOD.replace(b"Host: gw", b"X-A: a\x00b"),
+    GOOD.replace(b"Host: gw", b" folded"),  # obsolete line folding
+    b"\r\n" + GOOD,  # leading empty line
+])
+def test_anything_unusual_is_handed_to_aiohttp(request_bytes: bytes) -> None:
+    assert parse_head(request_bytes, ROUTES, 1024) is HANDOFF
+
+
+def test_repeated_headers_are_joined_for_lookup_and_kept_apart_for_forwarding() -> None:
+    head = parse_head(GOOD.replace(b"Host: gw", b"Host: gw\r\nX-Tag: a\r\nX-Tag: b"), ROUTES, 1024)
+    assert isinstance(head, RequestHead)
+    assert head.headers[b"x-tag"] == b"a, b"
+    assert [v for n, v in head.raw_headers if n == b"X-Tag"] == [b"a", b"b"]
