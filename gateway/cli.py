@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import signal
 import sys
@@ -58,6 +59,10 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
         sys.exit(1)
     click.echo(f"wattgate listening on http://{config.listen.host}:{config.listen.port}",
                err=True)
+    # Everything built at start-up (config, app, imports) lives as long as the process: keep
+    # it out of full collections, which otherwise walk it all and stall the loop.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
