@@ -26,6 +26,7 @@ from gateway.errors import (
     error_body,
 )
 from gateway.exchange import AiohttpExchange, Exchange
+from gateway.front.protocol import FrontExchange
 from gateway.metrics import GatewayMetrics
 from gateway.records import RequestRecord
 from gateway.requests import (
@@ -290,25 +291,15 @@ class Proxy:
                             upstream: UpstreamResponse, parsed: ParsedRequest) -> None:
         await exchange.start_stream(self._response_headers(flight))
         scanner = SseScanner(strip_usage=not parsed.client_wants_usage)
-        clock = self.clock
-        reads = flight.reads
         error: WattgateError | None = None
-        last = b""  # the final piece, sent with the end of the stream in one write
+        last: bytes | None = b""  # the final piece, sent with the end of the stream in one write
         try:
-            while data := await upstream.read():
-                now = clock()
-                out, tokens = scanner.feed(data)
-                if tokens:
-                    if flight.first_token_s is None:
-                        flight.first_token_s = now
-                    reads.append((now, tokens))
-                if out and upstream.at_end():
-                    last = out
-                    break
-                if out and not await exchange.write(out):
-                    flight.status, flight.http_status = "client_disconnected", 499
-                    upstream.abort()  # drops the connection: the engine aborts the request
-                    return
+            if isinstance(exchange, FrontExchange):
+                last = await self._pipe(exchange, flight, upstream, scanner)
+            else:
+                last = await self._pump(exchange, flight, upstream, scanner)
+            if last is None:  # the client went away; the engine request was aborted
+                return
         except UpstreamReadTimeout:
             error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
                                          code="upstream_timeout")
@@ -319,6 +310,7 @@ class Proxy:
         except asyncio.CancelledError:
             upstream.abort()  # the client went away (handler cancelled): abort the engine request
             raise
+        reads = flight.reads
         if scanner.usage:
             flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
             flight.completion_tokens = int(scanner.usage.get("completion_tokens") or 0)
@@ -331,10 +323,69 @@ class Proxy:
             flight.fail(error)
             last = b"data: " + error_body(error.message, error.error_type, error.code) + b"\n\n"
         else:
-            last += scanner.pending()
+            last = (last or b"") + scanner.pending()
             if scanner.error:
                 flight.status, flight.http_status = "upstream_error_event", 200
         await exchange.end_stream(last)
+
+    async def _pump(self, exchange: Exchange, flight: Flight, upstream: UpstreamResponse,
+                    scanner: SseScanner) -> bytes | None:
+        """Relay with one awaited read and write per engine read (any server). Returns the
+        final piece (to go out with the end of the stream), None if the client went away."""
+        clock = self.clock
+        reads = flight.reads
+        while data := await upstream.read():
+            now = clock()
+            out, tokens = scanner.feed(data)
+            if tokens:
+                if flight.first_token_s is None:
+                    flight.first_token_s = now
+                reads.append((now, tokens))
+            if out and upstream.at_end():
+                return out
+            if out and not await exchange.write(out):
+                flight.status, flight.http_status = "client_disconnected", 499
+                upstream.abort()  # drops the connection: the engine aborts the request
+                return None
+        return b""
+
+    async def _pipe(self, exchange: FrontExchange, flight: Flight, upstream: UpstreamResponse,
+                    scanner: SseScanner) -> bytes | None:
+        """Relay from the engine connection's own callback straight to the client's socket:
+        no task wake-up per engine read. Same results as `_pump`."""
+        clock = self.clock
+        reads = flight.reads
+        last = b""
+        gone = False
+
+        def on_body(data: bytes, at_end: bool) -> None:
+            nonlocal last, gone
+            now = clock()
+            out, tokens = scanner.feed(data)
+            if tokens:
+                if flight.first_token_s is None:
+                    flight.first_token_s = now
+                reads.append((now, tokens))
+            if at_end:
+                last = out
+            elif out:
+                if not exchange.write_now(out):
+                    gone = True
+                    upstream.abort()  # drops the connection: the engine aborts the request
+                elif exchange.write_paused:  # the client reads slower than the engine writes
+                    upstream.pause()
+                    exchange.when_drained(upstream.resume)
+
+        upstream.stream_to(on_body)
+        try:
+            await upstream.finished()
+        except UpstreamFailure:
+            if not gone:
+                raise
+        if gone:
+            flight.status, flight.http_status = "client_disconnected", 499
+            return None
+        return last
 
     # --- recording ----------------------------------------------------------------------
 

@@ -92,7 +92,7 @@ class FrontConnections:
 
 
 class FrontProtocol(asyncio.Protocol):
-    __slots__ = ("_buf", "_drain", "_head", "_loop", "_read_paused", "_write_paused",
+    __slots__ = ("_buf", "_drain", "_head", "_loop", "_on_drain", "_read_paused", "_write_paused",
                  "connections", "last_active", "lost", "settings", "task", "transport")
 
     def __init__(self, settings: FrontSettings, connections: FrontConnections):
@@ -107,6 +107,7 @@ class FrontProtocol(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
+        self._on_drain: Callable[[], None] | None = None
         self.last_active = 0.0
 
     # --- asyncio callbacks -------------------------------------------------------------------
@@ -215,6 +216,9 @@ class FrontProtocol(asyncio.Protocol):
         waiter, self._drain = self._drain, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        callback, self._on_drain = self._on_drain, None
+        if callback is not None:
+            callback()
 
     def close(self) -> None:
         self.connections.open.discard(self)
@@ -287,6 +291,32 @@ class FrontExchange:
         if conn._write_paused:
             await conn.drained()
         return not conn.lost
+
+    # --- callback-mode streaming: no task wake-up per piece --------------------------------
+
+    def write_now(self, data: bytes) -> bool:
+        """`write`, from a plain callback; False once the client has gone away. The caller
+        checks `write_paused` after it and stops its source until `when_drained` calls back."""
+        conn = self._conn
+        if conn.lost:
+            return False
+        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._pending_head:
+            frame = self._pending_head + frame
+            self._pending_head = b""
+        conn.send(frame)
+        return True
+
+    @property
+    def write_paused(self) -> bool:
+        return self._conn._write_paused
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the client's socket takes data again (or the client is gone)."""
+        if self._conn.lost or not self._conn._write_paused:
+            callback()
+        else:
+            self._conn._on_drain = callback
 
     async def end_stream(self, last: bytes = b"") -> None:
         self.finished = True

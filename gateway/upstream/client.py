@@ -33,7 +33,8 @@ class UpstreamResponse:
     was read, and drops it otherwise (the engine then sees the request aborted).
     """
 
-    __slots__ = ("_conn", "_pool", "at_end", "content_type", "head", "read", "status")
+    __slots__ = ("_conn", "_pool", "at_end", "content_type", "finished", "head", "pause", "read",
+                 "resume", "status", "stream_to")
 
     def __init__(self, pool: EndpointPool, conn: UpstreamConnection, head: ResponseHead):
         self._pool = pool
@@ -46,6 +47,11 @@ class UpstreamResponse:
         self.read: Callable[[], Awaitable[bytes]] = conn.read
         # True once the response is complete and read: the last piece can end the client's too
         self.at_end: Callable[[], bool] = conn.at_end
+        # Callback mode: body pieces go to a sink as they arrive (see UpstreamConnection)
+        self.stream_to: Callable[[Callable[[bytes, bool], None]], None] = conn.stream_to
+        self.finished: Callable[[], Awaitable[None]] = conn.finished
+        self.pause: Callable[[], None] = conn.pause
+        self.resume: Callable[[], None] = conn.resume
 
     async def read_all(self) -> bytes:
         conn = self._conn

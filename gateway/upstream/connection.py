@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import cast
 
 from gateway.upstream.errors import (
@@ -29,8 +30,8 @@ _SLACK_S = 0.002
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("_body", "_buffered", "_exc", "_first_byte_at", "_last_read_at", "_loop",
-                 "_parser", "_paused", "_read_s", "_spare", "_timer", "_transport", "_waiter",
-                 "closed", "idle_since", "requests", "seen_bytes")
+                 "_parser", "_paused", "_read_s", "_sink", "_spare", "_timer", "_transport",
+                 "_waiter", "closed", "idle_since", "requests", "seen_bytes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
@@ -42,6 +43,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._buffered = 0
         self._exc: BaseException | None = None
         self._paused = False
+        # body bytes go straight to this callback (body, at_end) instead of the buffer
+        self._sink: Callable[[bytes, bool], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._first_byte_at = 0.0
         self._last_read_at = 0.0
@@ -72,6 +75,17 @@ class UpstreamConnection(asyncio.Protocol):
             body = parser.feed(data)
         except MalformedResponse as exc:
             self._fail(UpstreamProtocolError(str(exc)))
+            return
+        sink = self._sink
+        if sink is not None:
+            done = parser.done
+            if body or done:
+                sink(body, done)
+            if done:
+                self._sink = None
+                if parser.extra:
+                    self._close_transport()
+                self._wake()
             return
         if body:
             self._body.append(body)
@@ -140,6 +154,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._parser = parser
         self._body = []
         self._buffered = 0
+        self._sink = None
         self._exc = None
         self.seen_bytes = False
         self.requests += 1
@@ -168,6 +183,49 @@ class UpstreamConnection(asyncio.Protocol):
             finally:
                 self._waiter = None
         return parser.head
+
+    def stream_to(self, sink: Callable[[bytes, bool], None]) -> None:
+        """From now on hand body bytes to `sink(body, at_end)` as they arrive, with no task
+        wake-up per read; what is buffered already goes first. `finished` waits for the end."""
+        body = self._body
+        parser = self._parser
+        done = parser is None or parser.done
+        if body or done:
+            self._body = []
+            self._buffered = 0
+            sink(body[0] if len(body) == 1 else b"".join(body), done and self._exc is None)
+        if self._paused:
+            self.resume()
+        if not done and self._exc is None:
+            self._sink = sink
+
+    async def finished(self) -> None:
+        """Wait until the response streaming to the sink has ended; raises its failure."""
+        while True:
+            if self._exc is not None:
+                self._sink = None
+                raise self._exc
+            parser = self._parser
+            if parser is None or parser.done:
+                return
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def pause(self) -> None:
+        """Stop reading from the engine while the client catches up (no stall timeout)."""
+        if not self._paused and self._transport is not None and not self.closed:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self._last_read_at = self._loop.time()  # the pause was ours, not a stall
+            if self._transport is not None and not self.closed:
+                self._transport.resume_reading()
 
     def at_end(self) -> bool:
         """The whole response arrived and every body byte was read: the next `read` is b""."""
@@ -215,6 +273,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Drop the connection now; the engine sees the request cancelled."""
+        self._sink = None
         self._cancel_timer()
         self.closed = True
         if self._transport is not None:
@@ -250,6 +309,7 @@ class UpstreamConnection(asyncio.Protocol):
             self._timer = None
 
     def _fail(self, exc: BaseException, *, close: bool = True) -> None:
+        self._sink = None
         if self._exc is None:
             self._exc = exc
         self._cancel_timer()

@@ -39,6 +39,7 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] |
                 if resp.status < 500:
                     return
         except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the response and its socket: close it, not the GC
             if exc.code < 500:
                 return
             last = exc
