@@ -103,6 +103,10 @@ class Proxy:
         self.auth = Authenticator(config)
         self.policy = policy_for(config.routing.policy)
         self.draining = False
+        # request ids: 64 random bits per process + a counter (24 hex digits, unique across
+        # replicas without a random read per request)
+        self._id_prefix = os.urandom(8).hex()
+        self._served = 0
         self.inflight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -118,7 +122,9 @@ class Proxy:
 
     async def serve(self, exchange: Exchange) -> None:
         """Serve one completion request; always ends in exactly one record to the sinks."""
-        flight = Flight(os.urandom(12).hex(), self.clock(), self.wall(),
+        self._served += 1
+        flight = Flight(f"{self._id_prefix}{self._served & 0xFFFFFFFF:08x}", self.clock(),
+                        self.wall(),
                         self.config.default_slo_class)
         self.inflight += 1
         self.idle.clear()

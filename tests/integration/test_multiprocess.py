@@ -105,7 +105,10 @@ async def test_three_gateways_one_ledger_one_killed(tmp_path: Path) -> None:
             procs = [stack.enter_context(running(
                 wattgate_cmd("serve", "--config", str(cfg), "--reuse-port"), gw + "/readyz",
                 timeout_s=60, log=tmp_path / f"gw{i}.log")) for i in range(3)]
-            async with aiohttp.ClientSession() as s:
+            # a new connection per request: SO_REUSEPORT spreads connections, not requests,
+            # so kept-alive connections could all land on two of the three processes
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as s:
                 await asyncio.sleep(2.0)  # every replica has read its meters
                 since = await until_second(time.time())
                 _, e_since = await counters(s, urls)
