@@ -186,6 +186,10 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
             part_total = math.fsum(part)
         if part_total > 0.0:
             per_part = step_j / part_total
+            if math.isinf(per_part):  # subnormal weights: 0 * inf would be NaN, so rescale
+                top = max(part)
+                part = [q / top for q in part]
+                per_part = step_j / math.fsum(part)
             work = [o + q * per_part for o, q in zip(own, part, strict=True)]
     work_total = math.fsum(work)
     if res_total <= 0.0 and work_total <= 0.0:

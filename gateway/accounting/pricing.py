@@ -92,3 +92,17 @@ class Pricing:
     def cost_usd(self, energy_j: float, gpu_s: float, t_s: float) -> float:
         kwh = energy_j / J_PER_KWH
         return kwh * self.pue * self.price_usd_per_kwh.at(t_s) + self.gpu_hour_usd * gpu_s / 3600.0
+
+    def charges(self, energy_j: Sequence[float], gpu_s: Sequence[float], t_s: float
+                ) -> tuple[list[float], list[float]]:
+        """carbon_g and cost_usd of many (energy_j, gpu_s) at one time: the arithmetic of
+        carbon_g and cost_usd, with the time series looked up once."""
+        pue = self.pue
+        intensity = self.intensity_g_per_kwh.at(t_s)
+        price = self.price_usd_per_kwh.at(t_s)
+        embodied = self.embodied_g_per_gpu_s
+        gpu_hour = self.gpu_hour_usd
+        kwh = [e / J_PER_KWH for e in energy_j]
+        carbon = [q * pue * intensity + embodied * g for q, g in zip(kwh, gpu_s, strict=True)]
+        cost = [q * pue * price + gpu_hour * g / 3600.0 for q, g in zip(kwh, gpu_s, strict=True)]
+        return carbon, cost

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from engines.meters.base import Meter, MeterError
@@ -35,6 +36,8 @@ from gateway.accounting.ledger.base import (
     PendingWork,
     RequestRow,
     ShareRow,
+    engine_work,
+    hour_of,
 )
 from gateway.accounting.metrics import AccountingMetrics
 from gateway.accounting.work import WorkRow, interval_index, work_rows
@@ -45,6 +48,7 @@ log = logging.getLogger("wattgate.accounting")
 DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop
+_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +209,12 @@ class AccountingService:
 
     def _rows_from(self, pending: list[RequestRecord]) -> None:
         dt = self.config.interval_s
+        replica = self.replica
+        from_record = RequestRow.from_record
+        self._requests.extend([from_record(rec, dt, replica) for rec in pending])
+        extend = self._work.extend
         for rec in pending:
-            self._requests.append(RequestRow.from_record(rec, dt, self.replica))
-            for row in work_rows(rec, dt):
-                self._work.append(EngineWork(rec.engine, row))
+            extend(engine_work(rec.engine, work_rows(rec, dt)))
         if self.metrics:
             self.metrics.pending.set(len(self._requests))
 
@@ -371,17 +377,22 @@ class AccountingService:
             pricing.carbon_g(result.idle_j, result.idle_s * info.gpus, t0),
             pricing.cost_usd(result.idle_j, result.idle_s * info.gpus, t0),
             estimated, c.alpha, c.beta, c.gamma))
-        tenants = {p.row.request_id: (p.tenant, p.apportioned) for p in rows}
-        for s in result.shares:
-            gpu_s = s.busy_s * info.gpus
-            carbon = pricing.carbon_g(s.energy_j, gpu_s, t0)
-            cost = pricing.cost_usd(s.energy_j, gpu_s, t0)
-            shares.append(ShareRow(s.request_id, info.name, k, t0, s.energy_j, s.static_j,
-                                   s.dynamic_j, gpu_s, carbon, cost, estimated))
-            acc = tenant_new.setdefault(tenants[s.request_id][0], [0.0, 0.0, 0.0])
-            acc[0] += s.energy_j
-            acc[1] += carbon
-            acc[2] += cost
+        if result.shares:
+            # Column-wise: carbon and cost priced once per interval, rows built by zip.
+            rids, energies, statics, dynamics, busys = zip(*result.shares, strict=True)
+            gpus = info.gpus
+            gpu_s = [b * gpus for b in busys]
+            carbon, cost = pricing.charges(energies, gpu_s, t0)
+            shares.extend(map(_new_tuple, repeat(ShareRow), zip(
+                rids, repeat(info.name), repeat(k), repeat(t0), repeat(hour_of(t0)), energies,
+                statics, dynamics, gpu_s, carbon, cost, repeat(1 if estimated else 0))))
+            tenant_of = {p.row.request_id: p.tenant for p in rows}
+            setdefault = tenant_new.setdefault
+            for rid, e, cg, usd in zip(rids, energies, carbon, cost, strict=True):
+                acc = setdefault(tenant_of[rid], [0.0, 0.0, 0.0])
+                acc[0] += e
+                acc[1] += cg
+                acc[2] += usd
         marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),
@@ -451,8 +462,8 @@ class AccountingService:
         est = self.engines[r.engine].estimated if r.engine in self.engines else False
         return {"request_id": r.request_id, "tenant": r.tenant, "model": r.model,
                 "engine": r.engine, "precision": r.precision, "slo_class": r.slo_class,
-                "status": r.status, "stream": r.stream, "arrived_s": r.arrived_s,
+                "status": r.status, "stream": bool(r.stream), "arrived_s": r.arrived_s,
                 "finished_s": r.finished_s, "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": r.completion_tokens, "slo_met": r.slo_met,
+                "completion_tokens": r.completion_tokens, "slo_met": bool(r.slo_met),
                 "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
                 "final": False, "estimated": est, "replica": r.replica}

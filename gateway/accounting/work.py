@@ -148,12 +148,15 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
     reads = rec.reads
     k_first = math.floor(t_disp / interval_s)
     k_last = math.floor(t_end / interval_s)
-    if (completion and reads and len(prefill) <= 1 and min(prefill, default=k_first) >= k_first
-            and math.floor((reads[0][0] + off) / interval_s) >= k_first
-            and math.floor((reads[-1][0] + off) / interval_s) <= k_last
-            and (total := sum(map(_second, reads)))):
-        return _streamed_rows(rec.request_id, reads, total, off, completion, prompt, prefill,
-                              t_disp, t_end, k_first, k_last, interval_s)
+    if completion and reads and min(prefill, default=k_first) >= k_first:
+        k_r0 = math.floor((reads[0][0] + off) / interval_s)
+        k_rl = math.floor((reads[-1][0] + off) / interval_s)
+        if (k_r0 >= k_first and k_rl <= k_last and max(prefill, default=k_last) <= k_last
+                and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(map(_second, reads)))):
+            # A prefill split over intervals: count events as _events_per_interval does.
+            span = (k_r0, k_rl) if len(prefill) > 1 else None
+            return _streamed_rows(rec.request_id, reads, total, off, completion, prompt,
+                                  prefill, t_disp, t_end, k_first, k_last, interval_s, span)
     decode: dict[int, float] = {}
     if completion:
         events = _events_per_interval(reads, off, interval_s)
@@ -194,15 +197,17 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
 
 def _streamed_rows(rid: str, reads: tuple[tuple[float, int], ...], total: int, off: float,
                    completion: int, prompt: float, prefill: dict[int, float], t_disp: float,
-                   t_end: float, k_first: int, k_last: int, interval_s: float) -> list[WorkRow]:
+                   t_end: float, k_first: int, k_last: int, interval_s: float,
+                   span: tuple[int, int] | None) -> list[WorkRow]:
     """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
-    the prefill all inside the residency span. Same rows as the general path."""
+    the prefill all inside the residency span. Same rows as the general path. With `span`
+    (the intervals of the first and last read) events are counted exactly as
+    _events_per_interval counts them; without, at each interval's end."""
     per_event = completion / total
-    # One event per read (the usual case): prefix sums are the indices themselves.
-    times = list(map(_first, reads))
-    cum: list[int] | range = (range(1, len(reads) + 1) if total == len(reads)
-                              else list(accumulate(map(_second, reads))))
-    k_p, p_tokens = next(iter(prefill.items())) if prefill else (k_first - 1, 0.0)
+    # One event per read (the usual case): the events before read i are i itself.
+    cum = None if total == len(reads) else list(accumulate(map(_second, reads)))
+    get_p = prefill.get
+    k_r0, k_rl = span if span is not None else (k_first, k_last)
     rows: list[WorkRow] = []
     append = rows.append
     done = 0.0
@@ -210,23 +215,28 @@ def _streamed_rows(rid: str, reads: tuple[tuple[float, int], ...], total: int, o
     for k in range(k_first, k_last + 1):
         lo = k * interval_s
         hi = lo + interval_s
-        if k < k_last:
-            i = bisect_left(times, hi - off)
-            c = cum[i - 1] if i else 0
-        else:
+        if k >= k_rl:
             c = total
-        d = 0.0
-        kv = 0.0
+        elif k < k_r0:
+            c = 0
+        else:
+            # Bisection on the reads' times in place: no list of times per request.
+            i = bisect_left(reads, ((k + 1) * interval_s if span else hi) - off, key=_first)
+            c = i if cum is None else (cum[i - 1] if i else 0)
+        start = t_disp if t_disp > lo else lo
+        res = (t_end if t_end < hi else hi) - start
+        p = get_p(k, 0.0)
         if c > prev:
             d = (c - prev) * per_event
             kv = d * (prompt + done + d / 2.0)
             done += d
             prev = c
-        p = p_tokens if k == k_p else 0.0
-        start = t_disp if t_disp > lo else lo
-        res = (t_end if t_end < hi else hi) - start
-        if res > 0.0:
-            append(_new_row(WorkRow, (rid, k, p, d, res, start - lo, kv)))
-        elif p or d:
-            append(_new_row(WorkRow, (rid, k, p, d, 0.0, 0.0, kv)))
+            if res > 0.0:
+                append(_new_row(WorkRow, (rid, k, p, d, res, start - lo, kv)))
+            else:
+                append(_new_row(WorkRow, (rid, k, p, d, 0.0, 0.0, kv)))
+        elif res > 0.0:
+            append(_new_row(WorkRow, (rid, k, p, 0.0, res, start - lo, 0.0)))
+        elif p:
+            append(_new_row(WorkRow, (rid, k, p, 0.0, 0.0, 0.0, 0.0)))
     return rows

@@ -12,6 +12,7 @@ import pytest
 
 from gateway.accounting.ledger.base import Ledger
 from gateway.accounting.ledger.postgres import PostgresLedger
+from gateway.accounting.ledger.sql import MIGRATIONS
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import build_report, render
 from tests.support.postgres import fresh_database, postgres_server
@@ -65,8 +66,8 @@ async def test_migrations_are_idempotent_and_versioned(pg: str) -> None:
     a = await _ledger(pg)
     b = PostgresLedger(a._dsn)
     await b.open()  # a second replica starting on a migrated schema changes nothing
-    rows = await b._fetch("SELECT version FROM schema_version", ())
-    assert rows == [(1,)]
+    rows = await b._fetch("SELECT version FROM schema_version ORDER BY version", ())
+    assert rows == [(version,) for version, _ in MIGRATIONS]  # each applied exactly once
     await a.close()
     await b.close()
 

@@ -108,3 +108,14 @@ def test_step_cost_falls_from_one_token_per_step_to_many() -> None:
     assert step_joules(fp8.delta, fp8.delta_1, fp8.delta_half_tokens, 1e9) == pytest.approx(
         fp8.delta, rel=1e-6)
     assert step_joules(1.4, None, 0.0, 64.0) == 1.4
+
+
+def test_subnormal_instant_weight_gives_no_nan_and_no_dynamic_share_without_work() -> None:
+    """A decoding request resident for a subnormal span must not turn the steps' energy into
+    NaN for the others (found by the no-dynamic-share property)."""
+    rows = [WorkRow("idle", 7, 0.0, 0.0, 1.0, 0.0), WorkRow("dec", 7, 0.0, 1.0, 2.2250738585e-313)]
+    a = apportion_by(100.0, DT, 10.0, rows, DEFAULTS["int8"])
+    s = {x.request_id: x for x in a.shares}
+    assert all(math.isfinite(x.energy_j) for x in a.shares)
+    assert s["idle"].dynamic_j == 0.0 and s["dec"].dynamic_j == pytest.approx(90.0)
+    assert math.fsum(x.energy_j for x in a.shares) + a.idle_j == pytest.approx(100.0)

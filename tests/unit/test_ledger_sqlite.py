@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sqlite3
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,11 +16,12 @@ from engines.meters.base import EnergyReading
 from engines.meters.registry import MeterSpec
 from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.config import AccountingConfig, EngineMeterConfig
-from gateway.accounting.ledger.base import Ledger
+from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.base import EngineState, Ledger, RequestRow, engine_work
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import IDLE_TENANT, build_report
 from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.accounting.work import interval_index
+from gateway.accounting.work import interval_index, work_rows
 from tests.unit.test_accounting_accuracy import T0_WALL, EngineRun, run_engine
 
 IDLE_W = 90.0
@@ -204,3 +206,52 @@ async def test_report_bills_add_up_to_metered_energy_with_idle_separate(tmp_path
         truth = math.fsum(e for rid, e in run.truth_j.items() if run.tenant_of[rid] == t)
         assert tenants[t]["energy_j"] == pytest.approx(truth, rel=0.02)
     await svc.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_request_stays_not_final_while_its_work_is_pending(tmp_path: Path) -> None:
+    """Pending work is found through the engine's pending index (no index by request)."""
+    run = run_engine(3, duration_s=6.0)
+    rec = run.records[0]
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    rows = work_rows(rec, 1.0)
+    await ledger.append([RequestRow.from_record(rec, 1.0, "r1")], engine_work(rec.engine, rows))
+    last = interval_index(rec.wall(rec.finished_s), 1.0)
+    state = EngineState(rec.engine, last + 2, (last + 2) * 1.0, 0.0)
+    await ledger.commit(rec.engine, [], [], [], state)
+    got = await ledger.request(rec.request_id)
+    assert got is not None and not got["final"]
+    await ledger.commit(rec.engine, [], [], [(rec.request_id, r.interval_idx) for r in rows[:-1]],
+                        None)
+    got = await ledger.request(rec.request_id)
+    assert got is not None and not got["final"]
+    await ledger.commit(rec.engine, [], [], [(rec.request_id, rows[-1].interval_idx)], None)
+    got = await ledger.request(rec.request_id)
+    assert got is not None and got["final"] and got["stream"] is rec.stream
+    await ledger.close()
+
+
+@pytest.mark.timeout(30)
+async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) -> None:
+    """A ledger written by schema version 1 opens at the current version with its rows."""
+    path = tmp_path / "l.db"
+    conn = sqlite3.connect(path)
+    conn.execute(sql.CREATE_VERSION)
+    for statement in sql.schema("sqlite")[0][1]:
+        conn.execute(statement)
+    conn.execute(sql.SET_VERSION, (1,))
+    conn.execute(sql.INSERT_REQUEST, ("r0", "t", "m", "e0", "bf16", "d", "ok", 1, 10.0, 11.0, 0,
+                                      5, 6, 1, 11, "x"))
+    conn.commit()
+    conn.close()
+    ledger = SqliteLedger(path)
+    await ledger.open()
+    versions = await ledger._fetch("SELECT version FROM schema_version ORDER BY version", ())
+    assert versions == [(v,) for v, _ in sql.MIGRATIONS]
+    indexes = await ledger._fetch("SELECT name FROM sqlite_master WHERE tbl_name = 'work' "
+                                  "AND type = 'index'", ())
+    assert ("work_request",) not in indexes and ("work_pending",) in indexes
+    got = await ledger.request("r0")
+    assert got is not None and got["tenant"] == "t" and got["slo_met"] is True
+    await ledger.close()

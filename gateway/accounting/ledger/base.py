@@ -5,13 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 from typing import Any, NamedTuple, Protocol
 
-from gateway.accounting.work import WorkRow, interval_index
+from gateway.accounting.work import WorkRow
 from gateway.errors import WattgateError
 from gateway.records import RequestRecord
 
 HOUR_S = 3600.0
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 class LedgerError(WattgateError):
@@ -24,8 +27,10 @@ def hour_of(t_s: float) -> int:
     return math.floor(t_s / HOUR_S)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRow:
+class RequestRow(NamedTuple):
+    """A finished request as the ledger stores it: the fields in the order of its INSERT, so
+    the row is its own statement parameters (one tuple per request, built once at ingest)."""
+
     request_id: str
     tenant: str
     model: str
@@ -33,28 +38,36 @@ class RequestRow:
     precision: str
     slo_class: str
     status: str
-    stream: bool
+    stream: int  # 1 when streamed
     arrived_s: float  # wall clock
     finished_s: float  # wall clock
+    finished_hour: int
     prompt_tokens: int
     completion_tokens: int
-    slo_met: bool
+    slo_met: int  # 1 when every SLO of its class was met
     last_interval: int | None  # the interval of its finish; None when no engine ran it
     replica: str
 
     @classmethod
     def from_record(cls, rec: RequestRecord, interval_s: float, replica: str) -> RequestRow:
-        finished = rec.wall(rec.finished_s)
+        finished = rec.arrived_wall_s + (rec.finished_s - rec.arrived_s)  # rec.wall(finished)
         ran = bool(rec.engine) and rec.dispatched_s is not None
-        return cls(rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision,
-                   rec.slo_class, rec.status, rec.stream, rec.arrived_wall_s, finished,
-                   rec.prompt_tokens, rec.completion_tokens, rec.slo_met,
-                   interval_index(finished, interval_s) if ran else None, replica)
+        return _new_tuple(cls, (
+            rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
+            rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
+            math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
+            1 if rec.slo_met else 0, math.floor(finished / interval_s) if ran else None,
+            replica))
 
 
-class EngineWork(NamedTuple):
-    engine: str
-    row: WorkRow
+# A work row as the ledger stores it: (*WorkRow, engine), the order of its INSERT. A plain
+# tuple (one concatenation per row at ingest), not a wrapper that is unpacked again later.
+EngineWork = tuple[Any, ...]
+
+
+def engine_work(engine: str, rows: Sequence[WorkRow]) -> list[EngineWork]:
+    """The ledger's work rows of one request on `engine`."""
+    return list(map(add, rows, repeat((engine,))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,19 +103,21 @@ class IntervalRow:
     gamma: float
 
 
-@dataclass(frozen=True, slots=True)
-class ShareRow:
+class ShareRow(NamedTuple):
+    """One request's share of one interval, fields in the order of its INSERT."""
+
     request_id: str
     engine: str
     interval_idx: int
     start_s: float
+    hour_idx: int
     energy_j: float
     static_j: float
     dynamic_j: float
     gpu_s: float
     carbon_g: float
     cost_usd: float
-    estimated: bool
+    estimated: int  # 1 when the interval's energy is estimated, not measured
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,30 +19,13 @@ from gateway.accounting.ledger.base import (
 )
 from gateway.accounting.work import WorkRow
 
-Batch = tuple[str, list[tuple[Any, ...]]]
-
-
-def request_params(r: RequestRow) -> tuple[Any, ...]:
-    return (r.request_id, r.tenant, r.model, r.engine, r.precision, r.slo_class, r.status,
-            int(r.stream), r.arrived_s, r.finished_s, hour_of(r.finished_s), r.prompt_tokens,
-            r.completion_tokens, int(r.slo_met), r.last_interval, r.replica)
-
-
-def work_params(w: EngineWork) -> tuple[Any, ...]:
-    r = w.row
-    return (r.request_id, w.engine, r.interval_idx, r.prefill_tokens, r.decode_tokens,
-            r.residency_s, r.start_s, r.kv_tokens)
+Batch = tuple[str, Sequence[Sequence[Any]]]
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
     return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
             i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
             i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, hour_of(i.start_s))
-
-
-def share_params(s: ShareRow) -> tuple[Any, ...]:
-    return (s.request_id, s.engine, s.interval_idx, s.start_s, hour_of(s.start_s), s.energy_j,
-            s.static_j, s.dynamic_j, s.gpu_s, s.carbon_g, s.cost_usd, int(s.estimated))
 
 
 def _num(v: Any) -> Any:
@@ -64,10 +47,8 @@ class SqlLedger(ABC):
     async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork]) -> None:
         if not requests and not work:
             return
-        await self._transaction([
-            (sql.INSERT_REQUEST, [request_params(r) for r in requests]),
-            (sql.INSERT_WORK, [work_params(w) for w in work]),
-        ])
+        # The rows are their statements' parameters already: nothing is rebuilt here.
+        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work)])
 
     async def states(self) -> dict[str, EngineState]:
         rows = await self._fetch(sql.SELECT_STATES, ())
@@ -103,7 +84,7 @@ class SqlLedger(ABC):
         batches: list[Batch] = [
             (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
             (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
-            (sql.INSERT_SHARE, [share_params(s) for s in shares]),
+            (sql.INSERT_SHARE, shares),
             (sql.MARK_DONE, [(engine, idx, rid) for rid, idx in done]),
         ]
         if state is not None:
@@ -121,7 +102,8 @@ class SqlLedger(ABC):
         out["slo_met"] = bool(out["slo_met"])
         n, energy, static, dynamic, gpu_s, carbon, cost, est = (
             await self._fetch(sql.SELECT_REQUEST_TOTALS, (request_id,)))[0]
-        pending = (await self._fetch(sql.SELECT_REQUEST_PENDING, (request_id,)))[0][0]
+        pending = (await self._fetch(sql.SELECT_REQUEST_PENDING,
+                                     (out["engine"], request_id)))[0][0]
         final = True
         if out["last_interval"] is not None:
             nxt = await self._fetch(sql.SELECT_NEXT_INTERVAL, (out["engine"],))
