@@ -7,8 +7,12 @@ Throughput covers the pure pipeline the apportioner runs for each request: sprea
 record over the interval grid (work rows), grouping rows per (engine, interval), and
 apportioning every interval as the service does (`apportion_by`, default BF16 coefficients:
 instant sharing of static power and decode steps). The ledger round trip is not included
-(it is batched and off the loop). Both CPU time of this process (per core; the machine may
-be shared) and wall time are reported. `record()` is timed on a service whose ledger does nothing.
+there. Both CPU time of this process (per core; the machine may be shared) and wall time are
+reported. `record()` is timed on a service whose ledger does nothing.
+
+The ledger is measured apart, on SQLite, as the gateway process pays for it: ingest plus the
+batched write of requests and work rows (every replica), and the apportioner's step per
+request (the one replica that apportions: read, apportion, price, write shares, mark done).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from engines.meters.base import EnergyReading
 from gateway.accounting.apportion import apportion_by
 from gateway.accounting.coefficients import default_for
 from gateway.accounting.config import AccountingConfig
@@ -165,6 +170,67 @@ async def _ingest_write(n: int, batch: int) -> dict[str, Any]:
             "ingest_write_us": ingest_us + write_us, "target_ingest_write_us": 20.0}
 
 
+class _PowerMeter:
+    """A counter at constant power on the benchmark's clock."""
+
+    kind = "bench"
+    estimated = False
+
+    def __init__(self, clock: _Clock, power_w: float = 400.0):
+        self._clock, self._power_w = clock, power_w
+
+    async def read(self) -> EnergyReading:
+        t = self._clock()
+        return EnergyReading(t, (self._power_w * (t - T0 + 100.0),))
+
+    async def close(self) -> None:
+        return None
+
+
+class _Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def apportioner_cost(n: int) -> dict[str, Any]:
+    """The apportioner's step per request, as the service runs it on a SQLite ledger: read the
+    interval's work, apportion, price, write shares and intervals, mark the work done. CPU
+    time of the process (the ledger's worker thread included)."""
+    return asyncio.run(_apportioner(n))
+
+
+async def _apportioner(n: int) -> dict[str, Any]:
+    clock = _Clock(T0 - 1.0)
+    engines = [EngineInfo(f"e{i}", "m", "bf16", 1) for i in range(8)]
+    records = make_records(n, engines=8, span_s=n / 1000.0, seed=3)
+    end = max(r.wall(r.finished_s) for r in records) + 5.0
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = SqliteLedger(Path(tmp) / "ledger.db")
+        svc = AccountingService(AccountingConfig(), engines, ledger=ledger, clock=clock,
+                                meters={e.name: _PowerMeter(clock) for e in engines})
+        await ledger.open()
+        cpu_s = 0.0
+        try:
+            for rec in records:
+                svc.record(rec)
+            svc.ingest()
+            await svc.flush()
+            await svc.poll_meters()
+            assert await svc._take_apportioner()
+            while clock.t < end:
+                clock.t += 1.0
+                await svc.poll_meters()
+                c0 = time.process_time()
+                await svc.apportion_ready(clock.t)
+                cpu_s += time.process_time() - c0
+        finally:
+            await ledger.close()
+    return {"requests": n, "apportioner_us": cpu_s / n * 1e6}
+
+
 def cpu_reference_us() -> float:
     """Best time of sum(range(1000)) in us: a yardstick for comparing machines (a current
     desktop core does it in ~8-10 us)."""
@@ -178,6 +244,7 @@ def cpu_reference_us() -> float:
 
 def markdown(result: dict[str, Any]) -> str:
     t, r, w = result["throughput"], result["record"], result["ingest_write"]
+    a = result["apportioner"]
     return "\n".join([
         "# Apportioning benchmark",
         "",
@@ -200,11 +267,15 @@ def markdown(result: dict[str, Any]) -> str:
         f"| off-path SQLite ledger write, us per request | {w['ledger_write_us']:.1f} | |",
         f"| off-path ingest + ledger write, us per request | {w['ingest_write_us']:.1f} | "
         f"<= {w['target_ingest_write_us']:.0f} |",
+        f"| apportioner step on SQLite (read work, apportion, price, write shares), us per "
+        f"request | {a['apportioner_us']:.1f} | |",
         "",
         f"Workload: {t['requests']:,} streamed requests on 8 engines, prompts 16-4000 tokens, "
         "outputs 4-600 tokens, ~2 tokens per SSE event, 1 s intervals. Ingest and ledger write: "
         f"{w['requests']:,} such requests into a fresh SQLite ledger, {w['batch']} per flush; "
-        "CPU time of the process (the ledger's worker thread included).",
+        "CPU time of the process (the ledger's worker thread included). Apportioner step: "
+        f"{a['requests']:,} such requests already in the ledger, apportioned interval by "
+        "interval as the service does.",
         "",
     ])
 
@@ -221,6 +292,7 @@ def main() -> None:
         "throughput": throughput(n, 2 if args.quick else 5),
         "record": record_cost(20_000 if args.quick else 200_000),
         "ingest_write": ingest_write_cost(2000 if args.quick else 8000, 500),
+        "apportioner": apportioner_cost(1000 if args.quick else 4000),
     }
     md = markdown(result)
     print(md)

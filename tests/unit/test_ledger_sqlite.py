@@ -243,6 +243,8 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     conn.execute(sql.SET_VERSION, (1,))
     conn.execute(sql.INSERT_REQUEST, ("r0", "t", "m", "e0", "bf16", "d", "ok", 1, 10.0, 11.0, 0,
                                       5, 6, 1, 11, "x"))
+    conn.execute("INSERT INTO work (request_id, engine, interval_idx, prefill, decode, "
+                 "residency_s, start_s, kv) VALUES ('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0)")
     conn.commit()
     conn.close()
     ledger = SqliteLedger(path)
@@ -252,6 +254,11 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     indexes = await ledger._fetch("SELECT name FROM sqlite_master WHERE tbl_name = 'work' "
                                   "AND type = 'index'", ())
     assert ("work_request",) not in indexes and ("work_pending",) in indexes
+    (table,) = await ledger._fetch("SELECT sql FROM sqlite_master WHERE name = 'work'", ())
+    assert "WITHOUT ROWID" in table[0]  # clustered by (engine, interval, request)
     got = await ledger.request("r0")
     assert got is not None and got["tenant"] == "t" and got["slo_met"] is True
+    pending = await ledger.work("e0", 11, 11)
+    assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
+        ("r0", 6.0, "t")]
     await ledger.close()

@@ -48,6 +48,26 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     # row (a request's pending work is found through work_pending).
     (2, ("DROP INDEX IF EXISTS work_request",)),
 )
+# Statements one store runs after a version's shared ones.
+DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
+    "sqlite": {
+        # Work clustered by its key: the rows the apportioner reads and marks for one interval
+        # lie together, so a commit writes a few pages, not one page per request.
+        2: (
+            """CREATE TABLE work_clustered (
+                request_id TEXT NOT NULL, engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL,
+                prefill {REAL} NOT NULL, decode {REAL} NOT NULL, residency_s {REAL} NOT NULL,
+                start_s {REAL} NOT NULL, kv {REAL} NOT NULL,
+                apportioned INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (engine, interval_idx, request_id)) WITHOUT ROWID""",
+            """INSERT INTO work_clustered SELECT request_id, engine, interval_idx, prefill,
+                decode, residency_s, start_s, kv, apportioned FROM work""",
+            "DROP TABLE work",
+            "ALTER TABLE work_clustered RENAME TO work",
+            "CREATE INDEX work_pending ON work (engine, interval_idx) WHERE apportioned = 0",
+        ),
+    },
+}
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 CREATE_VERSION = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
@@ -128,7 +148,9 @@ USAGE_IDLE = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle
 def schema(dialect: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
     types = ({"REAL": "REAL", "BIGINT": "INTEGER"} if dialect == "sqlite"
              else {"REAL": "DOUBLE PRECISION", "BIGINT": "BIGINT"})
-    return tuple((v, tuple(s.format(**types) for s in stmts)) for v, stmts in MIGRATIONS)
+    extra = DIALECT_MIGRATIONS.get(dialect, {})
+    return tuple((v, tuple(s.format(**types) for s in (*stmts, *extra.get(v, ()))))
+                 for v, stmts in MIGRATIONS)
 
 
 def usage_sql(template: str, tenant: bool, column: str) -> str:
