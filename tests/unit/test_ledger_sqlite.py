@@ -262,3 +262,16 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
         ("r0", 6.0, "t")]
     await ledger.close()
+
+
+def test_pending_work_queries_use_the_pending_index_not_a_table_scan(tmp_path: Path) -> None:
+    """Dirty intervals and a request's pending work are found through the small index of
+    unapportioned rows (a scan by primary key would read the engine's whole history)."""
+    conn = sqlite3.connect(tmp_path / "l.db")
+    for _, statements in sql.schema("sqlite"):
+        for statement in statements:
+            conn.execute(statement)
+    for query, params in ((sql.SELECT_DIRTY, ("e0", 5)), (sql.SELECT_REQUEST_PENDING, ("e0", "r"))):
+        plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
+        assert "work_pending" in plan, plan
+    conn.close()

@@ -120,8 +120,7 @@ class ShareRow(NamedTuple):
     estimated: int  # 1 when the interval's energy is estimated, not measured
 
 
-@dataclass(frozen=True, slots=True)
-class PendingWork:
+class PendingWork(NamedTuple):
     """A work row read back for apportioning, with its tenant and whether it was apportioned."""
 
     tenant: str

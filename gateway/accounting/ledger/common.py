@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,9 @@ from gateway.accounting.ledger.base import (
 from gateway.accounting.work import WorkRow
 
 Batch = tuple[str, Sequence[Sequence[Any]]]
+TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
+TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -37,6 +41,9 @@ def _num(v: Any) -> Any:
 
 class SqlLedger(ABC):
     kind = "sql"
+
+    def __init__(self) -> None:
+        self._tenant_cache: dict[str, str] = {}
 
     @abstractmethod
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -57,9 +64,23 @@ class SqlLedger(ABC):
 
     async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
         rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
-        return [PendingWork(r[7], bool(r[6]),
-                            WorkRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], r[8]))
+        tenant_of = (await self._tenants({r[0] for r in rows})).get
+        return [_new(PendingWork, (tenant_of(r[0], ""), r[7] != 0, _new(WorkRow, r[:7])))
                 for r in rows]
+
+    async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
+        """Tenant by request id. A request's tenant never changes once written, and its work
+        is read interval after interval: each is looked up once, then kept (bounded)."""
+        cache = self._tenant_cache
+        missing = [r for r in request_ids if r not in cache]
+        for i in range(0, len(missing), TENANT_CHUNK):
+            chunk = tuple(missing[i:i + TENANT_CHUNK])
+            query = sql.SELECT_TENANTS.format(MARKS=", ".join("?" * len(chunk)))
+            cache.update(await self._fetch(query, chunk))
+        if len(cache) > TENANT_CACHE:
+            for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
+                del cache[rid]  # the oldest half: their requests' work is long apportioned
+        return cache
 
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:

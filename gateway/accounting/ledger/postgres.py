@@ -24,6 +24,7 @@ class PostgresLedger(SqlLedger):
     kind = "postgres"
 
     def __init__(self, dsn: str, *, pool_size: int = 4):
+        super().__init__()
         self._dsn = dsn
         self._pool_size = pool_size
         self._pool: Any = None

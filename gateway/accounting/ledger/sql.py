@@ -64,7 +64,10 @@ DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
                 decode, residency_s, start_s, kv, apportioned FROM work""",
             "DROP TABLE work",
             "ALTER TABLE work_clustered RENAME TO work",
-            "CREATE INDEX work_pending ON work (engine, interval_idx) WHERE apportioned = 0",
+            # `apportioned` in the key too: with equality on it the planner takes this small
+            # index for pending work, not a range scan of the whole table by its primary key.
+            """CREATE INDEX work_pending ON work (engine, apportioned, interval_idx)
+                WHERE apportioned = 0""",
         ),
     },
 }
@@ -81,10 +84,11 @@ INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, pre
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
     kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
 SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
-SELECT_WORK = """SELECT w.request_id, w.interval_idx, w.prefill, w.decode, w.residency_s,
-    w.start_s, w.apportioned, COALESCE(r.tenant, ''), w.kv FROM work w
-    LEFT JOIN requests r ON r.request_id = w.request_id
-    WHERE w.engine = ? AND w.interval_idx >= ? AND w.interval_idx <= ?"""
+# A WorkRow's columns, then whether it was apportioned. Tenants are read apart, once per
+# request (SELECT_TENANTS), not joined onto each of its rows.
+SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv,
+    apportioned FROM work WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+SELECT_TENANTS = "SELECT request_id, tenant FROM requests WHERE request_id IN ({MARKS})"
 SELECT_TENANT_SHARES = """SELECT s.interval_idx, COALESCE(r.tenant, ''), SUM(s.energy_j),
     SUM(s.carbon_g), SUM(s.cost_usd) FROM shares s
     LEFT JOIN requests r ON r.request_id = s.request_id

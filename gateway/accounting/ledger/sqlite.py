@@ -27,6 +27,7 @@ class SqliteLedger(SqlLedger):
     kind = "sqlite"
 
     def __init__(self, path: str | Path):
+        super().__init__()
         self.path = Path(path)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger")
         self._conn: sqlite3.Connection | None = None
