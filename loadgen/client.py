@@ -383,10 +383,10 @@ def young_gc_only() -> Iterator[None]:
 
     A full collection walks every tracked object (the plan, the bodies, the results so far)
     and stops the loop for tens of milliseconds, which shows up as schedule lag. The heap at the
-    start is frozen out of collection and full collections wait for the end of the run, which
-    is bounded in count and time; young collections (sub-millisecond) keep running.
+    start is frozen out of collection (O(1); no collection now, which could itself take longer
+    than the caller's lead time before t0) and full collections wait for the end of the run,
+    which is bounded in count and time; young collections (sub-millisecond) keep running.
     """
-    gc.collect()
     gc.freeze()
     threshold = gc.get_threshold()
     gc.set_threshold(threshold[0], threshold[1], 1 << 30)
@@ -436,13 +436,32 @@ async def _open_loop(client: Client, plan: Sequence[PlannedRequest], bodies: lis
     loop = asyncio.get_running_loop()
     t0 = client.t0
     tasks: list[asyncio.Task[RequestResult]] = []
+    # Completion is counted as it happens (one C-level callback per task), so the end of the
+    # schedule costs nothing: waiting on all tasks at once would first walk every one of them
+    # (milliseconds for thousands), delaying the last sends and the reads still arriving.
+    outstanding = 0
+    dispatched = False
+    finished = asyncio.Event()
+
+    def on_done(_: object) -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        if dispatched and outstanding == 0:
+            finished.set()
+
     for req, body in zip(plan, bodies, strict=True):
         due = t0 + req.intended_s
         if time.monotonic() < due:
             await _sleep_until(due)
-        tasks.append(loop.create_task(client.send(req, body, req.intended_s)))
+        task = loop.create_task(client.send(req, body, req.intended_s))
+        task.add_done_callback(on_done)
+        outstanding += 1
+        tasks.append(task)
+    dispatched = True
+    if outstanding == 0:
+        finished.set()
     last_due = t0 + (plan[-1].intended_s if plan else 0.0)
-    return await _collect(plan, tasks, last_due + opts.grace_s, t0)
+    return await _collect(plan, tasks, finished, last_due + opts.grace_s, t0)
 
 
 async def _closed_loop(client: Client, plan: Sequence[PlannedRequest], bodies: list[bytes],
@@ -463,10 +482,12 @@ async def _closed_loop(client: Client, plan: Sequence[PlannedRequest], bodies: l
 
 
 async def _collect(plan: Sequence[PlannedRequest], tasks: list[asyncio.Task[RequestResult]],
-                   deadline: float, t0: float) -> list[RequestResult]:
-    remaining = max(0.0, deadline - time.monotonic())
-    if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=remaining)
+                   finished: asyncio.Event, deadline: float, t0: float) -> list[RequestResult]:
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            await finished.wait()
+    except TimeoutError:
+        pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         if pending:
