@@ -91,7 +91,7 @@ async def test_a_request_split_into_single_bytes_is_served() -> None:
         for byte in request(stream=True):
             writer.write(bytes([byte]))
             await writer.drain()
-        status, headers, body = await read_response(reader)
+        status, _, body = await read_response(reader)
         writer.close()
     assert status == 200 and body.endswith(b"data: [DONE]\n\n")
 
