@@ -111,6 +111,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": commit, "quick": args.quick, "runs": args.runs, "duration_s": args.duration,
+        "settle_s": args.settle,
         "connections": args.connections, "cpu": cpu, "cpus": os.cpu_count(),
         "kernel": f"Linux {platform.release()}",
         "loadavg": _loadavg(),
@@ -144,7 +145,8 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 # Rotate who goes first so slow drift on the shared machine hits all alike.
                 shift = (run + index) % len(targets)
                 for target in targets[shift:] + targets[:shift]:
-                    res = run_wrk(target.url, mode, conns, args.duration, target.pids, engine_pids)
+                    res = run_wrk(target.url, mode, conns, args.duration, target.pids, engine_pids,
+                                  settle_s=args.settle)
                     raw.append({"run": run, "mode": mode, "connections": conns,
                                 "target": target.name, "requests": res.requests,
                                 "duration_s": res.duration_s, "rps": res.rps,
@@ -239,6 +241,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 run of 1 s per cell (smoke check)")
     p.add_argument("--runs", type=int, default=None, help="interleaved runs per cell (5)")
     p.add_argument("--duration", type=int, default=None, help="whole seconds per run (4)")
+    p.add_argument("--settle", type=float, default=2.5,
+                   help="seconds after each run still counted in the proxy's CPU (deferred "
+                        "work, e.g. accounting, is charged to the run that caused it)")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--modes", nargs="+", default=list(report.MODES), choices=report.MODES)
     p.add_argument("--targets", nargs="+", default=list(PROXIES), choices=PROXIES)
@@ -253,6 +258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=25, help="frames to list in --profile")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
+    if args.quick:
+        args.settle = min(args.settle, 0.5)
     args.duration = args.duration or (1 if args.quick else 4)
     args.warmup = 1.0  # wrk takes whole seconds
     return args

@@ -1,7 +1,10 @@
 """One measured load run: wrk (pinned beside the engine) against one target, with CPU accounting.
 
-Proxy CPU is utime+stime of the proxy's processes from /proc/PID/stat, read before and after
-the run; the load client's CPU comes from wait4's rusage; the engine's like the proxy's.
+Proxy CPU is utime+stime of the proxy's processes from /proc/PID/stat, read before the run and
+`settle_s` after it ends, so work a proxy defers past the response (wattgate's accounting
+apportions each 1-s interval once it has closed) is charged to the run whose requests caused it,
+not to whichever run comes next; idle CPU in that window is charged too. The load client's CPU
+comes from wait4's rusage; the engine's like the proxy's.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def cpu_s(pids: list[int]) -> float:
 
 
 def run_wrk(url: str, mode: str, connections: int, duration_s: float, proxy_pids: list[int],
-            engine_pids: list[int]) -> RunResult:
+            engine_pids: list[int], settle_s: float = 0.0) -> RunResult:
     """One wrk run, bounded by duration (and a hard timeout); raises on a failed run."""
     env = {**os.environ, "BENCH_BODY": BODIES[mode].decode(), "BENCH_API_KEY": API_KEY}
     cmd = ["taskset", "-c", ENGINE_CORE, "wrk", "-t1", f"-c{connections}",
@@ -82,6 +85,8 @@ def run_wrk(url: str, mode: str, connections: int, duration_s: float, proxy_pids
         proc.kill()
         proc.wait()
         raise TimeoutError(f"wrk against {url} ran past {duration_s + 20:.0f} s")
+    if settle_s > 0:
+        time.sleep(settle_s)
     proxy1, engine1 = cpu_s(proxy_pids), cpu_s(engine_pids)
     assert proc.stdout is not None
     out = proc.stdout.read().decode(errors="replace")
