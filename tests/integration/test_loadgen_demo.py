@@ -42,9 +42,13 @@ def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_keep_running_prints_urls_serves_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    # Ctrl-C as at a terminal, even when this test runs under a shell that started it in the
+    # background (which leaves SIGINT ignored, and the demo would inherit that)
     with subprocess.Popen(wattgate_cmd("demo", "--duration", "6", "--keep-running", "--out",
                                        str(tmp_path)), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True) as proc:
+                          stderr=subprocess.DEVNULL, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+                          ) as proc:
         try:
             assert proc.stdout is not None
             lines = []
