@@ -84,6 +84,12 @@ class Flight:
         self.status = "ok"
         self.http_status = 200
 
+    def token_read(self, now: float, tokens: int) -> None:
+        """One engine read that carried `tokens` token-bearing events, at `now`."""
+        if self.first_token_s is None:
+            self.first_token_s = now
+        self.reads.append((now, tokens))
+
     def fail(self, exc: WattgateError) -> None:
         self.status = exc.code
         self.http_status = exc.status
@@ -339,14 +345,11 @@ class Proxy:
         """Relay with one awaited read and write per engine read (any server). Returns the
         final piece (to go out with the end of the stream), None if the client went away."""
         clock = self.clock
-        reads = flight.reads
         while data := await upstream.read():
             now = clock()
             out, tokens = scanner.feed(data)
             if tokens:
-                if flight.first_token_s is None:
-                    flight.first_token_s = now
-                reads.append((now, tokens))
+                flight.token_read(now, tokens)
             if out and upstream.at_end():
                 return out
             if out and not await exchange.write(out):
@@ -360,7 +363,6 @@ class Proxy:
         """Relay from the engine connection's own callback straight to the client's socket:
         no task wake-up per engine read. Same results as `_pump`."""
         clock = self.clock
-        reads = flight.reads
         last = b""
         gone = False
 
@@ -369,9 +371,7 @@ class Proxy:
             now = clock()
             out, tokens = scanner.feed(data)
             if tokens:
-                if flight.first_token_s is None:
-                    flight.first_token_s = now
-                reads.append((now, tokens))
+                flight.token_read(now, tokens)
             if at_end:
                 last = out
             elif out:

@@ -34,6 +34,11 @@ _STREAM_HEAD = (b"Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n
 _END = b"0\r\n\r\n"
 
 
+def _chunk(data: bytes) -> bytes:
+    """One piece in chunked transfer coding."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
 class _DateHeader:
     """`Date: ...\r\n`, formatted once a second."""
 
@@ -280,14 +285,9 @@ class FrontExchange:
         self._pending_head = b"".join(self._head_bytes(200, _STREAM_HEAD, headers))
 
     async def write(self, data: bytes) -> bool:
-        conn = self._conn
-        if conn.lost:
+        if not self.write_now(data):
             return False
-        frame = b"%x\r\n%b\r\n" % (len(data), data)
-        if self._pending_head:
-            frame = self._pending_head + frame
-            self._pending_head = b""
-        conn.send(frame)
+        conn = self._conn
         if conn._write_paused:
             await conn.drained()
         return not conn.lost
@@ -300,7 +300,7 @@ class FrontExchange:
         conn = self._conn
         if conn.lost:
             return False
-        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        frame = _chunk(data)
         if self._pending_head:
             frame = self._pending_head + frame
             self._pending_head = b""
@@ -320,6 +320,6 @@ class FrontExchange:
 
     async def end_stream(self, last: bytes = b"") -> None:
         self.finished = True
-        frame = b"%x\r\n%b\r\n%b" % (len(last), last, _END) if last else _END
+        frame = _chunk(last) + _END if last else _END
         self._conn.send(self._pending_head + frame)
         self._pending_head = b""
