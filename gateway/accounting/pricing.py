@@ -86,17 +86,15 @@ class Pricing:
     embodied_g_per_gpu_s: float = 0.0
 
     def carbon_g(self, energy_j: float, gpu_s: float, t_s: float) -> float:
-        kwh = energy_j / J_PER_KWH
-        return kwh * self.pue * self.intensity_g_per_kwh.at(t_s) + self.embodied_g_per_gpu_s * gpu_s
+        return self.charges((energy_j,), (gpu_s,), t_s)[0][0]
 
     def cost_usd(self, energy_j: float, gpu_s: float, t_s: float) -> float:
-        kwh = energy_j / J_PER_KWH
-        return kwh * self.pue * self.price_usd_per_kwh.at(t_s) + self.gpu_hour_usd * gpu_s / 3600.0
+        return self.charges((energy_j,), (gpu_s,), t_s)[1][0]
 
     def charges(self, energy_j: Sequence[float], gpu_s: Sequence[float], t_s: float
                 ) -> tuple[list[float], list[float]]:
-        """carbon_g and cost_usd of many (energy_j, gpu_s) at one time: the arithmetic of
-        carbon_g and cost_usd, with the time series looked up once."""
+        """carbon_g and cost_usd of many (energy_j, gpu_s) at one time, with the time series
+        looked up once (the single-value methods are this with one of each)."""
         pue = self.pue
         intensity = self.intensity_g_per_kwh.at(t_s)
         price = self.price_usd_per_kwh.at(t_s)
