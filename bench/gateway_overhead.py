@@ -145,8 +145,10 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 # Rotate who goes first so slow drift on the shared machine hits all alike.
                 shift = (run + index) % len(targets)
                 for target in targets[shift:] + targets[:shift]:
+                    # Only wattgate defers work past the response (its accounting).
+                    settle = args.settle if target.name.startswith("wattgate") else 0.0
                     res = run_wrk(target.url, mode, conns, args.duration, target.pids, engine_pids,
-                                  settle_s=args.settle)
+                                  settle_s=settle)
                     raw.append({"run": run, "mode": mode, "connections": conns,
                                 "target": target.name, "requests": res.requests,
                                 "duration_s": res.duration_s, "rps": res.rps,
@@ -241,9 +243,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 run of 1 s per cell (smoke check)")
     p.add_argument("--runs", type=int, default=None, help="interleaved runs per cell (5)")
     p.add_argument("--duration", type=int, default=None, help="whole seconds per run (4)")
-    p.add_argument("--settle", type=float, default=2.5,
-                   help="seconds after each run still counted in the proxy's CPU (deferred "
-                        "work, e.g. accounting, is charged to the run that caused it)")
+    p.add_argument("--settle", type=float, default=4.0,
+                   help="seconds after each wattgate run still counted in its CPU, so deferred "
+                        "work is charged to the run that caused it: accounting apportions an "
+                        "interval settle_s (2 s) after it ends, polling every 0.25 s")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--modes", nargs="+", default=list(report.MODES), choices=report.MODES)
     p.add_argument("--targets", nargs="+", default=list(PROXIES), choices=PROXIES)

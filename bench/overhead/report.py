@@ -115,9 +115,10 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Columns: req/s (streams/s for streaming), p50/p99 latency to the end of the response, "
         "added p50 vs the direct path in the same run, proxy CPU-µs per request (utime+stime of "
-        f"the proxy's processes from the start of the run until {meta.get('settle_s', 0):g} s "
-        "after its end, so deferred work such as wattgate's accounting is charged to the run "
-        "that caused it, idle CPU included / requests; for `direct` it is the engine's own), "
+        "the proxy's processes from the start of the run until its end, for wattgate until "
+        f"{meta.get('settle_s', 0):g} s after it, so the accounting work its requests cause "
+        "(apportioned 2 s after each interval ends) is charged to the run that caused it; idle "
+        "CPU included / requests; for `direct` it is the engine's own), "
         "`vs vllm-router` = req/s ratio, and core-0 busy share (engine + client; near 1.0 means "
         "they, not the proxy, were the limit).",
         "",

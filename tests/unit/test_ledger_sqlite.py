@@ -275,3 +275,36 @@ def test_pending_work_queries_use_the_pending_index_not_a_table_scan(tmp_path: P
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
         assert "work_pending" in plan, plan
     conn.close()
+
+
+async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appending a request primes the tenant cache, so reading its work back asks the ledger
+    for no tenant; the cache keeps its bound, and an evicted request's tenant is read again."""
+    from gateway.accounting.ledger import common
+
+    monkeypatch.setattr(common, "TENANT_CACHE", 10)
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    queries: list[str] = []
+    fetch = ledger._fetch
+
+    async def counting(query: str, params: tuple[object, ...]) -> list[tuple[object, ...]]:
+        queries.append(query)
+        return await fetch(query, params)
+
+    monkeypatch.setattr(ledger, "_fetch", counting)
+    for i in range(30):
+        row = RequestRow(f"r{i:02d}", f"t{i % 3}", "m", "e0", "bf16", "d", "ok", 1, 10.0 + i,
+                         11.0 + i, 0, 5, 6, 1, 11, "x")
+        await ledger.append([row], [(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
+        assert len(ledger._tenant_cache) <= 10
+    newest = await ledger.work("e0", 25, 29)
+    assert [(p.row.request_id, p.tenant) for p in sorted(newest, key=lambda p: p.row)] == [
+        (f"r{i:02d}", f"t{i % 3}") for i in range(25, 30)]
+    assert not [q for q in queries if "FROM requests" in q]  # all five were in the cache
+    everything = await ledger.work("e0", 0, 29)
+    assert sorted((p.row.request_id, p.tenant) for p in everything) == [
+        (f"r{i:02d}", f"t{i % 3}") for i in range(30)]  # evicted ones looked up again
+    assert [q for q in queries if "FROM requests" in q]
+    await ledger.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from gateway.accounting.ledger import sql
@@ -24,6 +25,7 @@ Batch = tuple[str, Sequence[Sequence[Any]]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__
+_ID_TENANT = itemgetter(0, 1)  # a RequestRow's (request_id, tenant)
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -56,6 +58,9 @@ class SqlLedger(ABC):
             return
         # The rows are their statements' parameters already: nothing is rebuilt here.
         await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work)])
+        # The apportioner reads these requests' work back soon: their tenants need no lookup.
+        self._tenant_cache.update(map(_ID_TENANT, requests))
+        self._bound_tenants()
 
     async def states(self) -> dict[str, EngineState]:
         rows = await self._fetch(sql.SELECT_STATES, ())
@@ -71,16 +76,20 @@ class SqlLedger(ABC):
     async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
         """Tenant by request id. A request's tenant never changes once written, and its work
         is read interval after interval: each is looked up once, then kept (bounded)."""
+        self._bound_tenants()  # before the look-up: what this read needs stays in
         cache = self._tenant_cache
         missing = [r for r in request_ids if r not in cache]
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])
             query = sql.SELECT_TENANTS.format(MARKS=", ".join("?" * len(chunk)))
             cache.update(await self._fetch(query, chunk))
+        return cache
+
+    def _bound_tenants(self) -> None:
+        cache = self._tenant_cache
         if len(cache) > TENANT_CACHE:
             for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
                 del cache[rid]  # the oldest half: their requests' work is long apportioned
-        return cache
 
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
