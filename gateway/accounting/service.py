@@ -48,6 +48,7 @@ log = logging.getLogger("wattgate.accounting")
 DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop
+BOOK_CHUNK = 1024  # shares of one interval booked between two yields to the event loop
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
@@ -325,7 +326,7 @@ class AccountingService:
             raw = e_end - boundary_j + eng.carry_j
             eng.carry_j = min(raw, 0.0)  # a negative step is carried, never dropped
             boundary_s, boundary_j = (k + 1) * self.config.interval_s, e_end
-            self._one(eng, k, max(raw, 0.0), rows, intervals, shares, marks, tenant_new)
+            await self._one(eng, k, max(raw, 0.0), rows, intervals, shares, marks, tenant_new)
             await asyncio.sleep(0)  # one interval at a time: requests keep flowing meanwhile
         stored = {i.interval_idx: i for i in await self.ledger.intervals(name, dirty)}
         if dirty and self.metrics:
@@ -343,8 +344,8 @@ class AccountingService:
                 # Work from before this engine was first metered: no measured energy to share.
                 marks.extend((p.row.request_id, k) for p in by_idx.get(k, []))
                 continue
-            self._one(eng, k, old.energy_j, by_idx.get(k, []), intervals, shares, marks,
-                      tenant_new)
+            await self._one(eng, k, old.energy_j, by_idx.get(k, []), intervals, shares, marks,
+                            tenant_new)
             if self.metrics:
                 self.metrics.revisions.labels(name).inc()
         new_state = EngineState(name, ready[-1][0] + 1 if ready else st.next_interval,
@@ -358,9 +359,9 @@ class AccountingService:
         self._after_commit(eng, new_state, intervals[:len(ready)], tenant_new, idle_delta)
         return len(intervals)
 
-    def _one(self, eng: _Engine, k: int, energy_j: float, rows: list[PendingWork],
-             intervals: list[IntervalRow], shares: list[ShareRow], marks: list[tuple[str, int]],
-             tenant_new: dict[str, list[float]]) -> None:
+    async def _one(self, eng: _Engine, k: int, energy_j: float, rows: list[PendingWork],
+                   intervals: list[IntervalRow], shares: list[ShareRow],
+                   marks: list[tuple[str, int]], tenant_new: dict[str, list[float]]) -> None:
         dt = self.config.interval_s
         info = eng.info
         idle_w = (eng.idle_power_w if eng.idle_power_w is not None
@@ -368,6 +369,10 @@ class AccountingService:
         work = [p.row for p in rows]
         c = eng.coeffs
         result = apportion_by(energy_j, dt, idle_w, work, c)
+        if len(rows) > BOOK_CHUNK:
+            # A busy interval (thousands of requests) takes milliseconds to apportion and as
+            # long again to book: let requests through in between.
+            await asyncio.sleep(0)
         t0 = k * dt
         pricing = self.config.pricing
         estimated = eng.estimated or eng.track.estimated
@@ -388,11 +393,14 @@ class AccountingService:
                 statics, dynamics, gpu_s, carbon, cost, repeat(1 if estimated else 0))))
             tenant_of = {p.row.request_id: p.tenant for p in rows}
             setdefault = tenant_new.setdefault
-            for rid, e, cg, usd in zip(rids, energies, carbon, cost, strict=True):
+            for n, (rid, e, cg, usd) in enumerate(zip(rids, energies, carbon, cost,
+                                                      strict=True), 1):
                 acc = setdefault(tenant_of[rid], [0.0, 0.0, 0.0])
                 acc[0] += e
                 acc[1] += cg
                 acc[2] += usd
+                if not n % BOOK_CHUNK:
+                    await asyncio.sleep(0)
         marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),

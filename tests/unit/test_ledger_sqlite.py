@@ -4,6 +4,7 @@ apportioner per file, late records, and the chargeback report."""
 from __future__ import annotations
 
 import bisect
+import collections
 import math
 import sqlite3
 import statistics
@@ -308,3 +309,43 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
         (f"r{i:02d}", f"t{i % 3}") for i in range(30)]  # evicted ones looked up again
     assert [q for q in queries if "FROM requests" in q]
     await ledger.close()
+
+
+@pytest.mark.timeout(60)
+async def test_apportioning_in_small_chunks_gives_the_same_shares(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy intervals are read back and booked in chunks, yielding to the event loop between
+    them; chunks of a few rows give exactly the shares and tenant counters of one pass."""
+    from gateway.accounting import service
+    from gateway.accounting.ledger import common
+
+    async def shares_and_counters(path: Path) -> tuple[list[tuple[object, ...]],
+                                                       dict[str, list[float]]]:
+        run = run_engine(5, duration_s=12.0)
+        clock = Clock(T0_WALL)
+        svc = make_service(SqliteLedger(path), run, clock)
+        tenant_new: dict[str, list[float]] = {}
+        book = svc._one
+
+        async def spying(*args: object) -> None:
+            await book(*args)  # type: ignore[arg-type]
+            for tenant, acc in args[-1].items():  # type: ignore[attr-defined]
+                tenant_new[tenant] = list(acc)
+
+        monkeypatch.setattr(svc, "_one", spying)
+        await svc.ledger.open()
+        await drive(svc, run, clock, run.readings[-1][0])
+        rows = await svc.ledger._fetch(  # type: ignore[attr-defined]
+            "SELECT request_id, interval_idx, energy_j, carbon_g, cost_usd FROM shares "
+            "ORDER BY interval_idx, request_id", ())
+        await svc.stop()
+        return rows, tenant_new
+
+    whole, whole_tenants = await shares_and_counters(tmp_path / "whole.db")
+    monkeypatch.setattr(service, "BOOK_CHUNK", 2)
+    monkeypatch.setattr(common, "WORK_CHUNK", 3)
+    chunked, chunked_tenants = await shares_and_counters(tmp_path / "chunked.db")
+    per_interval = collections.Counter(r[1] for r in whole)
+    assert max(per_interval.values()) > 3  # the chunked run did split intervals
+    assert len(whole) > 50 and chunked == whole
+    assert chunked_tenants == whole_tenants and whole_tenants

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from gateway.accounting.work import WorkRow
 Batch = tuple[str, Sequence[Sequence[Any]]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
+WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__
 _ID_TENANT = itemgetter(0, 1)  # a RequestRow's (request_id, tenant)
 
@@ -70,8 +72,13 @@ class SqlLedger(ABC):
     async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
         rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
         tenant_of = (await self._tenants({r[0] for r in rows})).get
-        return [_new(PendingWork, (tenant_of(r[0], ""), r[7] != 0, _new(WorkRow, r[:7])))
-                for r in rows]
+        out: list[PendingWork] = []
+        for i in range(0, len(rows), WORK_CHUNK):
+            if i:
+                await asyncio.sleep(0)  # thousands of rows: let requests through in between
+            out += [_new(PendingWork, (tenant_of(r[0], ""), r[7] != 0, _new(WorkRow, r[:7])))
+                    for r in rows[i:i + WORK_CHUNK]]
+        return out
 
     async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
         """Tenant by request id. A request's tenant never changes once written, and its work
