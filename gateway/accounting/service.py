@@ -24,6 +24,7 @@ from engines.meters.base import Meter, MeterError
 from engines.meters.model import ModelMeter
 from engines.meters.registry import make_meter
 from gateway.accounting.apportion import apportion_by
+from gateway.accounting.chunks import in_chunks
 from gateway.accounting.coefficients import Coefficients, default_for, fit_intervals, fitted
 from gateway.accounting.config import AccountingConfig, LedgerConfig
 from gateway.accounting.energy import Boundary, EnergyTrack
@@ -48,7 +49,7 @@ log = logging.getLogger("wattgate.accounting")
 DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop
-BOOK_CHUNK = 1024  # shares of one interval booked between two yields to the event loop
+BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
@@ -198,17 +199,15 @@ class AccountingService:
         """`ingest` in chunks, yielding to the loop between them so a burst of records never
         holds up request handling for long (~50-100 us of CPU per record)."""
         pending, self._pending = self._pending, []
-        for i in range(0, len(pending), chunk):
-            if i:
-                await asyncio.sleep(0)
-            self._rows_from(pending[i:i + chunk])
+        async for part in in_chunks(pending, chunk):
+            self._rows_from(part)
 
     def ingest(self) -> None:
         """Turn every queued record into ledger rows now."""
         pending, self._pending = self._pending, []
         self._rows_from(pending)
 
-    def _rows_from(self, pending: list[RequestRecord]) -> None:
+    def _rows_from(self, pending: Sequence[RequestRecord]) -> None:
         dt = self.config.interval_s
         replica = self.replica
         from_record = RequestRow.from_record
@@ -369,9 +368,9 @@ class AccountingService:
         work = [p.row for p in rows]
         c = eng.coeffs
         result = apportion_by(energy_j, dt, idle_w, work, c)
-        if len(rows) > BOOK_CHUNK:
-            # A busy interval (thousands of requests) takes milliseconds to apportion and as
-            # long again to book: let requests through in between.
+        if len(rows) > BUSY_ROWS:
+            # A busy interval (thousands of requests) takes milliseconds to apportion and about
+            # as long to book: let requests through in between.
             await asyncio.sleep(0)
         t0 = k * dt
         pricing = self.config.pricing
@@ -393,14 +392,11 @@ class AccountingService:
                 statics, dynamics, gpu_s, carbon, cost, repeat(1 if estimated else 0))))
             tenant_of = {p.row.request_id: p.tenant for p in rows}
             setdefault = tenant_new.setdefault
-            for n, (rid, e, cg, usd) in enumerate(zip(rids, energies, carbon, cost,
-                                                      strict=True), 1):
+            for rid, e, cg, usd in zip(rids, energies, carbon, cost, strict=True):
                 acc = setdefault(tenant_of[rid], [0.0, 0.0, 0.0])
                 acc[0] += e
                 acc[1] += cg
                 acc[2] += usd
-                if not n % BOOK_CHUNK:
-                    await asyncio.sleep(0)
         marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),

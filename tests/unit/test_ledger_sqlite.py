@@ -314,8 +314,9 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
 @pytest.mark.timeout(60)
 async def test_apportioning_in_small_chunks_gives_the_same_shares(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Busy intervals are read back and booked in chunks, yielding to the event loop between
-    them; chunks of a few rows give exactly the shares and tenant counters of one pass."""
+    """Busy intervals are read back in chunks and apportioned apart from their booking, with
+    the event loop served in between; at a few rows per chunk the shares and tenant counters
+    are exactly those of one pass."""
     from gateway.accounting import service
     from gateway.accounting.ledger import common
 
@@ -342,7 +343,7 @@ async def test_apportioning_in_small_chunks_gives_the_same_shares(
         return rows, tenant_new
 
     whole, whole_tenants = await shares_and_counters(tmp_path / "whole.db")
-    monkeypatch.setattr(service, "BOOK_CHUNK", 2)
+    monkeypatch.setattr(service, "BUSY_ROWS", 2)
     monkeypatch.setattr(common, "WORK_CHUNK", 3)
     chunked, chunked_tenants = await shares_and_counters(tmp_path / "chunked.db")
     per_interval = collections.Counter(r[1] for r in whole)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
+from gateway.accounting.chunks import in_chunks
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import (
     EngineState,
@@ -73,11 +73,9 @@ class SqlLedger(ABC):
         rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
         tenant_of = (await self._tenants({r[0] for r in rows})).get
         out: list[PendingWork] = []
-        for i in range(0, len(rows), WORK_CHUNK):
-            if i:
-                await asyncio.sleep(0)  # thousands of rows: let requests through in between
+        async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
             out += [_new(PendingWork, (tenant_of(r[0], ""), r[7] != 0, _new(WorkRow, r[:7])))
-                    for r in rows[i:i + WORK_CHUNK]]
+                    for r in part]
         return out
 
     async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
