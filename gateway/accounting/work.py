@@ -115,9 +115,10 @@ def _events_per_interval(reads: tuple[tuple[float, int], ...], wall_offset_s: fl
 _new_row = tuple.__new__  # builds a WorkRow without the Python-level NamedTuple __new__
 
 
-def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S
-              ) -> list[WorkRow]:
-    """The request's work per interval of its engine (empty when it never reached one)."""
+def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S, *,
+              shortcut: bool = True) -> list[WorkRow]:
+    """The request's work per interval of its engine (empty when it never reached one).
+    `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
     if not rec.engine or rec.dispatched_s is None:
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
@@ -157,6 +158,12 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
             span = (k_r0, k_rl) if len(prefill) > 1 else None
             return _streamed_rows(rec.request_id, reads, total, off, completion, prompt,
                                   prefill, t_disp, t_end, k_first, k_last, interval_s, span)
+    if (shortcut and k_first == k_last and not reads
+            and (not prefill or (len(prefill) == 1 and k_first in prefill))):
+        # One interval and no token events (most non-streamed requests): the row the loop
+        # below builds, bit for bit, without its per-interval dictionaries.
+        return _one_interval_row(rec.request_id, k_first, prefill.get(k_first, 0.0),
+                                 completion, t_disp, t_end, interval_s)
     decode: dict[int, float] = {}
     if completion:
         events = _events_per_interval(reads, off, interval_s)
@@ -193,6 +200,31 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
         append(_new_row(WorkRow, (rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0,
                                   get_kv(k, 0.0))))
     return rows
+
+
+def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float,
+                      t_end: float, interval_s: float) -> list[WorkRow]:
+    """work_rows of a request inside interval k with no token events: decode spread uniformly
+    over dispatched..finished (spread()'s arithmetic, so the same bits)."""
+    lo = k * interval_s
+    hi = lo + interval_s
+    d = 0.0
+    if completion:
+        if t_end <= t_disp:
+            d = float(completion)
+        else:
+            s_lo = t_disp if t_disp > lo else lo
+            s_hi = t_end if t_end < (k + 1) * interval_s else (k + 1) * interval_s
+            if s_hi > s_lo:
+                d = completion * (s_hi - s_lo) / (t_end - t_disp)
+    kv = d * (p + 0.0 + d / 2.0) if d else 0.0
+    start = t_disp if t_disp > lo else lo
+    res = (t_end if t_end < hi else hi) - start
+    if res > 0.0:
+        return [_new_row(WorkRow, (rid, k, p, d, res, start - lo, kv))]
+    if p or d:
+        return [_new_row(WorkRow, (rid, k, p, d, 0.0, 0.0, kv))]
+    return []
 
 
 def _streamed_rows(rid: str, reads: tuple[tuple[float, int], ...], total: int, off: float,

@@ -96,3 +96,42 @@ def test_online_fit_recovers_the_engine_power_model() -> None:
     assert c.alpha / c.delta == pytest.approx(0.015 / 1.25, rel=0.05)
     assert c.gamma / c.delta == pytest.approx(2e-5 / 1.25, rel=0.1)
     assert fit_intervals(samples[:5]) is None
+
+
+def _random_record(rnd: random.Random, interval_s: float) -> RequestRecord:
+    """Requests that mostly fit in one interval, with the edge cases of token times on its
+    bounds, outside it, and missing."""
+    base = rnd.choice([0.0, 0.25, 0.999999, 1.0, 7.3])
+    grid = rnd.choice([0.0, interval_s * rnd.randint(0, 3)])
+    t_disp = base + grid + rnd.choice([0.0, rnd.uniform(0.0, interval_s)])
+    t_end = t_disp + rnd.choice([0.0, 1e-9, rnd.uniform(0, 0.02), rnd.uniform(0, interval_s),
+                                 rnd.uniform(-0.01, 0.0)])
+    first = rnd.choice([None, t_disp, rnd.uniform(t_disp - 0.01, t_end + 0.01),
+                        (t_disp + t_end) / 2])
+    n_reads = rnd.choice([0, 0, 1, 3, 20])
+    lo = first if first is not None else t_disp
+    reads = tuple(sorted((rnd.uniform(lo, max(lo, t_end) + rnd.choice([0.0, 0.0, 0.3])),
+                          rnd.choice([1, 1, 2, 0])) for _ in range(n_reads)))
+    return record(arrived_wall_s=1000.0 + rnd.choice([0.0, 0.5]), arrived_s=0.0,
+                  dispatched_s=t_disp, first_byte_s=first, first_token_s=first,
+                  finished_s=t_end, reads=reads, stream=bool(reads),
+                  prompt_tokens=rnd.choice([0, 1, 17, 4000]),
+                  completion_tokens=rnd.choice([0, 1, 7, 600]))
+
+
+def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit() -> None:
+    """work_rows' shortcut for requests inside one interval changes no value, not one bit."""
+    rnd = random.Random(11)
+    taken = 0
+    for _ in range(20_000):
+        interval_s = rnd.choice([1.0, 0.5, 0.1])
+        rec = _random_record(rnd, interval_s)
+        fast = work_rows(rec, interval_s)
+        general = work_rows(rec, interval_s, shortcut=False)
+        assert [tuple(map(repr, r)) for r in fast] == [tuple(map(repr, r)) for r in general], rec
+        off = rec.arrived_wall_s - rec.arrived_s
+        assert rec.dispatched_s is not None
+        t_disp, t_end = rec.dispatched_s + off, rec.finished_s + off
+        taken += (not rec.reads and math.floor(t_disp / interval_s)
+                  == math.floor(t_end / interval_s))
+    assert taken > 5_000  # the shortcut was tried on many of them
