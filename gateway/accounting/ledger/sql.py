@@ -3,6 +3,7 @@ store rewrites them to `$n`). Column types are filled in per dialect."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 # version -> statements; a store applies every version above the one it finds, in order.
@@ -114,6 +115,9 @@ INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s,
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 MARK_DONE = """UPDATE work SET apportioned = 1
     WHERE engine = ? AND interval_idx = ? AND request_id = ?"""
+# MARK_DONE for many requests of one engine-interval in one statement.
+MARK_DONE_IN = """UPDATE work SET apportioned = 1
+    WHERE engine = ? AND interval_idx = ? AND request_id IN ({MARKS})"""
 UPSERT_STATE = """INSERT INTO engine_state (engine, next_interval, boundary_s, boundary_j, resets)
     VALUES (?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
     next_interval = excluded.next_interval, boundary_s = excluded.boundary_s,
@@ -159,6 +163,21 @@ def schema(dialect: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 def usage_sql(template: str, tenant: bool, column: str) -> str:
     return template.format(TENANT=f"AND {column} = ?" if tenant else "")
+
+
+@functools.lru_cache(maxsize=256)
+def multi_row(statement: str, n: int) -> str:
+    """An `INSERT ... VALUES (...) [ON CONFLICT ...]` that inserts `n` rows in one statement
+    (its parameters: the rows' values one after another)."""
+    head, values, rest = statement.partition("VALUES (")
+    group, close, tail = rest.partition(")")
+    if not values or not close or n < 1:
+        raise ValueError(f"not a one-row INSERT ... VALUES (...): {statement[:60]!r}")
+    return f"{head}VALUES {', '.join([f'({group})'] * n)}{tail}"
+
+
+def mark_done_in(n: int) -> str:
+    return MARK_DONE_IN.format(MARKS=", ".join("?" * n))
 
 
 _PLACEHOLDER = re.compile(r"\?")

@@ -11,8 +11,9 @@ import contextlib
 import fcntl
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,7 +80,7 @@ class SqliteLedger(SqlLedger):
             try:
                 for statement, rows in batches:
                     if rows:
-                        c.executemany(statement, rows)
+                        execute_rows(c, statement, rows)
             except BaseException:
                 c.execute("ROLLBACK")
                 raise
@@ -105,6 +106,42 @@ class SqliteLedger(SqlLedger):
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+ROWS_PER_STATEMENT = 256  # x at most 19 columns: well under SQLite's 32,766 parameters
+_MULTI_ROW = frozenset({sql.INSERT_REQUEST, sql.INSERT_WORK, sql.INSERT_SHARE})
+
+
+def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]) -> None:
+    """`executemany`, with the ledger's bulk statements run as multi-row statements of at
+    most ROWS_PER_STATEMENT rows. The sqlite3 module lets go of the GIL around every
+    statement step, and the event loop, on the same core, takes it each time: row by row that
+    is a thread switch per row (about twice the CPU per row, measured in the gateway), in
+    blocks one per block. Block sizes are powers of two, so few statement texts exist."""
+    if statement == sql.MARK_DONE:
+        by_interval: dict[tuple[str, int], list[str]] = {}
+        for engine, idx, rid in rows:
+            by_interval.setdefault((engine, idx), []).append(rid)
+        for (engine, idx), rids in by_interval.items():
+            for ids in _blocks(rids):
+                c.execute(sql.mark_done_in(len(ids)), (engine, idx, *ids))
+        return
+    if statement not in _MULTI_ROW or len(rows) < 2:
+        c.executemany(statement, rows)
+        return
+    for part in _blocks(rows):
+        c.execute(sql.multi_row(statement, len(part)), list(chain.from_iterable(part)))
+
+
+def _blocks(rows: Sequence[T]) -> Iterator[Sequence[T]]:
+    """Consecutive slices of ROWS_PER_STATEMENT rows, the rest in falling powers of two."""
+    i, n = 0, len(rows)
+    size = ROWS_PER_STATEMENT
+    while i < n:
+        while size > n - i:
+            size //= 2
+        yield rows[i:i + size]
+        i += size
 
 
 def _migrate(c: sqlite3.Connection) -> None:

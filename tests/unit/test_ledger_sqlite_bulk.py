@@ -1,0 +1,83 @@
+"""The SQLite ledger's multi-row statements write exactly what row-by-row `executemany` writes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.sqlite import ROWS_PER_STATEMENT, _blocks, _migrate, execute_rows
+
+
+def _db() -> sqlite3.Connection:
+    c = sqlite3.connect(":memory:", isolation_level=None)
+    _migrate(c)
+    return c
+
+
+def _tables(c: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    return {t: sorted(c.execute(f"SELECT * FROM {t}").fetchall())
+            for t in ("requests", "work", "shares")}
+
+
+def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
+    return (f"r{i:06d}", tenant, "m", "e1", "fp8", "chat", "ok", 1, i * 0.5, i * 0.5 + 0.3,
+            0, 10 + i, 20 + i, i % 2, i // 7, "rep")
+
+
+def _work(i: int, k: int, engine: str = "e1") -> tuple[Any, ...]:
+    return (f"r{i:06d}", k, 1.0 * i, 2.0 * i, 0.25, 0.125, 3.0 * i, engine)
+
+
+def _share(i: int, k: int) -> tuple[Any, ...]:
+    return (f"r{i:06d}", "e1", k, k * 1.0, 0, 0.1 * i, 0.05, 0.05 * i, 0.2, 1e-3 * i, 1e-5, 0)
+
+
+def _both(batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
+    rowwise, bulk = _db(), _db()
+    for statement, rows in batches:
+        rowwise.executemany(statement, rows)
+        execute_rows(bulk, statement, rows)
+    assert _tables(bulk) == _tables(rowwise)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 257, 700])
+def test_bulk_inserts_and_marks_match_executemany(n: int) -> None:
+    requests = [_request(i) for i in range(n)]
+    work = [_work(i, k) for i in range(n) for k in (i // 100, i // 100 + 1)]
+    shares = [_share(i, i // 100) for i in range(n)]
+    marks = [("e1", k, f"r{i:06d}") for i in range(0, n, 3) for k in (i // 100, i // 100 + 1)]
+    _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work), (sql.INSERT_SHARE, shares),
+           (sql.MARK_DONE, marks)])
+
+
+def test_conflicting_rows_are_skipped_as_row_by_row() -> None:
+    # A request or work row written twice (a retried flush) keeps its first version.
+    requests = [_request(i) for i in range(300)] + [_request(5, tenant="b"), _request(299, "b")]
+    work = [_work(i, 1) for i in range(300)] + [_work(7, 1), _work(7, 2, engine="e2")]
+    _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+           (sql.INSERT_REQUEST, requests[:10])])
+
+
+def test_a_duplicate_share_fails_the_statement_as_row_by_row() -> None:
+    c = _db()
+    with pytest.raises(sqlite3.IntegrityError):
+        execute_rows(c, sql.INSERT_SHARE, [_share(1, 1), _share(2, 1), _share(1, 1)])
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 256, 300, 1000])
+def test_blocks_cover_the_rows_in_order_with_power_of_two_sizes(n: int) -> None:
+    rows = list(range(n))
+    blocks = list(_blocks(rows))
+    assert [x for b in blocks for x in b] == rows
+    assert all(len(b) <= ROWS_PER_STATEMENT and len(b) & (len(b) - 1) == 0 for b in blocks)
+
+
+def test_multi_row_needs_one_values_group() -> None:
+    assert sql.multi_row("INSERT INTO t (a, b) VALUES (?, 0) ON CONFLICT DO NOTHING", 2) == (
+        "INSERT INTO t (a, b) VALUES (?, 0), (?, 0) ON CONFLICT DO NOTHING")
+    with pytest.raises(ValueError, match="one-row INSERT"):
+        sql.multi_row("UPDATE t SET a = ?", 2)
