@@ -47,9 +47,11 @@ def _both(batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
 @pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 257, 700])
 def test_bulk_inserts_and_marks_match_executemany(n: int) -> None:
     requests = [_request(i) for i in range(n)]
-    work = [_work(i, k) for i in range(n) for k in (i // 100, i // 100 + 1)]
+    # Work comes per request, each with its intervals: not in key order.
+    work = [_work(i, k, f"e{i % 3}") for i in range(n) for k in (i // 100, i // 100 + 1)]
     shares = [_share(i, i // 100) for i in range(n)]
-    marks = [("e1", k, f"r{i:06d}") for i in range(0, n, 3) for k in (i // 100, i // 100 + 1)]
+    marks = [(f"e{i % 3}", k, f"r{i:06d}") for i in range(0, n, 2)
+             for k in (i // 100, i // 100 + 1)]
     _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work), (sql.INSERT_SHARE, shares),
            (sql.MARK_DONE, marks)])
 
@@ -57,7 +59,8 @@ def test_bulk_inserts_and_marks_match_executemany(n: int) -> None:
 def test_conflicting_rows_are_skipped_as_row_by_row() -> None:
     # A request or work row written twice (a retried flush) keeps its first version.
     requests = [_request(i) for i in range(300)] + [_request(5, tenant="b"), _request(299, "b")]
-    work = [_work(i, 1) for i in range(300)] + [_work(7, 1), _work(7, 2, engine="e2")]
+    work = [_work(i, 1) for i in range(300)] + [_work(8, 1)[:2] + _work(9, 1)[2:],
+                                                 _work(7, 2, engine="e2"), _work(3, 0)]
     _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
            (sql.INSERT_REQUEST, requests[:10])])
 
