@@ -12,8 +12,10 @@ from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.sqlite import ROWS_PER_STATEMENT, _blocks, _migrate, execute_rows
 
 
-def _db() -> sqlite3.Connection:
+def _db(parameters: int | None = None) -> sqlite3.Connection:
     c = sqlite3.connect(":memory:", isolation_level=None)
+    if parameters is not None:
+        c.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, parameters)
     _migrate(c)
     return c
 
@@ -36,16 +38,19 @@ def _share(i: int, k: int) -> tuple[Any, ...]:
     return (f"r{i:06d}", "e1", k, k * 1.0, 0, 0.1 * i, 0.05, 0.05 * i, 0.2, 1e-3 * i, 1e-5, 0)
 
 
-def _both(batches: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
-    rowwise, bulk = _db(), _db()
+def _both(batches: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+          parameters: int | None = None) -> None:
+    rowwise, bulk = _db(), _db(parameters)
     for statement, rows in batches:
         rowwise.executemany(statement, rows)
         execute_rows(bulk, statement, rows)
     assert _tables(bulk) == _tables(rowwise)
 
 
+@pytest.mark.parametrize("parameters", [None, 999, 40])
 @pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 257, 700])
-def test_bulk_inserts_and_marks_match_executemany(n: int) -> None:
+def test_bulk_inserts_and_marks_match_executemany(n: int, parameters: int | None) -> None:
+    # None: this build's limit on bound parameters; 999: SQLite before 3.32; 40: tiny.
     requests = [_request(i) for i in range(n)]
     # Work comes per request, each with its intervals: not in key order.
     work = [_work(i, k, f"e{i % 3}") for i in range(n) for k in (i // 100, i // 100 + 1)]
@@ -53,7 +58,7 @@ def test_bulk_inserts_and_marks_match_executemany(n: int) -> None:
     marks = [(f"e{i % 3}", k, f"r{i:06d}") for i in range(0, n, 2)
              for k in (i // 100, i // 100 + 1)]
     _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work), (sql.INSERT_SHARE, shares),
-           (sql.MARK_DONE, marks)])
+           (sql.MARK_DONE, marks)], parameters)
 
 
 def test_conflicting_rows_are_skipped_as_row_by_row() -> None:

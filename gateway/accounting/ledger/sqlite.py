@@ -109,7 +109,7 @@ class SqliteLedger(SqlLedger):
             os.close(fd)
 
 
-ROWS_PER_STATEMENT = 256  # x at most 19 columns: well under SQLite's 32,766 parameters
+ROWS_PER_STATEMENT = 256  # at most; fewer where the build allows fewer bound parameters
 _WORK_KEY = itemgetter(7, 1, 0)  # INSERT_WORK's (engine, interval_idx, request_id)
 _MULTI_ROW = frozenset({sql.INSERT_REQUEST, sql.INSERT_WORK, sql.INSERT_SHARE})
 
@@ -119,13 +119,16 @@ def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[
     most ROWS_PER_STATEMENT rows. The sqlite3 module lets go of the GIL around every
     statement step, and the event loop, on the same core, takes it each time: row by row that
     is a thread switch per row (about twice the CPU per row, measured in the gateway), in
-    blocks one per block. Block sizes are powers of two, so few statement texts exist."""
+    blocks one per block. Block sizes are powers of two, so few statement texts exist, and
+    a block's parameters stay within the library's limit (32,766 since SQLite 3.32, 999
+    before)."""
+    limit = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     if statement == sql.MARK_DONE:
         by_interval: dict[tuple[str, int], list[str]] = {}
         for engine, idx, rid in rows:
             by_interval.setdefault((engine, idx), []).append(rid)
         for (engine, idx), rids in by_interval.items():
-            for ids in _blocks(rids):
+            for ids in _blocks(rids, _block_rows(limit - 2, 1)):
                 c.execute(sql.mark_done_in(len(ids)), (engine, idx, *ids))
         return
     if statement not in _MULTI_ROW or len(rows) < 2:
@@ -136,14 +139,23 @@ def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[
         # holds requests in finishing order, each with its intervals; inserted so, one
         # multi-row statement lands all over the clustered table and costs ~1.5x row by row.
         rows = sorted(rows, key=_WORK_KEY)
-    for part in _blocks(rows):
+    for part in _blocks(rows, _block_rows(limit, len(rows[0]))):
         c.execute(sql.multi_row(statement, len(part)), list(chain.from_iterable(part)))
 
 
-def _blocks(rows: Sequence[T]) -> Iterator[Sequence[T]]:
-    """Consecutive slices of ROWS_PER_STATEMENT rows, the rest in falling powers of two."""
-    i, n = 0, len(rows)
+def _block_rows(parameters: int, columns: int) -> int:
+    """The most rows, a power of two up to ROWS_PER_STATEMENT, whose parameters fit."""
     size = ROWS_PER_STATEMENT
+    while size > 1 and size * columns > parameters:
+        size //= 2
+    return size
+
+
+def _blocks(rows: Sequence[T], block: int = ROWS_PER_STATEMENT) -> Iterator[Sequence[T]]:
+    """Consecutive slices of `block` rows (a power of two), the rest in falling powers of
+    two."""
+    i, n = 0, len(rows)
+    size = block
     while i < n:
         while size > n - i:
             size //= 2
