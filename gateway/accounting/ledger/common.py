@@ -86,7 +86,7 @@ class SqlLedger(ABC):
         missing = [r for r in request_ids if r not in cache]
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])
-            query = sql.SELECT_TENANTS.format(MARKS=", ".join("?" * len(chunk)))
+            query = sql.with_marks(sql.SELECT_TENANTS, len(chunk))
             cache.update(await self._fetch(query, chunk))
         return cache
 

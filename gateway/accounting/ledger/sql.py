@@ -176,8 +176,9 @@ def multi_row(statement: str, n: int) -> str:
     return f"{head}VALUES {', '.join([f'({group})'] * n)}{tail}"
 
 
-def mark_done_in(n: int) -> str:
-    return MARK_DONE_IN.format(MARKS=", ".join("?" * n))
+def with_marks(template: str, n: int) -> str:
+    """A statement with an `IN ({MARKS})` list of `n` placeholders."""
+    return template.format(MARKS=", ".join("?" * n))
 
 
 _PLACEHOLDER = re.compile(r"\?")

@@ -129,7 +129,7 @@ def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[
             by_interval.setdefault((engine, idx), []).append(rid)
         for (engine, idx), rids in by_interval.items():
             for ids in _blocks(rids, _block_rows(limit - 2, 1)):
-                c.execute(sql.mark_done_in(len(ids)), (engine, idx, *ids))
+                c.execute(sql.with_marks(sql.MARK_DONE_IN, len(ids)), (engine, idx, *ids))
         return
     if statement not in _MULTI_ROW or len(rows) < 2:
         c.executemany(statement, rows)
