@@ -211,10 +211,12 @@ class AccountingService:
         dt = self.config.interval_s
         replica = self.replica
         from_record = RequestRow.from_record
-        self._requests.extend([from_record(rec, dt, replica) for rec in pending])
+        append = self._requests.append
         extend = self._work.extend
         for rec in pending:
-            extend(engine_work(rec.engine, work_rows(rec, dt)))
+            work = work_rows(rec, dt)
+            append(from_record(rec, dt, replica, work))
+            extend(engine_work(rec.engine, work))
         if self.metrics:
             self.metrics.pending.set(len(self._requests))
 
@@ -457,7 +459,8 @@ class AccountingService:
 
     def pending_request(self, request_id: str) -> dict[str, Any] | None:
         """A request recorded here but not yet written to the ledger (within one flush)."""
-        rows = [RequestRow.from_record(r, self.config.interval_s, self.replica)
+        dt = self.config.interval_s
+        rows = [RequestRow.from_record(r, dt, self.replica, work_rows(r, dt))
                 for r in self._pending if r.request_id == request_id]
         rows += [r for r in self._requests if r.request_id == request_id]
         if not rows:

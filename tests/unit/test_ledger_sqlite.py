@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import math
 import sqlite3
 import statistics
@@ -217,7 +218,7 @@ async def test_request_stays_not_final_while_its_work_is_pending(tmp_path: Path)
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
     rows = work_rows(rec, 1.0)
-    await ledger.append([RequestRow.from_record(rec, 1.0, "r1")], engine_work(rec.engine, rows))
+    await ledger.append([RequestRow.from_record(rec, 1.0, "r1", rows)], engine_work(rec.engine, rows))
     last = interval_index(rec.wall(rec.finished_s), 1.0)
     state = EngineState(rec.engine, last + 2, (last + 2) * 1.0, 0.0)
     await ledger.commit(rec.engine, [], [], [], state)
@@ -242,10 +243,17 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     for statement in sql.schema("sqlite")[0][1]:
         conn.execute(statement)
     conn.execute(sql.SET_VERSION, (1,))
-    conn.execute(sql.INSERT_REQUEST, ("r0", "t", "m", "e0", "bf16", "d", "ok", 1, 10.0, 11.0, 0,
-                                      5, 6, 1, 11, "x"))
+    conn.execute("INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class, "
+                 "status, stream, arrived_s, finished_s, finished_hour, prompt_tokens, "
+                 "completion_tokens, slo_met, last_interval, replica) VALUES "
+                 "('r0', 't', 'm', 'e0', 'bf16', 'd', 'ok', 1, 10.0, 11.0, 0, 5, 6, 1, 11, 'x')")
     conn.execute("INSERT INTO work (request_id, engine, interval_idx, prefill, decode, "
-                 "residency_s, start_s, kv) VALUES ('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0)")
+                 "residency_s, start_s, kv) VALUES ('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0), "
+                 "('r0', 'e0', 13, 0.0, 1.0, 0.0, 0.0, 2.0)")  # a token stamped after the finish
+    conn.executemany(sql.INSERT_SHARE, [
+        ("r0", "e0", 11, 11.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
+        ("r0", "e0", 13, 13.0, 0, 0.25, 0.0, 0.25, 0.0, 1e-4, 1e-6, 0),
+        ("r1", "e0", 12, 12.0, 0, 7.0, 1.0, 6.0, 0.5, 1e-3, 1e-5, 0)])
     conn.commit()
     conn.close()
     ledger = SqliteLedger(path)
@@ -257,8 +265,14 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     assert ("work_request",) not in indexes and ("work_pending",) in indexes
     (table,) = await ledger._fetch("SELECT sql FROM sqlite_master WHERE name = 'work'", ())
     assert "WITHOUT ROWID" in table[0]  # clustered by (engine, interval, request)
+    indexes = await ledger._fetch("SELECT name FROM sqlite_master WHERE tbl_name = 'shares' "
+                                  "AND type = 'index'", ())
+    assert ("shares_request",) not in indexes
     got = await ledger.request("r0")
     assert got is not None and got["tenant"] == "t" and got["slo_met"] is True
+    # Version 3 gave the old request the span of its work, so its shares are found by key.
+    assert (got["first_interval"], got["last_interval"]) == (11, 13)
+    assert (got["intervals"], got["energy_j"]) == (2, 2.75)
     pending = await ledger.work("e0", 11, 11)
     assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
         ("r0", 6.0, "t")]
@@ -275,7 +289,48 @@ def test_pending_work_queries_use_the_pending_index_not_a_table_scan(tmp_path: P
     for query, params in ((sql.SELECT_DIRTY, ("e0", 5)), (sql.SELECT_REQUEST_PENDING, ("e0", "r"))):
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
         assert "work_pending" in plan, plan
+    # A request's shares: one key look-up per interval of its work, no scan of the intervals.
+    steps = [str(row[-1]) for row in conn.execute(
+        "EXPLAIN QUERY PLAN " + sql.SELECT_REQUEST_TOTALS, (1, 9, "e0", "r"))]
+    assert [st for st in steps if st.split()[:2] in (["SEARCH", "s"], ["SCAN", "s"])] == [
+        "SEARCH s USING INDEX sqlite_autoindex_shares_1 "
+        "(engine=? AND interval_idx=? AND request_id=?)"], steps
     conn.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_requests_shares_are_found_over_the_span_of_its_work(tmp_path: Path) -> None:
+    """The request row keeps the first and last interval of its work (last: the later of its
+    finish and its last token, which clock skew can stamp after it); the request's totals are
+    the sum of exactly its shares, among other requests' shares in the same intervals."""
+    run = run_engine(5, duration_s=20.0)
+    recs = [r for r in run.records if len(work_rows(r, 1.0)) > 2][:3]
+    assert len(recs) == 3
+    skewed = dataclasses.replace(recs[0], reads=(*recs[0].reads, (recs[0].finished_s + 2.5, 1)))
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    shares: list[tuple[object, ...]] = []
+    expected: dict[str, tuple[int, float]] = {}
+    for j, rec in enumerate([skewed, *recs[1:]]):
+        rows = work_rows(rec, 1.0)
+        row = RequestRow.from_record(rec, 1.0, "x", rows)
+        ks = sorted(r.interval_idx for r in rows)
+        assert (row.first_interval, row.last_interval) == (
+            ks[0], max(ks[-1], interval_index(rec.wall(rec.finished_s), 1.0)))
+        await ledger.append([row], engine_work(rec.engine, rows))
+        for w in rows:
+            k = w.interval_idx
+            shares.append((rec.request_id, rec.engine, k, k * 1.0, 0, 1.0 + j + k / 64, 0.5,
+                           0.5 + j + k / 64, 0.1, 1e-3, 1e-5, 0))
+        expected[rec.request_id] = (len(rows), math.fsum(s[5] for s in shares  # type: ignore[misc]
+                                                         if s[0] == rec.request_id))
+    assert max(skewed.reads)[0] > skewed.finished_s
+    await ledger.commit(recs[0].engine, [], shares, [], None)
+    for rid, (n, energy) in expected.items():
+        got = await ledger.request(rid)
+        assert got is not None
+        assert got["intervals"] == n and got["energy_j"] == pytest.approx(energy, rel=1e-12)
+    await ledger.close()
 
 
 async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bounded(
@@ -297,7 +352,7 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
     monkeypatch.setattr(ledger, "_fetch", counting)
     for i in range(30):
         row = RequestRow(f"r{i:02d}", f"t{i % 3}", "m", "e0", "bf16", "d", "ok", 1, 10.0 + i,
-                         11.0 + i, 0, 5, 6, 1, 11, "x")
+                         11.0 + i, 0, 5, 6, 1, i, i, "x")
         await ledger.append([row], [(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
         assert len(ledger._tenant_cache) <= 10
     newest = await ledger.work("e0", 25, 29)

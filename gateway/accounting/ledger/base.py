@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add
+from operator import add, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from gateway.accounting.work import WorkRow
@@ -15,6 +15,7 @@ from gateway.records import RequestRecord
 
 HOUR_S = 3600.0
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
+_INTERVAL = itemgetter(1)  # a WorkRow's interval_idx
 
 
 class LedgerError(WattgateError):
@@ -45,19 +46,30 @@ class RequestRow(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     slo_met: int  # 1 when every SLO of its class was met
-    last_interval: int | None  # the interval of its finish; None when no engine ran it
+    first_interval: int | None  # the first interval of its work; None when it has no work
+    last_interval: int | None  # the interval of its finish, or of its last work if later;
+    # None when no engine ran it
     replica: str
 
     @classmethod
-    def from_record(cls, rec: RequestRecord, interval_s: float, replica: str) -> RequestRow:
+    def from_record(cls, rec: RequestRecord, interval_s: float, replica: str,
+                    work: Sequence[WorkRow]) -> RequestRow:
+        """The request's row; `work` is its work rows (`work_rows(rec, interval_s)`), whose
+        span of intervals is kept so its shares are found by key."""
         finished = rec.arrived_wall_s + (rec.finished_s - rec.arrived_s)  # rec.wall(finished)
         ran = bool(rec.engine) and rec.dispatched_s is not None
+        last = math.floor(finished / interval_s) if ran else None
+        first = None
+        if work:
+            ks = list(map(_INTERVAL, work))
+            first, hi = min(ks), max(ks)
+            if last is None or hi > last:
+                last = hi  # work stamped after the finish (clock skew) still has shares
         return _new_tuple(cls, (
             rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
             rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
             math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
-            1 if rec.slo_met else 0, math.floor(finished / interval_s) if ran else None,
-            replica))
+            1 if rec.slo_met else 0, first, last, replica))
 
 
 # A work row as the ledger stores it: (*WorkRow, engine), the order of its INSERT. A plain

@@ -135,8 +135,11 @@ class SqlLedger(ABC):
         out: dict[str, Any] = dict(zip(sql.REQUEST_COLUMNS, rows[0], strict=True))
         out["stream"] = bool(out["stream"])
         out["slo_met"] = bool(out["slo_met"])
+        first, last = out["first_interval"], out["last_interval"]
         n, energy, static, dynamic, gpu_s, carbon, cost, est = (
-            await self._fetch(sql.SELECT_REQUEST_TOTALS, (request_id,)))[0]
+            (await self._fetch(sql.SELECT_REQUEST_TOTALS, (
+                first, first if last is None else last, out["engine"], request_id)))[0]
+            if first is not None else (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
         pending = (await self._fetch(sql.SELECT_REQUEST_PENDING,
                                      (out["engine"], request_id)))[0][0]
         final = True

@@ -48,6 +48,19 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     # Work rows are written for every request and interval: one index fewer to update per
     # row (a request's pending work is found through work_pending).
     (2, ("DROP INDEX IF EXISTS work_request",)),
+    # A request's shares are found by key, interval by interval over the span of its work
+    # (first_interval..last_interval), not through an index by request id: that index took a
+    # write on a page of its own for every share of a long request (every interval it spans,
+    # among the other requests of its time), and most of the apportioner's commit with it.
+    (3, (
+        "ALTER TABLE requests ADD COLUMN first_interval {BIGINT}",
+        """UPDATE requests SET first_interval = w.lo,
+            last_interval = CASE WHEN w.hi > last_interval THEN w.hi ELSE last_interval END
+            FROM (SELECT request_id, engine, MIN(interval_idx) AS lo, MAX(interval_idx) AS hi
+                  FROM work GROUP BY request_id, engine) AS w
+            WHERE w.request_id = requests.request_id AND w.engine = requests.engine""",
+        "DROP INDEX IF EXISTS shares_request",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -80,8 +93,8 @@ SET_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 
 INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class,
     status, stream, arrived_s, finished_s, finished_hour, prompt_tokens, completion_tokens,
-    slo_met, last_interval, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (request_id) DO NOTHING"""
+    slo_met, first_interval, last_interval, replica)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
     kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
 SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
@@ -124,14 +137,18 @@ UPSERT_STATE = """INSERT INTO engine_state (engine, next_interval, boundary_s, b
     boundary_j = excluded.boundary_j, resets = excluded.resets"""
 
 SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
-    arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, last_interval, replica
-    FROM requests WHERE request_id = ?"""
+    arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, first_interval,
+    last_interval, replica FROM requests WHERE request_id = ?"""
 REQUEST_COLUMNS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", "status",
                    "stream", "arrived_s", "finished_s", "prompt_tokens", "completion_tokens",
-                   "slo_met", "last_interval", "replica")
-SELECT_REQUEST_TOTALS = """SELECT COUNT(*), COALESCE(SUM(energy_j), 0), COALESCE(SUM(static_j), 0),
-    COALESCE(SUM(dynamic_j), 0), COALESCE(SUM(gpu_s), 0), COALESCE(SUM(carbon_g), 0),
-    COALESCE(SUM(cost_usd), 0), COALESCE(MAX(estimated), 0) FROM shares WHERE request_id = ?"""
+                   "slo_met", "first_interval", "last_interval", "replica")
+# One key look-up per interval of the request's work span (first, last, engine, request).
+SELECT_REQUEST_TOTALS = """WITH RECURSIVE span(k) AS (
+        SELECT CAST(? AS BIGINT) UNION ALL SELECT k + 1 FROM span WHERE k < CAST(? AS BIGINT))
+    SELECT COUNT(*), COALESCE(SUM(s.energy_j), 0), COALESCE(SUM(s.static_j), 0),
+    COALESCE(SUM(s.dynamic_j), 0), COALESCE(SUM(s.gpu_s), 0), COALESCE(SUM(s.carbon_g), 0),
+    COALESCE(SUM(s.cost_usd), 0), COALESCE(MAX(s.estimated), 0)
+    FROM span JOIN shares s ON s.engine = ? AND s.interval_idx = span.k AND s.request_id = ?"""
 # Through the small partial index of pending work, so work needs no index by request.
 SELECT_REQUEST_PENDING = """SELECT COUNT(*) FROM work
     WHERE engine = ? AND apportioned = 0 AND request_id = ?"""
