@@ -132,3 +132,39 @@ async def test_ten_minute_day_bills_sum_to_meters_on_both_stores(pg: str, tmp_pa
     for a, b in zip([*lite.rows, lite.total], [*post.rows, post.total], strict=True):
         for k, v in a.items():
             assert b[k] == (pytest.approx(v, rel=1e-9, abs=1e-12) if isinstance(v, float) else v)
+
+
+async def test_a_version_2_ledger_migrates_with_the_span_of_each_requests_work(
+        pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 3 on a ledger in use: existing requests get the span of their work, the index
+    of shares by request goes, and a request's totals are still exactly its shares."""
+    from gateway.accounting.ledger import sql
+
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS[:2])
+    old = await _ledger(pg)
+    await old._transaction([
+        ("INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class, status, "
+         "stream, arrived_s, finished_s, finished_hour, prompt_tokens, completion_tokens, "
+         "slo_met, last_interval, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         [("r0", "t", "m", "e0", "bf16", "d", "ok", 1, 10.0, 11.5, 0, 5, 6, 1, 11, "x"),
+          ("r1", "t", "m", "e0", "bf16", "d", "ok", 1, 12.0, 12.5, 0, 5, 6, 1, 12, "x")]),
+        (sql.INSERT_WORK, [("r0", 10, 5.0, 1.0, 1.0, 0.0, 2.0, "e0"),
+                           ("r0", 13, 0.0, 1.0, 0.0, 0.0, 2.0, "e0"),  # stamped after finish
+                           ("r1", 12, 5.0, 1.0, 0.5, 0.0, 2.0, "e0")]),
+        (sql.INSERT_SHARE, [("r0", "e0", 10, 10.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
+                            ("r0", "e0", 13, 13.0, 0, 0.25, 0.0, 0.25, 0.0, 1e-4, 1e-6, 0),
+                            ("r1", "e0", 12, 12.0, 0, 7.0, 1.0, 6.0, 0.5, 1e-3, 1e-5, 0)]),
+    ])
+    await old.close()
+    monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS)
+    new = PostgresLedger(old._dsn)
+    await new.open()
+    rows = await new._fetch("SELECT version FROM schema_version ORDER BY version", ())
+    assert rows == [(version,) for version, _ in MIGRATIONS]
+    assert not await new._fetch("SELECT 1 FROM pg_indexes WHERE indexname = 'shares_request'", ())
+    r0, r1 = await new.request("r0"), await new.request("r1")
+    assert r0 is not None and r1 is not None
+    assert (r0["first_interval"], r0["last_interval"], r0["intervals"]) == (10, 13, 2)
+    assert r0["energy_j"] == pytest.approx(2.75, rel=1e-12)
+    assert (r1["first_interval"], r1["last_interval"], r1["energy_j"]) == (12, 12, 7.0)
+    await new.close()
