@@ -38,7 +38,7 @@ from gateway.accounting.coefficients import default_for
 from gateway.accounting.config import AccountingConfig
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.accounting.work import WorkRow, work_rows
+from gateway.accounting.work import Work, work_rows
 from gateway.records import RequestRecord
 from gateway.timing import Latency
 
@@ -64,16 +64,17 @@ def make_records(n: int, engines: int, span_s: float, seed: int) -> list[Request
             precision="bf16", slo_class="d", status="ok", http_status=200, stream=True,
             arrived_wall_s=T0 + start, arrived_s=start, dispatched_s=start,
             first_byte_s=first, first_token_s=first, finished_s=reads[-1][0],
-            reads=reads, prompt_tokens=rnd.choice([rnd.randint(16, 256), rnd.randint(1000, 4000)]),
+            read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+            prompt_tokens=rnd.choice([rnd.randint(16, 256), rnd.randint(1000, 4000)]),
             completion_tokens=out_tokens, attempts=1, latency=NO_LATENCY, slo_met=True))
     return out
 
 
 def spread_records(records: list[RequestRecord], interval_s: float
-                   ) -> dict[str, defaultdict[int, list[WorkRow]]]:
+                   ) -> dict[str, defaultdict[int, list[Work]]]:
     """Every replica's part: each record spread over the interval grid (work rows), grouped
     per engine, then per interval (no key tuple and no spare list per row)."""
-    by_engine: dict[str, defaultdict[int, list[WorkRow]]] = {}
+    by_engine: dict[str, defaultdict[int, list[Work]]] = {}
     for rec in records:
         work = work_rows(rec, interval_s)
         if work:
@@ -85,7 +86,7 @@ def spread_records(records: list[RequestRecord], interval_s: float
     return by_engine
 
 
-def apportion_all(by_engine: dict[str, defaultdict[int, list[WorkRow]]], interval_s: float
+def apportion_all(by_engine: dict[str, defaultdict[int, list[Work]]], interval_s: float
                   ) -> tuple[int, int]:
     """The apportioner's part: every engine-interval's energy split over its work rows."""
     coefficients = default_for("bf16")

@@ -38,7 +38,7 @@ from gateway.requests import (
 )
 from gateway.routing import RoutingContext, policy_for, select_precisions
 from gateway.sse import SseScanner, usage_of_body
-from gateway.timing import latency, slo_met
+from gateway.timing import latency_of, slo_met
 from gateway.upstream import (
     UpstreamClient,
     UpstreamClosedError,
@@ -63,7 +63,8 @@ class Flight:
 
     __slots__ = ("arrived_s", "arrived_wall_s", "attempts", "completion_tokens", "dispatched_s",
                  "endpoint", "first_byte_s", "first_token_s", "http_status", "model",
-                 "prompt_tokens", "reads", "request_id", "slo_class", "status", "stream", "tenant")
+                 "prompt_tokens", "read_events", "read_times", "request_id", "slo_class", "status",
+                 "stream", "tenant")
 
     def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
         self.request_id = request_id
@@ -77,7 +78,8 @@ class Flight:
         self.dispatched_s: float | None = None
         self.first_byte_s: float | None = None
         self.first_token_s: float | None = None
-        self.reads: list[tuple[float, int]] = []
+        self.read_times: list[float] = []
+        self.read_events: list[int] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.attempts = 0
@@ -88,7 +90,8 @@ class Flight:
         """One engine read that carried `tokens` token-bearing events, at `now`."""
         if self.first_token_s is None:
             self.first_token_s = now
-        self.reads.append((now, tokens))
+        self.read_times.append(now)
+        self.read_events.append(tokens)
 
     def fail(self, exc: WattgateError) -> None:
         self.status = exc.code
@@ -322,13 +325,12 @@ class Proxy:
         except asyncio.CancelledError:
             upstream.abort()  # the client went away (handler cancelled): abort the engine request
             raise
-        reads = flight.reads
         if scanner.usage:
             flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
             flight.completion_tokens = int(scanner.usage.get("completion_tokens") or 0)
-        elif reads:
+        elif flight.read_events:
             # No usage arrived (broken stream): count events, the best lower bound left.
-            flight.completion_tokens = sum(n for _, n in reads)
+            flight.completion_tokens = sum(flight.read_events)
         if error is not None:
             self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "",
                                 "stream")
@@ -399,8 +401,9 @@ class Proxy:
         finished = self.clock()
         ep = flight.endpoint
         ok = flight.status == "ok"
-        lat = latency(flight.arrived_s, flight.reads, flight.completion_tokens,
-                      finished if flight.first_byte_s is not None else None)
+        times, events = tuple(flight.read_times), tuple(flight.read_events)
+        lat = latency_of(flight.arrived_s, times, events, flight.completion_tokens,
+                         finished if flight.first_byte_s is not None else None)
         slo = self.config.slo(flight.slo_class)
         record = RequestRecord(
             request_id=flight.request_id, tenant=flight.tenant, model=flight.model,
@@ -409,7 +412,8 @@ class Proxy:
             stream=flight.stream, arrived_wall_s=flight.arrived_wall_s,
             arrived_s=flight.arrived_s, dispatched_s=flight.dispatched_s,
             first_byte_s=flight.first_byte_s, first_token_s=flight.first_token_s,
-            finished_s=finished, reads=tuple(flight.reads), prompt_tokens=flight.prompt_tokens,
+            finished_s=finished, read_times=times, read_events=events,
+            prompt_tokens=flight.prompt_tokens,
             completion_tokens=flight.completion_tokens, attempts=flight.attempts, latency=lat,
             slo_met=slo_met(slo, lat, ok),
         )

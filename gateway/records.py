@@ -28,12 +28,22 @@ class RequestRecord:
     first_byte_s: float | None
     first_token_s: float | None
     finished_s: float
-    reads: tuple[tuple[float, int], ...]  # (monotonic s, token-bearing events in that read)
+    # Per engine read that carried tokens, in order: its monotonic time and its token-bearing
+    # events (>= 1: reads without a token event are not kept). Two columns, not pairs: the hot
+    # path appends to two lists, and the interval grid bisects the times and sums the events at
+    # C speed.
+    read_times: tuple[float, ...]
+    read_events: tuple[int, ...]
     prompt_tokens: int
     completion_tokens: int
     attempts: int
     latency: Latency
     slo_met: bool
+
+    @property
+    def reads(self) -> tuple[tuple[float, int], ...]:
+        """(monotonic s, token-bearing events) per read."""
+        return tuple(zip(self.read_times, self.read_events, strict=True))
 
     def wall(self, t_s: float) -> float:
         """Wall-clock seconds of a monotonic timestamp of this request."""

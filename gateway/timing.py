@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
+from operator import sub
 
 from gateway.config import SloClass
 
@@ -47,12 +49,15 @@ class Latency:
     itl_norm_s: tuple[float, ...]
 
 
-def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
-    """ITL gaps straight from per-read (timestamp, events) pairs: the first event of a read is
-    `t - previous read`, the others in the same read are 0 (the per-event definition)."""
+def itl_gaps(times: Sequence[float], events: Sequence[int]) -> list[float]:
+    """ITL gaps straight from per-read timestamps and token-bearing event counts: the first
+    event of a read is `t - previous read`, the others in the same read are 0 (the per-event
+    definition). One event per read (the usual case) takes C-level passes."""
+    if len(times) == sum(events):
+        return list(map(sub, islice(times, 1, None), times))
     out: list[float] = []
     prev: float | None = None
-    for t, n in reads:
+    for t, n in zip(times, events, strict=True):
         if prev is not None:
             out.append(t - prev)
         if n > 1:
@@ -61,26 +66,39 @@ def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
     return out
 
 
+def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
+    """`itl_gaps` of (timestamp, events) pairs."""
+    return itl_gaps([t for t, _ in reads], [n for _, n in reads])
+
+
 def latency(start_s: float, reads: Sequence[tuple[float, int]], completion_tokens: int,
             end_s: float | None) -> Latency:
-    """Latencies from the start time and per-read token events.
+    """`latency_of` per-read (timestamp, token-bearing events) pairs."""
+    return latency_of(start_s, [t for t, _ in reads], [n for _, n in reads], completion_tokens,
+                      end_s)
+
+
+def latency_of(start_s: float, times: Sequence[float], events: Sequence[int],
+               completion_tokens: int, end_s: float | None) -> Latency:
+    """Latencies from the start time and, per engine read, its time and token-bearing events.
 
     `end_s` is used as the end for non-streamed responses (no token events).
     """
-    if not reads:
+    if not times:
         e2e = None if end_s is None else end_s - start_s
         # A non-streamed body: its first token is only visible at the end.
         return Latency(ttft_s=e2e if completion_tokens else None, tpot_s=None, e2e_s=e2e,
                        itl_s=(), itl_norm_s=())
-    first, last = reads[0][0], reads[-1][0]
-    gaps = itl_from_reads(reads)
+    first, last = times[0], times[-1]
+    gaps = itl_gaps(times, events)
     scale = 1.0 / tokens_per_event(completion_tokens, len(gaps) + 1)
+    itl = tuple(gaps)
     return Latency(
         ttft_s=first - start_s,
         tpot_s=tpot_s(first, last, completion_tokens),
         e2e_s=last - start_s,
-        itl_s=tuple(gaps),
-        itl_norm_s=tuple(g * scale for g in gaps),
+        itl_s=itl,
+        itl_norm_s=itl if scale == 1.0 else tuple(g * scale for g in gaps),
     )
 
 

@@ -28,11 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from operator import add, itemgetter
 from typing import NamedTuple
 
 from gateway.accounting.coefficients import Coefficients
-from gateway.accounting.work import WorkRow
+from gateway.accounting.work import Work
 
 
 class Share(NamedTuple):
@@ -43,6 +44,19 @@ class Share(NamedTuple):
     busy_s: float  # this request's share of the engine's busy time (engine-seconds)
 
 
+class ShareColumns(NamedTuple):
+    """The shares column by column (what the ledger writer consumes: no tuple per share)."""
+
+    request_ids: Sequence[str]
+    energy_j: Sequence[float]
+    static_j: Sequence[float]
+    dynamic_j: Sequence[float]
+    busy_s: Sequence[float]
+
+
+NO_SHARES = ShareColumns((), (), (), (), ())
+
+
 @dataclass(frozen=True, slots=True)
 class Apportionment:
     energy_j: float
@@ -50,16 +64,20 @@ class Apportionment:
     dynamic_j: float
     idle_j: float
     idle_s: float  # engine time with no request resident
-    shares: tuple[Share, ...]
+    columns: ShareColumns  # one entry per request with a share, in the order of the rows
+
+    @property
+    def shares(self) -> tuple[Share, ...]:
+        """One `Share` per request that got energy (or busy time)."""
+        return tuple(map(Share._make, zip(*self.columns, strict=True)))
 
 
 _START = itemgetter(5)
 _RES = itemgetter(4)
 _FULL = 1.0 - 1e-12  # a span this close to the whole interval covers it
-_new_share = tuple.__new__  # builds a Share without the NamedTuple's Python-level __new__
 
 
-def busy_seconds(rows: Sequence[WorkRow], interval_s: float) -> float:
+def busy_seconds(rows: Sequence[Work], interval_s: float) -> float:
     """Length of the union of the rows' residency spans, clipped to the interval."""
     if not rows:
         return 0.0
@@ -130,7 +148,7 @@ def step_joules(delta: float, delta_1: float | None, half_tokens: float,
 
 
 def apportion(energy_j: float, interval_s: float, idle_power_w: float,
-              rows: Sequence[WorkRow], alpha: float, beta: float, gamma: float = 0.0,
+              rows: Sequence[Work], alpha: float, beta: float, gamma: float = 0.0,
               delta: float = 0.0, *, delta_1: float | None = None,
               delta_half_tokens: float = 0.0, instant: bool = False) -> Apportionment:
     """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
@@ -139,7 +157,7 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     static = min(max(idle_power_w, 0.0) * interval_s, energy_j)
     dynamic = energy_j - static
     if not rows:
-        return Apportionment(energy_j, static, dynamic, energy_j, interval_s, ())
+        return Apportionment(energy_j, static, dynamic, energy_j, interval_s, NO_SHARES)
     # Column-wise views: one C-level transpose instead of attribute access per row.
     rids, _, pre, dec, res, start, kv = zip(*rows, strict=True)
     res_total = math.fsum(res)
@@ -201,15 +219,24 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         top = max(work)
         work = [x / top for x in work]
         dyn_per_work = dynamic / math.fsum(work)
-    sp, dp = static_per_w, dyn_per_work
-    shares = [_new_share(Share, (rid, w * sp + x * dp, w * sp, x * dp, w * busy_per_w))
-              for rid, w, x in zip(rids, weights, work, strict=True) if w > 0.0 or x > 0.0]
+    if 0.0 in weights:  # a request with neither weight nor work gets no share
+        keep = [w > 0.0 or x > 0.0 for w, x in zip(weights, work, strict=True)]
+        if not all(keep):
+            rids = tuple(compress(rids, keep))
+            weights = list(compress(weights, keep))
+            work = list(compress(work, keep))
+    # Column by column, in C-level passes where it can (no tuple per share).
+    sp, dp, bp = static_per_w, dyn_per_work, busy_per_w
+    statics = [w * sp for w in weights]
+    dynamics = [x * dp for x in work]
+    columns = ShareColumns(rids, list(map(add, statics, dynamics)), statics, dynamics,
+                           [w * bp for w in weights])
     return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
-                         idle_s=interval_s - busy, shares=tuple(shares))
+                         idle_s=interval_s - busy, columns=columns)
 
 
 def apportion_by(energy_j: float, interval_s: float, idle_power_w: float,
-                 rows: Sequence[WorkRow], c: Coefficients) -> Apportionment:
+                 rows: Sequence[Work], c: Coefficients) -> Apportionment:
     """The service's apportioning: coefficients of one engine/precision, instant sharing."""
     return apportion(energy_j, interval_s, idle_power_w, rows, c.alpha, c.beta, c.gamma,
                      c.delta, delta_1=c.delta_1, delta_half_tokens=c.delta_half_tokens,

@@ -41,7 +41,7 @@ from gateway.accounting.ledger.base import (
     hour_of,
 )
 from gateway.accounting.metrics import AccountingMetrics
-from gateway.accounting.work import WorkRow, interval_index, work_rows
+from gateway.accounting.work import Work, interval_index, work_rows
 from gateway.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -383,9 +383,9 @@ class AccountingService:
             pricing.carbon_g(result.idle_j, result.idle_s * info.gpus, t0),
             pricing.cost_usd(result.idle_j, result.idle_s * info.gpus, t0),
             estimated, c.alpha, c.beta, c.gamma))
-        if result.shares:
+        rids, energies, statics, dynamics, busys = result.columns
+        if rids:
             # Column-wise: carbon and cost priced once per interval, rows built by zip.
-            rids, energies, statics, dynamics, busys = zip(*result.shares, strict=True)
             gpus = info.gpus
             gpu_s = [b * gpus for b in busys]
             carbon, cost = pricing.charges(energies, gpu_s, t0)
@@ -454,7 +454,7 @@ class AccountingService:
     def is_apportioner(self) -> bool:
         return self._is_apportioner
 
-    def work_rows_of(self, rec: RequestRecord) -> list[WorkRow]:
+    def work_rows_of(self, rec: RequestRecord) -> list[Work]:
         return work_rows(rec, self.config.interval_s)
 
     def pending_request(self, request_id: str) -> dict[str, Any] | None:

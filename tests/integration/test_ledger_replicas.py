@@ -74,7 +74,8 @@ async def replica(dsn: str, meter_url: str, name: str, workdir: Path) -> None:
             precision="bf16", slo_class="default", status="ok", http_status=200, stream=True,
             arrived_wall_s=wall - d, arrived_s=mono - d, dispatched_s=mono - d,
             first_byte_s=mono - d + 0.1, first_token_s=mono - d + 0.1, finished_s=mono,
-            reads=reads, prompt_tokens=200, completion_tokens=8, attempts=1,
+            read_times=tuple(t for t, _ in reads),
+            read_events=tuple(n for _, n in reads), prompt_tokens=200, completion_tokens=8, attempts=1,
             latency=latency(mono - d, reads, 8, mono), slo_met=True))
         n += 1
         status.write_text("apportioner" if svc.is_apportioner else "replica")

@@ -72,7 +72,8 @@ async def stream_one(http: aiohttp.ClientSession, url: str, engine: str, precisi
         slo_class="default", status="ok", http_status=200, stream=True,
         arrived_wall_s=arrived_wall, arrived_s=arrived_s, dispatched_s=dispatched,
         first_byte_s=first_byte, first_token_s=first_token, finished_s=finished,
-        reads=tuple(reads), prompt_tokens=int(usage.get("prompt_tokens", prompt)),
+        read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+        prompt_tokens=int(usage.get("prompt_tokens", prompt)),
         completion_tokens=completion, attempts=1,
         latency=latency(arrived_s, reads, completion, finished), slo_met=True)
 

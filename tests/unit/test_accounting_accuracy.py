@@ -64,7 +64,8 @@ def make_record(r: _Req, engine: str, precision: str, coalesce: int) -> RequestR
         slo_class="default", status="ok", http_status=200, stream=True,
         arrived_wall_s=T0_WALL + r.arrive_s, arrived_s=r.arrive_s, dispatched_s=r.arrive_s,
         first_byte_s=r.arrive_s, first_token_s=r.first_token_s, finished_s=r.done_s,
-        reads=tuple(reads), prompt_tokens=r.prompt, completion_tokens=r.output, attempts=1,
+        read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+        prompt_tokens=r.prompt, completion_tokens=r.output, attempts=1,
         latency=lat, slo_met=True)
 
 
@@ -157,7 +158,7 @@ def apportion_run(run: EngineRun, *, interval_s: float = 1.0, idle_w: float = 90
         track.add(t, e)
     by_idx: dict[int, list[WorkRow]] = {}
     for rec in run.records:
-        for row in work_rows(rec, interval_s):
+        for row in map(WorkRow._make, work_rows(rec, interval_s)):
             by_idx.setdefault(row.interval_idx, []).append(row)
     k0 = interval_index(run.readings[0][0], interval_s)
     k1 = interval_index(run.readings[-1][0], interval_s)

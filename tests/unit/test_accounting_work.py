@@ -10,7 +10,7 @@ import pytest
 
 from gateway.accounting.coefficients import fit_intervals, fitted, nnls
 from gateway.accounting.energy import Boundary, EnergyTrack
-from gateway.accounting.work import spread, work_rows
+from gateway.accounting.work import WorkRow, spread, work_rows
 from gateway.records import RequestRecord
 from gateway.timing import latency
 
@@ -20,14 +20,14 @@ def record(**kw: object) -> RequestRecord:
         request_id="r", tenant="t", model="m", engine="e", precision="bf16", slo_class="d",
         status="ok", http_status=200, stream=True, arrived_wall_s=1000.0, arrived_s=0.0,
         dispatched_s=0.5, first_byte_s=0.6, first_token_s=1.5, finished_s=3.5,
-        reads=((1.5, 1), (2.2, 2), (3.5, 1)), prompt_tokens=1000, completion_tokens=8,
+        read_times=(1.5, 2.2, 3.5), read_events=(1, 2, 1), prompt_tokens=1000, completion_tokens=8,
         attempts=1, latency=latency(0.0, (), 0, 3.5), slo_met=True)
     return dataclasses.replace(rec, **kw)  # type: ignore[arg-type]
 
 
 def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
     """Queueing before the last PREFILL_S of the time to first token is not residency."""
-    rows = {r.interval_idx: r for r in work_rows(record(), 1.0)}
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(record(), 1.0))}
     assert sorted(rows) == [1001, 1002, 1003]
     assert rows[1001].prefill_tokens == pytest.approx(1000)  # 1001.25..1001.5 is the prefill
     assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
@@ -39,14 +39,16 @@ def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
 
 
 def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform() -> None:
-    rows = work_rows(record(stream=False, first_token_s=None, reads=()), 1.0)
+    rec = record(stream=False, first_token_s=None, read_times=(), read_events=())
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
     assert rows[0].prefill_tokens == 1000 and rows[1].prefill_tokens == 0
     assert math.fsum(r.decode_tokens for r in rows) == pytest.approx(8)
     assert rows[1].decode_tokens == pytest.approx(8 / 3)
 
 
 def test_request_that_never_reached_an_engine_has_no_work() -> None:
-    assert work_rows(record(engine="", dispatched_s=None, first_token_s=None, reads=()), 1.0) == []
+    rec = record(engine="", dispatched_s=None, first_token_s=None, read_times=(), read_events=())
+    assert work_rows(rec, 1.0) == []
 
 
 def test_spread_conserves_the_amount() -> None:
@@ -111,10 +113,11 @@ def _random_record(rnd: random.Random, interval_s: float) -> RequestRecord:
     n_reads = rnd.choice([0, 0, 1, 3, 20])
     lo = first if first is not None else t_disp
     reads = tuple(sorted((rnd.uniform(lo, max(lo, t_end) + rnd.choice([0.0, 0.0, 0.3])),
-                          rnd.choice([1, 1, 2, 0])) for _ in range(n_reads)))
+                          rnd.choice([1, 1, 2, 3])) for _ in range(n_reads)))
     return record(arrived_wall_s=1000.0 + rnd.choice([0.0, 0.5]), arrived_s=0.0,
                   dispatched_s=t_disp, first_byte_s=first, first_token_s=first,
-                  finished_s=t_end, reads=reads, stream=bool(reads),
+                  finished_s=t_end, read_times=tuple(t for t, _ in reads),
+                  read_events=tuple(n for _, n in reads), stream=bool(reads),
                   prompt_tokens=rnd.choice([0, 1, 17, 4000]),
                   completion_tokens=rnd.choice([0, 1, 7, 600]))
 
@@ -132,6 +135,6 @@ def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit() -> No
         off = rec.arrived_wall_s - rec.arrived_s
         assert rec.dispatched_s is not None
         t_disp, t_end = rec.dispatched_s + off, rec.finished_s + off
-        taken += (not rec.reads and math.floor(t_disp / interval_s)
+        taken += (not rec.read_times and math.floor(t_disp / interval_s)
                   == math.floor(t_end / interval_s))
     assert taken > 5_000  # the shortcut was tried on many of them

@@ -23,7 +23,7 @@ from gateway.accounting.ledger.base import EngineState, Ledger, RequestRow, engi
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import IDLE_TENANT, build_report
 from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.accounting.work import interval_index, work_rows
+from gateway.accounting.work import WorkRow, interval_index, work_rows
 from tests.unit.test_accounting_accuracy import T0_WALL, EngineRun, run_engine
 
 IDLE_W = 90.0
@@ -217,7 +217,7 @@ async def test_request_stays_not_final_while_its_work_is_pending(tmp_path: Path)
     rec = run.records[0]
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
-    rows = work_rows(rec, 1.0)
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
     await ledger.append([RequestRow.from_record(rec, 1.0, "r1", rows)], engine_work(rec.engine, rows))
     last = interval_index(rec.wall(rec.finished_s), 1.0)
     state = EngineState(rec.engine, last + 2, (last + 2) * 1.0, 0.0)
@@ -306,13 +306,14 @@ async def test_a_requests_shares_are_found_over_the_span_of_its_work(tmp_path: P
     run = run_engine(5, duration_s=20.0)
     recs = [r for r in run.records if len(work_rows(r, 1.0)) > 2][:3]
     assert len(recs) == 3
-    skewed = dataclasses.replace(recs[0], reads=(*recs[0].reads, (recs[0].finished_s + 2.5, 1)))
+    skewed = dataclasses.replace(recs[0], read_times=(*recs[0].read_times, recs[0].finished_s + 2.5),
+                                 read_events=(*recs[0].read_events, 1))
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
     shares: list[tuple[object, ...]] = []
     expected: dict[str, tuple[int, float]] = {}
     for j, rec in enumerate([skewed, *recs[1:]]):
-        rows = work_rows(rec, 1.0)
+        rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
         row = RequestRow.from_record(rec, 1.0, "x", rows)
         ks = sorted(r.interval_idx for r in rows)
         assert (row.first_interval, row.last_interval) == (

@@ -9,7 +9,7 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any, NamedTuple, Protocol
 
-from gateway.accounting.work import WorkRow
+from gateway.accounting.work import Work, WorkRow
 from gateway.errors import WattgateError
 from gateway.records import RequestRecord
 
@@ -53,7 +53,7 @@ class RequestRow(NamedTuple):
 
     @classmethod
     def from_record(cls, rec: RequestRecord, interval_s: float, replica: str,
-                    work: Sequence[WorkRow]) -> RequestRow:
+                    work: Sequence[Work]) -> RequestRow:
         """The request's row; `work` is its work rows (`work_rows(rec, interval_s)`), whose
         span of intervals is kept so its shares are found by key."""
         finished = rec.arrived_wall_s + (rec.finished_s - rec.arrived_s)  # rec.wall(finished)
@@ -77,7 +77,7 @@ class RequestRow(NamedTuple):
 EngineWork = tuple[Any, ...]
 
 
-def engine_work(engine: str, rows: Sequence[WorkRow]) -> list[EngineWork]:
+def engine_work(engine: str, rows: Sequence[Work]) -> list[EngineWork]:
     """The ledger's work rows of one request on `engine`."""
     return list(map(add, rows, repeat((engine,))))
 
