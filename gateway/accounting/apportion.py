@@ -178,11 +178,12 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     if res_total > 0.0:
         if instant:
             weights: Sequence[float] = instant_weights(start, res, interval_s)
-            busy = min(math.fsum(weights), interval_s)
+            w_total = math.fsum(weights)
+            busy = min(w_total, interval_s)
         else:
             weights = res
             busy = busy_seconds(rows, interval_s)
-        w_total = math.fsum(weights)
+            w_total = res_total
         if w_total > 0.0:
             static_per_w = static * (busy / interval_s) / w_total
             busy_per_w = busy / w_total
