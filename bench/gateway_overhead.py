@@ -3,6 +3,7 @@
     python -m bench.gateway_overhead            # full: 5 interleaved runs per cell, ~15 min
     python -m bench.gateway_overhead --quick    # smoke: 1 short run per cell, ~1 min
     python -m bench.gateway_overhead --profile  # py-spy profile of wattgate at c=64 streaming
+                                                # (--profile-connections 1: at c=1)
 
 The engine (bench/overhead/fast_engine.c, compiled here) and the load client (wrk) share core 0;
 the proxy under test has core 1. Cells: streaming 16 events (separate writes / one write) and
@@ -170,13 +171,15 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def profile(args: argparse.Namespace, workdir: Path) -> None:
-    """py-spy record of the gateway while wrk drives c=64 load; prints the top frames."""
+    """py-spy record of the gateway while wrk drives load (c=64 unless told); prints the top
+    frames."""
     py_spy = BENCH_VENV / "bin" / "py-spy"
     out = workdir / "wattgate.pyspy.txt"
     with fleet(workdir, ["wattgate"]) as targets:
         gw, engine_pids = targets[1], targets[0].pids
         assert gw.proc is not None
-        load = threading.Thread(target=run_wrk, args=(gw.url, args.profile_mode, 64,
+        load = threading.Thread(target=run_wrk, args=(gw.url, args.profile_mode,
+                                                      args.profile_connections,
                                                       args.profile_seconds + 3, gw.pids,
                                                       engine_pids))
         load.start()
@@ -257,7 +260,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="profile wattgate with py-spy instead")
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--profile-mode", default="stream16", choices=report.MODES,
-                   help="load shape (at c=64) while profiling")
+                   help="load shape while profiling")
+    p.add_argument("--profile-connections", type=int, default=64,
+                   help="connections while profiling")
     p.add_argument("--top", type=int, default=25, help="frames to list in --profile")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
