@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import SloClass
-from gateway.timing import itl_from_reads, latency, slo_met
+from gateway.timing import itl_from_reads, itl_gaps, latency, latency_of, slo_met
 
 
 def test_stream_latency_uses_token_events_and_usage_count() -> None:
@@ -43,3 +43,14 @@ def test_itl_from_reads_equals_the_per_event_definition(reads: list[tuple[float,
     events = [t for t, n in reads for _ in range(n)]  # one timestamp per token-bearing event
     per_event = [b - a for a, b in itertools.pairwise(events)]
     assert itl_from_reads(reads) == pytest.approx(per_event)
+
+
+def test_one_event_per_read_takes_the_gap_pass_and_keeps_per_token_gaps() -> None:
+    times, events = (0.2, 0.25, 0.4, 0.41), (1, 1, 1, 1)
+    lat = latency_of(0.0, times, events, completion_tokens=4, end_s=0.5)
+    assert lat.itl_s == pytest.approx((0.05, 0.15, 0.01))
+    assert lat.itl_norm_s is lat.itl_s  # one token per event: the same gaps, not a copy
+    # Two tokens per event: every gap halved.
+    lat2 = latency_of(0.0, times, events, completion_tokens=7, end_s=0.5)
+    assert lat2.itl_norm_s == pytest.approx((0.025, 0.075, 0.005))
+    assert itl_gaps(times, (1, 2, 1, 1)) == pytest.approx([0.05, 0.0, 0.15, 0.01])

@@ -119,3 +119,17 @@ def test_subnormal_instant_weight_gives_no_nan_and_no_dynamic_share_without_work
     assert all(math.isfinite(x.energy_j) for x in a.shares)
     assert s["idle"].dynamic_j == 0.0 and s["dec"].dynamic_j == pytest.approx(90.0)
     assert math.fsum(x.energy_j for x in a.shares) + a.idle_j == pytest.approx(100.0)
+
+
+def test_a_row_with_neither_residency_nor_work_gets_no_share_and_columns_stay_aligned() -> None:
+    rows = [WorkRow("a", 0, 0.0, 10.0, 1.0, 0.0, 500.0), WorkRow("ghost", 0, 0.0, 0.0, 0.0, 0.0),
+            WorkRow("b", 0, 200.0, 0.0, 0.5, 0.25)]
+    a = apportion_by(300.0, DT, 100.0, rows, DEFAULTS["bf16"])
+    ids, energy, static, dynamic, busy = a.columns
+    assert tuple(ids) == ("a", "b")
+    assert len(energy) == len(static) == len(dynamic) == len(busy) == 2
+    assert [s.request_id for s in a.shares] == ["a", "b"]
+    for s, e, st_j, dy, b in zip(a.shares, energy, static, dynamic, busy, strict=True):
+        assert (s.energy_j, s.static_j, s.dynamic_j, s.busy_s) == (e, st_j, dy, b)
+        assert e == st_j + dy
+    assert math.fsum(energy) + a.idle_j == pytest.approx(300.0, rel=1e-12)
