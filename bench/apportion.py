@@ -58,13 +58,13 @@ def make_records(n: int, engines: int, span_s: float, seed: int) -> list[Request
         first = start + ttft
         events = max(1, out_tokens // 2)  # engines coalesce ~2 tokens per event
         gap = tpot * out_tokens / events
-        reads = tuple((first + j * gap, 1) for j in range(events))
+        times = tuple(first + j * gap for j in range(events))
         out.append(RequestRecord(
             request_id=f"r{i}", tenant=f"t{i % 8}", model="m", engine=f"e{i % engines}",
             precision="bf16", slo_class="d", status="ok", http_status=200, stream=True,
             arrived_wall_s=T0 + start, arrived_s=start, dispatched_s=start,
-            first_byte_s=first, first_token_s=first, finished_s=reads[-1][0],
-            read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+            first_byte_s=first, first_token_s=first, finished_s=times[-1],
+            read_times=times, read_events=(1,) * events,
             prompt_tokens=rnd.choice([rnd.randint(16, 256), rnd.randint(1000, 4000)]),
             completion_tokens=out_tokens, attempts=1, latency=NO_LATENCY, slo_met=True))
     return out

@@ -40,11 +40,6 @@ class RequestRecord:
     latency: Latency
     slo_met: bool
 
-    @property
-    def reads(self) -> tuple[tuple[float, int], ...]:
-        """(monotonic s, token-bearing events) per read."""
-        return tuple(zip(self.read_times, self.read_events, strict=True))
-
     def wall(self, t_s: float) -> float:
         """Wall-clock seconds of a monotonic timestamp of this request."""
         return self.arrived_wall_s + (t_s - self.arrived_s)

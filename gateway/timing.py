@@ -15,7 +15,7 @@ All times are seconds on one monotonic clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import sub
@@ -66,16 +66,16 @@ def itl_gaps(times: Sequence[float], events: Sequence[int]) -> list[float]:
     return out
 
 
-def itl_from_reads(reads: Sequence[tuple[float, int]]) -> list[float]:
-    """`itl_gaps` of (timestamp, events) pairs."""
-    return itl_gaps([t for t, _ in reads], [n for _, n in reads])
+def split_reads(reads: Iterable[tuple[float, int]]) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """Per-read (timestamp, token-bearing events) pairs as two columns: (times, events)."""
+    pairs = tuple(reads)
+    return tuple(t for t, _ in pairs), tuple(n for _, n in pairs)
 
 
 def latency(start_s: float, reads: Sequence[tuple[float, int]], completion_tokens: int,
             end_s: float | None) -> Latency:
     """`latency_of` per-read (timestamp, token-bearing events) pairs."""
-    return latency_of(start_s, [t for t, _ in reads], [n for _, n in reads], completion_tokens,
-                      end_s)
+    return latency_of(start_s, *split_reads(reads), completion_tokens, end_s)
 
 
 def latency_of(start_s: float, times: Sequence[float], events: Sequence[int],

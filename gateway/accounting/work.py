@@ -111,7 +111,6 @@ def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
     return out
 
 
-
 def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S, *,
               shortcut: bool = True) -> list[Work]:
     """The request's work per interval of its engine (empty when it never reached one).
@@ -194,8 +193,7 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
     # Token events stamped outside dispatched..finished (clock skew) still count.
     outside = [k for k in (*prefill, *decode) if k < k_first or k > k_last]
     for k in sorted(set(outside)):
-        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0,
-                                  get_kv(k, 0.0)))
+        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0)))
     return rows
 
 
@@ -225,8 +223,8 @@ def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float
 
 
 def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,
-                   off: float, completion: int, prompt: float, prefill: dict[int, float], t_disp: float,
-                   t_end: float, k_first: int, k_last: int, interval_s: float,
+                   off: float, completion: int, prompt: float, prefill: dict[int, float],
+                   t_disp: float, t_end: float, k_first: int, k_last: int, interval_s: float,
                    span: tuple[int, int] | None) -> list[Work]:
     """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
     the prefill all inside the residency span. Same rows as the general path. With `span`

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import SloClass
-from gateway.timing import itl_from_reads, itl_gaps, latency, latency_of, slo_met
+from gateway.timing import itl_gaps, latency, latency_of, slo_met, split_reads
 
 
 def test_stream_latency_uses_token_events_and_usage_count() -> None:
@@ -38,11 +38,11 @@ def test_slo_grading() -> None:
 
 
 @given(st.lists(st.tuples(st.floats(0, 1e3, allow_nan=False), st.integers(1, 5)), max_size=20))
-def test_itl_from_reads_equals_the_per_event_definition(reads: list[tuple[float, int]]) -> None:
+def test_itl_gaps_equal_the_per_event_definition(reads: list[tuple[float, int]]) -> None:
     reads = sorted(reads)
     events = [t for t, n in reads for _ in range(n)]  # one timestamp per token-bearing event
     per_event = [b - a for a, b in itertools.pairwise(events)]
-    assert itl_from_reads(reads) == pytest.approx(per_event)
+    assert itl_gaps(*split_reads(reads)) == pytest.approx(per_event)
 
 
 def test_one_event_per_read_takes_the_gap_pass_and_keeps_per_token_gaps() -> None:

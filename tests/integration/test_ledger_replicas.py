@@ -51,7 +51,7 @@ async def replica(dsn: str, meter_url: str, name: str, workdir: Path) -> None:
     from gateway.accounting.ledger.postgres import PostgresLedger
     from gateway.accounting.service import AccountingService, EngineInfo
     from gateway.records import RequestRecord
-    from gateway.timing import latency
+    from gateway.timing import latency, split_reads
 
     cfg = AccountingConfig(interval_s=1.0, flush_s=0.3, poll_s=0.1, settle_s=1.5, meters=(
         ("e0", EngineMeterConfig(MeterSpec(kind="agent", url=meter_url, gpus=(0,)),
@@ -69,13 +69,14 @@ async def replica(dsn: str, meter_url: str, name: str, workdir: Path) -> None:
         mono, wall = time.monotonic(), time.time()
         d = rnd.uniform(0.3, 1.5)
         reads = tuple((mono - d + 0.1 + i * (d - 0.1) / 8, 1) for i in range(1, 9))
+        times, events = split_reads(reads)
         svc.record(RequestRecord(
             request_id=f"{name}-{n}", tenant=f"t{n % 2}", model="m", engine="e0",
             precision="bf16", slo_class="default", status="ok", http_status=200, stream=True,
             arrived_wall_s=wall - d, arrived_s=mono - d, dispatched_s=mono - d,
             first_byte_s=mono - d + 0.1, first_token_s=mono - d + 0.1, finished_s=mono,
-            read_times=tuple(t for t, _ in reads),
-            read_events=tuple(n for _, n in reads), prompt_tokens=200, completion_tokens=8, attempts=1,
+            read_times=times, read_events=events, prompt_tokens=200, completion_tokens=8,
+            attempts=1,
             latency=latency(mono - d, reads, 8, mono), slo_met=True))
         n += 1
         status.write_text("apportioner" if svc.is_apportioner else "replica")

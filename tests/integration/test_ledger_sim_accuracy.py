@@ -26,7 +26,7 @@ from engines.meters.registry import MeterSpec
 from gateway.accounting.config import AccountingConfig, EngineMeterConfig, LedgerConfig
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.records import RequestRecord
-from gateway.timing import latency
+from gateway.timing import latency, split_reads
 from tests.support.procs import free_port, running, wattgate_cmd
 
 MODEL = "llama-3.1-8b"
@@ -67,12 +67,13 @@ async def stream_one(http: aiohttp.ClientSession, url: str, engine: str, precisi
                 first_token = first_token or now
     finished = time.monotonic()
     completion = int(usage.get("completion_tokens", output))
+    read_times, read_events = split_reads(reads)
     return RequestRecord(
         request_id=rid, tenant=tenant, model=MODEL, engine=engine, precision=precision,
         slo_class="default", status="ok", http_status=200, stream=True,
         arrived_wall_s=arrived_wall, arrived_s=arrived_s, dispatched_s=dispatched,
         first_byte_s=first_byte, first_token_s=first_token, finished_s=finished,
-        read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+        read_times=read_times, read_events=read_events,
         prompt_tokens=int(usage.get("prompt_tokens", prompt)),
         completion_tokens=completion, attempts=1,
         latency=latency(arrived_s, reads, completion, finished), slo_met=True)

@@ -21,7 +21,7 @@ from gateway.accounting.apportion import apportion
 from gateway.accounting.energy import EnergyTrack
 from gateway.accounting.work import WorkRow, interval_index, work_rows
 from gateway.records import RequestRecord
-from gateway.timing import latency
+from gateway.timing import latency, split_reads
 
 T0_WALL = 1_700_000_000.0  # wall clock of monotonic 0
 
@@ -59,12 +59,13 @@ def make_record(r: _Req, engine: str, precision: str, coalesce: int) -> RequestR
         chunk = events[i:i + coalesce]
         reads.append((chunk[-1], len(chunk)))
     lat = latency(r.arrive_s, reads, r.output, r.done_s)
+    read_times, read_events = split_reads(reads)
     return RequestRecord(
         request_id=r.rid, tenant=r.tenant, model="m", engine=engine, precision=precision,
         slo_class="default", status="ok", http_status=200, stream=True,
         arrived_wall_s=T0_WALL + r.arrive_s, arrived_s=r.arrive_s, dispatched_s=r.arrive_s,
         first_byte_s=r.arrive_s, first_token_s=r.first_token_s, finished_s=r.done_s,
-        read_times=tuple(t for t, _ in reads), read_events=tuple(n for _, n in reads),
+        read_times=read_times, read_events=read_events,
         prompt_tokens=r.prompt, completion_tokens=r.output, attempts=1,
         latency=lat, slo_met=True)
 

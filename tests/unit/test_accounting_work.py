@@ -12,7 +12,7 @@ from gateway.accounting.coefficients import fit_intervals, fitted, nnls
 from gateway.accounting.energy import Boundary, EnergyTrack
 from gateway.accounting.work import WorkRow, spread, work_rows
 from gateway.records import RequestRecord
-from gateway.timing import latency
+from gateway.timing import latency, split_reads
 
 
 def record(**kw: object) -> RequestRecord:
@@ -114,10 +114,11 @@ def _random_record(rnd: random.Random, interval_s: float) -> RequestRecord:
     lo = first if first is not None else t_disp
     reads = tuple(sorted((rnd.uniform(lo, max(lo, t_end) + rnd.choice([0.0, 0.0, 0.3])),
                           rnd.choice([1, 1, 2, 3])) for _ in range(n_reads)))
+    times, events = split_reads(reads)
     return record(arrived_wall_s=1000.0 + rnd.choice([0.0, 0.5]), arrived_s=0.0,
                   dispatched_s=t_disp, first_byte_s=first, first_token_s=first,
-                  finished_s=t_end, read_times=tuple(t for t, _ in reads),
-                  read_events=tuple(n for _, n in reads), stream=bool(reads),
+                  finished_s=t_end, read_times=times, read_events=events,
+                  stream=bool(reads),
                   prompt_tokens=rnd.choice([0, 1, 17, 4000]),
                   completion_tokens=rnd.choice([0, 1, 7, 600]))
 
