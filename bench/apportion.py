@@ -13,6 +13,8 @@ reported. `record()` is timed on a service whose ledger does nothing.
 The ledger is measured apart, on SQLite, as the gateway process pays for it: ingest plus the
 batched write of requests and work rows (every replica), and the apportioner's step per
 request (the one replica that apportions: read, apportion, price, write shares, mark done).
+Then the whole service at steady state, records arriving as requests finish, with the
+apportioner waiting for requests in flight (the default) and without (`hold_s: 0`).
 """
 
 from __future__ import annotations
@@ -259,6 +261,83 @@ async def _apportioner(n: int) -> dict[str, Any]:
     return {"requests": n, "apportioner_us": cpu_s / n * 1e6}
 
 
+def steady_cost(n: int, rate: float, hold_s: float) -> dict[str, Any]:
+    """The service at steady state on SQLite: requests arrive at `rate` per second on 4 engines
+    and are recorded as they finish (long streams finish many intervals after they began),
+    with the gateway's steps every 0.5 s: ingest, write, apportion. The proxy's open requests
+    are known to the service as in the gateway (`watch`); with `hold_s` 0 the apportioner does
+    not wait for them and re-apportions every interval a late record reaches. CPU time of the
+    process per request (the ledger's worker thread included)."""
+    return asyncio.run(_steady(n, rate, hold_s))
+
+
+async def _steady(n: int, rate: float, hold_s: float) -> dict[str, Any]:
+    step_s = 0.5
+    # The meters start 3 s before the first request: all the work is metered (work from before
+    # an engine's first reading gets no share, and is looked at again each time it grows).
+    clock = _Clock(T0 - 3.0)
+    engines = [EngineInfo(f"e{i}", "m", "bf16", 1) for i in range(4)]
+    records = sorted(make_records(n, engines=4, span_s=n / rate, seed=5),
+                     key=lambda r: r.finished_s)
+    by_arrival = sorted(records, key=lambda r: r.arrived_s)
+    gc.collect()
+    gc.freeze()
+    apportioned = 0
+    orig_one = AccountingService._one
+
+    async def counting_one(self: AccountingService, *args: Any) -> None:
+        nonlocal apportioned
+        apportioned += 1
+        await orig_one(self, *args)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = SqliteLedger(Path(tmp) / "ledger.db")
+        svc = AccountingService(AccountingConfig(hold_s=hold_s), engines, ledger=ledger,
+                                clock=clock, meters={e.name: _PowerMeter(clock) for e in engines})
+        svc._one = counting_one.__get__(svc)  # type: ignore[method-assign]
+        opened: list[float | None] = [None]
+        svc.watch(lambda: opened[0])
+        await ledger.open()
+        await svc.poll_meters()
+        assert await svc._take_apportioner()
+        ingest_s = write_s = apportion_s = 0.0
+        rows = i = 0
+        t = -3.0
+        end = records[-1].finished_s + 5.0
+        try:
+            while t < end:
+                t += step_s
+                clock.t = T0 + t
+                while i < n and records[i].finished_s <= t:
+                    svc.record(records[i])
+                    i += 1
+                opened[0] = next((r.arrived_wall_s for r in by_arrival
+                                  if r.arrived_s <= t < r.finished_s), None)
+                await svc.poll_meters()
+                c0 = time.process_time()
+                svc.ingest()
+                c1 = time.process_time()
+                rows += len(svc._work)
+                await svc.flush()
+                c2 = time.process_time()
+                await svc.apportion_ready(clock.t)
+                c3 = time.process_time()
+                ingest_s += c1 - c0
+                write_s += c2 - c1
+                apportion_s += c3 - c2
+            intervals = (await ledger._fetch("SELECT COUNT(*) FROM intervals", ()))[0][0]
+        finally:
+            await ledger.close()
+            gc.unfreeze()
+    return {"requests": n, "rate": rate, "hold_s": hold_s, "rows_per_request": rows / n,
+            "ingest_us": ingest_s / n * 1e6, "ledger_write_us": write_s / n * 1e6,
+            "apportioner_us": apportion_s / n * 1e6,
+            "total_us": (ingest_s + write_s + apportion_s) / n * 1e6,
+            "apportioner_requests_per_s_per_core": n / apportion_s if apportion_s else 0.0,
+            "engine_intervals": intervals,
+            "apportionings_per_interval": apportioned / intervals if intervals else 0.0}
+
+
 def cpu_reference_us() -> float:
     """Best time of sum(range(1000)) in us: a yardstick for comparing machines (a current
     desktop core does it in ~8-10 us)."""
@@ -304,12 +383,30 @@ def markdown(result: dict[str, Any]) -> str:
         f"| apportioner step on SQLite (read work, apportion, price, write shares), us per "
         f"request | {a['apportioner_us']:.1f} | |",
         "",
+        "At steady state: records arrive as requests finish, the service steps every 0.5 s "
+        "(ingest, SQLite write, apportion), us of CPU per request:",
+        "",
+        "| apportioner | ingest | ledger write | apportioner step | total | apportioner, "
+        "requests/s per core | times each interval was apportioned |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(f"| {label} | {x['ingest_us']:.1f} | {x['ledger_write_us']:.1f} | "
+          f"{x['apportioner_us']:.1f} | {x['total_us']:.1f} | "
+          f"{x['apportioner_requests_per_s_per_core']:,.0f} | "
+          f"{x['apportionings_per_interval']:.2f} |"
+          for label, x in (("waits for requests in flight (hold_s 60, the default)",
+                            result["steady"]), ("does not wait (hold_s 0)",
+                                                result["steady_no_hold"]))),
+        "",
         f"Workload: {t['requests']:,} streamed requests on 8 engines, prompts 16-4000 tokens, "
         "outputs 4-600 tokens, ~2 tokens per SSE event, 1 s intervals. Ingest and ledger write: "
         f"{w['requests']:,} such requests into a fresh SQLite ledger, {w['batch']} per flush; "
         "CPU time of the process (the ledger's worker thread included). Apportioner step: "
         f"{a['requests']:,} such requests already in the ledger, apportioned interval by "
-        "interval as the service does.",
+        "interval as the service does. Steady state: "
+        f"{result['steady']['requests']:,} such requests arriving at "
+        f"{result['steady']['rate']:,.0f}/s on 4 engines "
+        f"({result['steady']['rows_per_request']:.2f} work rows each); the gateway's open "
+        "requests are known to the service as the proxy reports them.",
         "",
     ])
 
@@ -327,6 +424,8 @@ def main() -> None:
         "record": record_cost(20_000 if args.quick else 200_000),
         "ingest_write": ingest_write_cost(2000 if args.quick else 8000, 500),
         "apportioner": apportioner_cost(1000 if args.quick else 4000),
+        "steady": steady_cost(1000 if args.quick else 4000, 500.0, 60.0),
+        "steady_no_hold": steady_cost(1000 if args.quick else 4000, 500.0, 0.0),
     }
     md = markdown(result)
     print(md)

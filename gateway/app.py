@@ -181,8 +181,10 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
         client = upstream_client(config)
-        app[PROXY] = Proxy(config, upstreams, client, gateway_metrics, all_sinks, clock=clock,
-                           wall=wall)
+        app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
+                                   clock=clock, wall=wall)
+        if ACCOUNTING in app:
+            app[ACCOUNTING].watch(proxy.open_since)
         async with upstreams.running(session):
             yield
             await drain(app)

@@ -117,8 +117,15 @@ class Proxy:
         self._id_prefix = os.urandom(8).hex()
         self._served = 0
         self.inflight = 0
+        self._open: dict[str, float] = {}  # request id -> wall-clock arrival, oldest first
         self.idle = asyncio.Event()
         self.idle.set()
+
+    def open_since(self) -> float | None:
+        """Wall-clock arrival of the oldest request being served (None: none)."""
+        for arrived in self._open.values():
+            return arrived
+        return None
 
     # --- entry point --------------------------------------------------------------------
 
@@ -136,6 +143,7 @@ class Proxy:
                         self.wall(),
                         self.config.default_slo_class)
         self.inflight += 1
+        self._open[flight.request_id] = flight.arrived_wall_s
         self.idle.clear()
         try:
             await self._serve(exchange, flight)
@@ -156,6 +164,7 @@ class Proxy:
             self.inflight -= 1
             if self.inflight == 0:
                 self.idle.set()
+            del self._open[flight.request_id]  # and its record goes to the sinks right away
             self._finish(flight)
 
     async def _serve(self, exchange: Exchange, flight: Flight) -> None:

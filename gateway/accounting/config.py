@@ -4,6 +4,8 @@
       interval_s: 1           # wall-clock grid
       flush_s: 0.5            # ledger write batching (a crash loses at most this window)
       settle_s: 2             # an interval is apportioned this long after it ends
+      hold_s: 60              # and once no request in flight over it is still being served,
+                              # waiting at most this long (0: do not wait)
       ledger: {kind: sqlite, path: wattgate-ledger.db}   # or {kind: postgres, dsn_env: PGDSN}
       region: DE              # built-in grid intensity; or intensity: 381 | {csv: file}
       pue: 1.1
@@ -69,6 +71,7 @@ class AccountingConfig:
     poll_s: float = 0.25
     settle_s: float = 2.0
     max_lag_s: float = 10.0
+    hold_s: float = 60.0
     ledger: LedgerConfig = LedgerConfig()
     region: str = "WORLD"
     pricing: Pricing = field(default_factory=Pricing)
@@ -195,6 +198,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         poll_s=r.number("poll_s", min(0.25, interval_s / 2)),
         settle_s=r.number("settle_s", 2.0, inclusive=True),
         max_lag_s=r.number("max_lag_s", 10.0),
+        hold_s=r.number("hold_s", 60.0, inclusive=True),
         ledger=_ledger(r.sub("ledger"), env),
         region=region,
         pricing=pricing,

@@ -31,6 +31,9 @@ class AccountingMetrics:
         self.revisions = Counter("wattgate_accounting_revised_intervals", "Intervals "
                                  "re-apportioned because a record arrived late", ["engine"],
                                  registry=registry)
+        self.held = Gauge("wattgate_accounting_held_seconds", "How long apportioning waits, "
+                          "beyond settle_s, for requests still in flight (at most hold_s)",
+                          registry=registry)
         self.ledger_errors = Counter("wattgate_ledger_errors", "Failed ledger operations",
                                      registry=registry)
         self.pending = Gauge("wattgate_accounting_pending_records", "Records not yet written "

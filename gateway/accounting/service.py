@@ -37,6 +37,7 @@ from gateway.accounting.ledger.base import (
     PendingWork,
     RequestRow,
     ShareRow,
+    Watermark,
     engine_work,
     hour_of,
 )
@@ -50,6 +51,8 @@ DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA c
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop
 BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
+HEARTBEAT_S = 1.0  # a replica with requests open re-publishes its watermark at least this often
+REPLICA_STALE_S = 10.0  # a replica not heard from this long (killed) holds nothing back
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
@@ -71,6 +74,10 @@ def make_ledger(cfg: LedgerConfig) -> Ledger:
     from gateway.accounting.ledger.sqlite import SqliteLedger
 
     return SqliteLedger(cfg.path)
+
+
+def _nothing_open() -> float | None:
+    return None
 
 
 @dataclass
@@ -101,6 +108,8 @@ class AccountingService:
         self._requests: list[RequestRow] = []
         self._work: list[EngineWork] = []
         self._last_flush = 0.0
+        self._open_since: Callable[[], float | None] = _nothing_open
+        self._published: tuple[float | None, float] | None = None  # (open since, when)
         self._is_apportioner = False
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -119,6 +128,13 @@ class AccountingService:
                 estimated=meter.estimated,
                 samples=deque(maxlen=config.fit.window))
         self._started_s = clock()
+
+    def watch(self, open_since: Callable[[], float | None]) -> None:
+        """Where to learn the wall-clock arrival of the oldest request still being served
+        (None: none). The apportioner waits for such requests before it apportions the
+        intervals they are in flight over, so a long stream does not make every interval it
+        spans be apportioned again when it finishes (see `hold_s`)."""
+        self._open_since = open_since
 
     # --- hot path ---------------------------------------------------------------------------
 
@@ -199,8 +215,14 @@ class AccountingService:
         """`ingest` in chunks, yielding to the loop between them so a burst of records never
         holds up request handling for long (~50-100 us of CPU per record)."""
         pending, self._pending = self._pending, []
-        async for part in in_chunks(pending, chunk):
-            self._rows_from(part)
+        done = 0
+        try:
+            async for part in in_chunks(pending, chunk):
+                self._rows_from(part)
+                done += len(part)
+        finally:
+            if done < len(pending):  # cancelled (stopping): the rest waits for the last ingest
+                self._pending[:0] = pending[done:]
 
     def ingest(self) -> None:
         """Turn every queued record into ledger rows now."""
@@ -221,17 +243,38 @@ class AccountingService:
             self.metrics.pending.set(len(self._requests))
 
     async def flush(self) -> None:
-        self._last_flush = self._clock()
-        if not self._requests and not self._work:
+        now = self._last_flush = self._clock()
+        since = self._watermark()
+        if not self._requests and not self._work and not self._watermark_due(since, now):
             return
         requests, work = self._requests, self._work
         self._requests, self._work = [], []
         try:
-            await self.ledger.append(requests, work)
+            await self.ledger.append(requests, work, Watermark(self.replica, since, now))
         except LedgerError:
             self._requests[:0] = requests
             self._work[:0] = work
             raise
+        self._published = (since, now)
+
+    def _watermark(self) -> float | None:
+        """The earliest wall-clock time this replica may still record work at: the arrival of
+        its oldest request being served, or recorded but not in this flush (None: none)."""
+        since = self._open_since()
+        for rec in self._pending:
+            if since is None or rec.arrived_wall_s < since:
+                since = rec.arrived_wall_s
+        return since
+
+    def _watermark_due(self, since: float | None, now: float) -> bool:
+        """Publish without rows only when the watermark appears or goes, or as a heartbeat
+        while it holds (an idle replica writes nothing)."""
+        if self._published is None:
+            return True
+        last_since, last_at = self._published
+        if since is None:
+            return last_since is not None
+        return last_since is None or now - last_at >= HEARTBEAT_S
 
     async def _take_apportioner(self) -> bool:
         held = await self.ledger.acquire_apportioner()
@@ -264,12 +307,18 @@ class AccountingService:
         e0 = eng.track.energy_at(k0 * dt)
         return None if e0 is None else EngineState(eng.info.name, k0, k0 * dt, e0)
 
-    def _ready(self, eng: _Engine, st: EngineState, now: float) -> list[tuple[int, float | None]]:
-        """Intervals whose end has settled, with the cumulative energy at their end."""
+    def _ready(self, eng: _Engine, st: EngineState, now: float, open_since: float | None = None
+               ) -> list[tuple[int, float | None]]:
+        """Intervals whose end has settled, and before `open_since` (the earliest arrival of a
+        request still open on any replica) unless held `hold_s` already, with the cumulative
+        energy at their end."""
         dt = self.config.interval_s
+        limit = now - self.config.settle_s
+        if open_since is not None:
+            limit = min(limit, max(open_since, now - self.config.hold_s))
         out: list[tuple[int, float | None]] = []
         k = st.next_interval
-        while (k + 1) * dt <= now - self.config.settle_s and len(out) < MAX_INTERVALS_PER_STEP:
+        while (k + 1) * dt <= limit and len(out) < MAX_INTERVALS_PER_STEP:
             t_end = (k + 1) * dt
             if isinstance(eng.meter, ModelMeter):
                 out.append((k, None))
@@ -288,16 +337,23 @@ class AccountingService:
 
     async def apportion_ready(self, now: float) -> int:
         """Apportion every settled interval and every interval revised by late work."""
+        open_since = (await self.ledger.open_since(now - REPLICA_STALE_S)
+                      if self.config.hold_s > 0.0 else None)
+        if self.metrics:
+            settled = now - self.config.settle_s
+            self.metrics.held.set(0.0 if open_since is None else max(
+                0.0, settled - max(open_since, now - self.config.hold_s)))
         done = 0
         for eng in self.engines.values():
             if eng.state is None:
                 eng.state = self._init_state(eng)
             if eng.state is not None:
-                done += await self._apportion_engine(eng, eng.state, now)
+                done += await self._apportion_engine(eng, eng.state, now, open_since)
         return done
 
-    async def _apportion_engine(self, eng: _Engine, st: EngineState, now: float) -> int:
-        ready = self._ready(eng, st, now)
+    async def _apportion_engine(self, eng: _Engine, st: EngineState, now: float,
+                                open_since: float | None = None) -> int:
+        ready = self._ready(eng, st, now, open_since)
         dirty = await self.ledger.dirty(eng.info.name, st.next_interval)
         if not ready and not dirty:
             self._publish_residual(eng, st)

@@ -6,6 +6,7 @@ import asyncio
 import socket
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -316,3 +317,35 @@ async def test_upstream_sockets_use_tcp_nodelay() -> None:
                 r.close()
         finally:
             client.close()
+
+
+async def test_a_stream_in_flight_holds_the_ledger_watermark_at_its_arrival(
+        tmp_path: Path) -> None:
+    """The accounting service learns from the proxy when the oldest request being served
+    arrived, and publishes it with its flushes: the apportioner waits for that request before
+    it apportions the intervals it is in flight over; once it ends the hold goes."""
+    import time
+
+    from gateway.accounting.ledger.sqlite import SqliteLedger
+
+    ledger_path = tmp_path / "ledger.db"
+    async with fake_engine(FakeEngine(ttft_s=0.05, itl_s=0.05, tokens=30, model="m")) as eng:
+        config = make_config([ep(eng)], accounting={
+            "ledger": {"kind": "sqlite", "path": str(ledger_path)}, "flush_s": 0.1,
+            "poll_s": 0.05})
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
+            started = time.time()
+            stream = asyncio.create_task(post(s, gw + "/v1/completions", {
+                "model": "m", "prompt": "a", "max_tokens": 30, "stream": True}))
+            await asyncio.sleep(0.8)  # the stream takes ~1.5 s; several flushes meanwhile
+            reader = SqliteLedger(ledger_path)
+            await reader.open()
+            try:
+                held = await reader.open_since(time.time() - 10.0)
+                assert held is not None and started <= held <= started + 0.3
+                status, body, _ = await stream
+                assert status == 200 and b"[DONE]" in body
+                await asyncio.sleep(0.5)
+                assert await reader.open_since(time.time() - 10.0) is None
+            finally:
+                await reader.close()

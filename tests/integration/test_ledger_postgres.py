@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting.ledger.base import Ledger
+from gateway.accounting.ledger.base import Ledger, Watermark
 from gateway.accounting.ledger.postgres import PostgresLedger
 from gateway.accounting.ledger.sql import MIGRATIONS
 from gateway.accounting.ledger.sqlite import SqliteLedger
@@ -68,6 +68,26 @@ async def test_migrations_are_idempotent_and_versioned(pg: str) -> None:
     await b.open()  # a second replica starting on a migrated schema changes nothing
     rows = await b._fetch("SELECT version FROM schema_version ORDER BY version", ())
     assert rows == [(version,) for version, _ in MIGRATIONS]  # each applied exactly once
+    await a.close()
+    await b.close()
+
+
+async def test_replica_watermarks_on_postgres(pg: str) -> None:
+    """Each replica's watermark is one row, replaced by its next; the earliest of the replicas
+    heard from recently holds, a silent one does not, and None holds nothing."""
+    a = await _ledger(pg)
+    b = PostgresLedger(a._dsn)
+    await b.open()
+    assert await a.open_since(0.0) is None
+    await a.append([], [], Watermark("a:1", 100.0, 200.0))
+    await b.append([], [], Watermark("b:1", 150.0, 210.0))
+    assert await b.open_since(190.0) == 100.0
+    assert await b.open_since(205.0) == 150.0  # a not heard from since 200
+    await a.append([], [], Watermark("a:1", None, 220.0))
+    assert await b.open_since(190.0) == 150.0
+    await b.append([], [], Watermark("b:1", 180.0, 230.0))
+    assert await a.open_since(190.0) == 180.0
+    assert (await a._fetch("SELECT COUNT(*) FROM replicas", ()))[0][0] == 2
     await a.close()
     await b.close()
 

@@ -34,8 +34,8 @@ class LoggingLedger:
         self._inner = inner
         self._ids = ids_file.open("a")
 
-    async def append(self, requests: Any, work: Any) -> None:
-        await self._inner.append(requests, work)
+    async def append(self, requests: Any, work: Any, watermark: Any = None) -> None:
+        await self._inner.append(requests, work, watermark)
         self._ids.write("".join(f"{r.request_id}\n" for r in requests))
         self._ids.flush()
 

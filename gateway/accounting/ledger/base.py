@@ -132,6 +132,16 @@ class ShareRow(NamedTuple):
     estimated: int  # 1 when the interval's energy is estimated, not measured
 
 
+class Watermark(NamedTuple):
+    """What one replica may still record: work no earlier than `open_since_s` (the wall-clock
+    arrival of its oldest request being served or not yet written; None: nothing), as of
+    `seen_s` on its clock."""
+
+    replica: str
+    open_since_s: float | None
+    seen_s: float
+
+
 class PendingWork(NamedTuple):
     """A work row read back for apportioning, with its tenant and whether it was apportioned."""
 
@@ -158,8 +168,15 @@ class Ledger(Protocol):
 
     async def close(self) -> None: ...
 
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork]) -> None:
-        """Store finished requests and their work rows (idempotent per request id)."""
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+                     watermark: Watermark | None = None) -> None:
+        """Store finished requests and their work rows (idempotent per request id), and the
+        replica's watermark in the same transaction."""
+        ...
+
+    async def open_since(self, seen_after_s: float) -> float | None:
+        """The earliest watermark of the replicas heard from at or after `seen_after_s`
+        (None: none of them has a request open)."""
         ...
 
     async def acquire_apportioner(self) -> bool:

@@ -18,6 +18,7 @@ from gateway.accounting.ledger.base import (
     RequestRow,
     ShareRow,
     UsageData,
+    Watermark,
     hour_of,
 )
 from gateway.accounting.work import WorkRow
@@ -55,14 +56,21 @@ class SqlLedger(ABC):
     @abstractmethod
     async def _transaction(self, batches: Sequence[Batch]) -> None: ...
 
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork]) -> None:
-        if not requests and not work:
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+                     watermark: Watermark | None = None) -> None:
+        if not requests and not work and watermark is None:
             return
-        # The rows are their statements' parameters already: nothing is rebuilt here.
-        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work)])
+        # The rows are their statements' parameters already: nothing is rebuilt here. The
+        # watermark moves with the rows it accounts for, never ahead of them.
+        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+                                 (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
         self._tenant_cache.update(map(_ID_TENANT, requests))
         self._bound_tenants()
+
+    async def open_since(self, seen_after_s: float) -> float | None:
+        rows = await self._fetch(sql.SELECT_OPEN_SINCE, (seen_after_s,))
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     async def states(self) -> dict[str, EngineState]:
         rows = await self._fetch(sql.SELECT_STATES, ())

@@ -61,6 +61,13 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             WHERE w.request_id = requests.request_id AND w.engine = requests.engine""",
         "DROP INDEX IF EXISTS shares_request",
     )),
+    # Each replica's watermark: the wall-clock arrival of its oldest request still being
+    # served (NULL: none), so the apportioner waits for requests in flight over an interval
+    # instead of re-apportioning it each time one of them finishes.
+    (4, (
+        """CREATE TABLE replicas (
+            replica TEXT PRIMARY KEY, open_since_s {REAL}, seen_s {REAL} NOT NULL)""",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -97,6 +104,12 @@ INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, pre
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
     kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
+UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES (?, ?, ?)
+    ON CONFLICT (replica) DO UPDATE SET open_since_s = excluded.open_since_s,
+    seen_s = excluded.seen_s"""
+# The earliest watermark of the replicas heard from since a time (the others are gone).
+SELECT_OPEN_SINCE = """SELECT MIN(open_since_s) FROM replicas
+    WHERE seen_s >= ? AND open_since_s IS NOT NULL"""
 SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
 # A WorkRow's columns, then whether it was apportioned. Tenants are read apart, once per
 # request (SELECT_TENANTS), not joined onto each of its rows.
