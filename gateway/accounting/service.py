@@ -53,6 +53,7 @@ INGEST_CHUNK = 32  # records turned into rows between two yields to the event lo
 BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
 HEARTBEAT_S = 1.0  # a replica with requests open re-publishes its watermark at least this often
 REPLICA_STALE_S = 10.0  # a replica not heard from this long (killed) holds nothing back
+# (or four flush windows, when flush_s is long: replicas publish at most once per flush)
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
@@ -158,8 +159,11 @@ class AccountingService:
                 await self._task
             self._task = None
         self.ingest()
-        with contextlib.suppress(LedgerError):
+        try:
             await self.flush()
+        except LedgerError as exc:
+            log.error("stopping with %d request records not written to the ledger: %s",
+                      len(self._requests), exc)
         await self.ledger.close()
         for eng in self.engines.values():
             with contextlib.suppress(MeterError):
@@ -337,7 +341,8 @@ class AccountingService:
 
     async def apportion_ready(self, now: float) -> int:
         """Apportion every settled interval and every interval revised by late work."""
-        open_since = (await self.ledger.open_since(now - REPLICA_STALE_S)
+        stale_s = max(REPLICA_STALE_S, 4.0 * self.config.flush_s)
+        open_since = (await self.ledger.open_since(now - stale_s)
                       if self.config.hold_s > 0.0 else None)
         if self.metrics:
             settled = now - self.config.settle_s

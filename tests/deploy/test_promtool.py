@@ -83,6 +83,9 @@ def test_alerts_fire_on_bad_series_and_stay_quiet_on_good_ones(tmp_path: Path) -
         ('wattgate_endpoint_healthy{model="m", engine="e2", precision="bf16"}', "1x200"),
         ('wattgate_engine_energy_joules_total{engine="e2"}', "0+6000x200"),
         ('wattgate_engine_idle_energy_joules_total{engine="e2"}', "0+4800x200"),
+        # The apportioning replica waits 45 s for a request in flight; another replica 0.
+        ('wattgate_accounting_held_seconds{instance="a"}', "45x200"),
+        ('wattgate_accounting_held_seconds{instance="b"}', "0x200"),
     ]
     low = alert("WattgateSLOAttainmentLow", {"severity": "warning", "slo_class": "interactive"},
                 {"summary": "SLO class interactive: attainment 50% (< 90%)",
@@ -97,6 +100,11 @@ def test_alerts_fire_on_bad_series_and_stay_quiet_on_good_ones(tmp_path: Path) -
                  {"summary": "80% of GPU energy went to idle engines over the last hour",
                   "description": "Consider fewer engines or a cheaper precision for the offered "
                                  "load."})
+    held = alert("WattgateApportioningHeld", {"severity": "info"},
+                 {"summary": "Apportioning waits 45s for requests still in flight",
+                  "description": "A request open for minutes (a stuck stream, a slow reader) "
+                                 "keeps the intervals it spans from being billed, for at most "
+                                 "accounting.hold_s; they are revised when it ends."})
     tests = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
@@ -114,6 +122,9 @@ def test_alerts_fire_on_bad_series_and_stay_quiet_on_good_ones(tmp_path: Path) -
                 {"eval_time": "20m", "alertname": "WattgateErrorRatioHigh", "exp_alerts": []},
                 {"eval_time": "150m", "alertname": "WattgateIdleEnergyShareHigh",
                  "exp_alerts": [idle]},
+                {"eval_time": "10m", "alertname": "WattgateApportioningHeld", "exp_alerts": []},
+                {"eval_time": "20m", "alertname": "WattgateApportioningHeld",
+                 "exp_alerts": [held]},
             ],
             "promql_expr_test": [{
                 "expr": "wattgate:slo_attainment:ratio_rate5m", "eval_time": "20m",

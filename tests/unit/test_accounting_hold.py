@@ -5,13 +5,14 @@ a replica that went silent holds it back for a bounded time only."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.accounting.ledger.base import Watermark
+from gateway.accounting.ledger.base import LedgerError, Watermark
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.service import REPLICA_STALE_S, AccountingService, EngineInfo
 from gateway.records import RequestRecord
@@ -215,3 +216,25 @@ async def test_stopping_in_the_middle_of_an_ingest_loses_no_record(tmp_path: Pat
     for i in (0, 100, 199):
         assert await ledger.request(f"r{i}") is not None
     await ledger.close()
+
+
+class _UnwritableLedger(SqliteLedger):
+    async def append(self, *args: object, **kw: object) -> None:
+        raise LedgerError("disk I/O error")
+
+
+@pytest.mark.timeout(60)
+async def test_stopping_with_an_unwritable_ledger_says_how_many_records_are_lost(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock(T0_WALL + 50.0)
+    run = run_engine(47, duration_s=2.0)
+    svc = AccountingService(make_config(), [EngineInfo("e0", "m", "bf16", 1)],
+                            ledger=_UnwritableLedger(tmp_path / "l.db"), clock=clock,
+                            meters={"e0": ReplayMeter(run.readings, clock)})
+    await svc.ledger.open()
+    for i in range(3):
+        svc.record(_record(i, T0_WALL + 40.0))
+    with caplog.at_level(logging.ERROR, logger="wattgate.accounting"):
+        await svc.stop()
+    assert "stopping with 3 request records not written to the ledger: disk I/O error" in (
+        caplog.text)
