@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import statistics
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -87,3 +89,57 @@ async def test_trtllm_dialect_engine_is_routed_and_scraped() -> None:
                 assert (await resp.read()).endswith(b"data: [DONE]\n\n")
     assert busy is not None and busy["scrapes"] > 0 and busy["kind"] == "trtllm"
     assert busy["kv_usage"] is not None and busy["kv_usage"] > 0
+
+
+async def _streams_and_revisions(url: str, ledger: str, hold_s: float
+                                 ) -> tuple[float, list[dict[str, Any]]]:
+    """Waves of 4 s streams through a gateway metering the sim; returns the revised-interval
+    count the gateway exports once every request is final, and the requests' ledger rows."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cfg = make_config([{"name": "sim", "url": url, "precision": "bf16"}], model="llama-3.1-8b",
+                      accounting={"ledger": {"kind": "sqlite", "path": ledger},
+                                  "settle_s": 1.0, "flush_s": 0.2, "poll_s": 0.1,
+                                  "hold_s": hold_s, "meters": {"sim": {"kind": "sim", "url": url}}})
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+        async def stream() -> str:
+            body = {"model": "llama-3.1-8b", "stream": True, "max_tokens": 100, "prompt": "a b c"}
+            async with s.post(gw + "/v1/completions", data=orjson.dumps(body), headers=AUTH) as r:
+                assert r.status == 200
+                await r.read()
+                return r.headers["x-wattgate-request-id"]
+
+        async def wave(delay_s: float) -> list[str]:
+            await asyncio.sleep(delay_s)
+            return list(await asyncio.gather(*(stream() for _ in range(4))))
+
+        ids = [i for w in await asyncio.gather(*(wave(1.3 * k) for k in range(3))) for i in w]
+        rows: list[dict[str, Any]] = []
+        for _ in range(100):  # until every request is final: a few seconds after the last
+            await asyncio.sleep(0.3)
+            rows = []
+            for rid in ids:
+                async with s.get(f"{gw}/admin/v1/requests/{rid}", headers=admin) as r:
+                    rows.append(await r.json())
+            if all(row.get("final") for row in rows):
+                break
+        async with s.get(gw + "/metrics") as r:
+            text = await r.text()
+    revised = sum(sample.value for family in text_string_to_metric_families(text)
+                  for sample in family.samples
+                  if sample.name == "wattgate_accounting_revised_intervals_total")
+    return revised, rows
+
+
+@pytest.mark.slow
+async def test_streams_longer_than_settle_s_are_apportioned_once(tmp_path: Path) -> None:
+    """Through the real gateway, metering a simulated engine: streams of ~4 s over a 1 s grid
+    with settle_s 1 s. The gateway holds each interval until the streams in flight over it
+    have finished, so no interval is apportioned twice; with hold_s 0 they are revised."""
+    with sim("--precision", "bf16", "--fixed-ttft-ms", "100", "--fixed-itl-ms", "40") as url:
+        held, rows = await _streams_and_revisions(url, str(tmp_path / "a.db"), 60.0)
+        unheld, rows0 = await _streams_and_revisions(url, str(tmp_path / "b.db"), 0.0)
+    assert all(r["final"] and r["energy_j"] > 0 for r in rows + rows0), rows + rows0
+    assert held == 0
+    assert unheld > 0
