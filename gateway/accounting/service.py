@@ -364,17 +364,23 @@ class AccountingService:
             self._publish_residual(eng, st)
             return 0
         name = eng.info.name
+        # The rows of the ready intervals and of the revised ones, with the versions of their
+        # intervals as read: an interval written to after this read stays dirty.
+        ranges = ([(ready[0][0], ready[-1][0])] if ready else []) + (
+            [(dirty[0], dirty[-1])] if dirty else [])
+        snap = await self.ledger.snapshot(name, ranges)
+        wanted = set(dirty)
+        lo, hi = (ready[0][0], ready[-1][0]) if ready else (1, 0)
         by_idx: dict[int, list[PendingWork]] = {}
-        if ready:
-            for pw in await self.ledger.work(name, ready[0][0], ready[-1][0]):
-                by_idx.setdefault(pw.row.interval_idx, []).append(pw)
-        if dirty:
-            for pw in await self.ledger.work(name, dirty[0], dirty[-1]):
-                if pw.row.interval_idx in dirty:
-                    by_idx.setdefault(pw.row.interval_idx, []).append(pw)
+        for pw in snap.rows:
+            k = pw.row.interval_idx
+            if lo <= k <= hi or k in wanted:
+                by_idx.setdefault(k, []).append(pw)
+        versions = snap.versions
+        done = [(k, versions[k]) for k, _ in ready if k in versions]
+        done += [(k, versions[k]) for k in dirty if k in versions]
         intervals: list[IntervalRow] = []
         shares: list[ShareRow] = []
-        marks: list[tuple[str, int]] = []
         tenant_new: dict[str, list[float]] = {}
         boundary_s, boundary_j = st.boundary_s, st.boundary_j
         for k, e_end in ready:
@@ -388,7 +394,7 @@ class AccountingService:
             raw = e_end - boundary_j + eng.carry_j
             eng.carry_j = min(raw, 0.0)  # a negative step is carried, never dropped
             boundary_s, boundary_j = (k + 1) * self.config.interval_s, e_end
-            await self._one(eng, k, max(raw, 0.0), rows, intervals, shares, marks, tenant_new)
+            await self._one(eng, k, max(raw, 0.0), rows, intervals, shares, tenant_new)
             await asyncio.sleep(0)  # one interval at a time: requests keep flowing meanwhile
         stored = {i.interval_idx: i for i in await self.ledger.intervals(name, dirty)}
         if dirty and self.metrics:
@@ -403,16 +409,16 @@ class AccountingService:
         for k in dirty:
             old = stored.get(k)
             if old is None:
-                # Work from before this engine was first metered: no measured energy to share.
-                marks.extend((p.row.request_id, k) for p in by_idx.get(k, []))
+                # Work from before this engine was first metered: no measured energy to share
+                # (the interval is marked clean all the same).
                 continue
-            await self._one(eng, k, old.energy_j, by_idx.get(k, []), intervals, shares, marks,
+            await self._one(eng, k, old.energy_j, by_idx.get(k, []), intervals, shares,
                             tenant_new)
             if self.metrics:
                 self.metrics.revisions.labels(name).inc()
         new_state = EngineState(name, ready[-1][0] + 1 if ready else st.next_interval,
                                 boundary_s, boundary_j, eng.track.resets)
-        await self.ledger.commit(name, intervals, shares, marks, new_state)
+        await self.ledger.commit(name, intervals, shares, done, new_state)
         eng.state = new_state
         eng.track.prune(boundary_s)
         revised = intervals[len(ready):]
@@ -423,7 +429,7 @@ class AccountingService:
 
     async def _one(self, eng: _Engine, k: int, energy_j: float, rows: list[PendingWork],
                    intervals: list[IntervalRow], shares: list[ShareRow],
-                   marks: list[tuple[str, int]], tenant_new: dict[str, list[float]]) -> None:
+                   tenant_new: dict[str, list[float]]) -> None:
         dt = self.config.interval_s
         info = eng.info
         idle_w = (eng.idle_power_w if eng.idle_power_w is not None
@@ -460,7 +466,6 @@ class AccountingService:
                 acc[0] += e
                 acc[1] += cg
                 acc[2] += usd
-        marks.extend((p.row.request_id, k) for p in rows if not p.apportioned)
         if work and self.config.fit.enabled:
             eng.samples.append((energy_j, dt, math.fsum(r.prefill_tokens for r in work),
                                 math.fsum(r.decode_tokens for r in work),

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting.ledger.base import Ledger, Watermark
+from gateway.accounting.ledger.base import EngineState, Ledger, Watermark
 from gateway.accounting.ledger.postgres import PostgresLedger
 from gateway.accounting.ledger.sql import MIGRATIONS
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import build_report, render
+from gateway.accounting.work import WorkRow
 from tests.support.postgres import fresh_database, postgres_server
 from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
 from tests.unit.test_ledger_sqlite import Clock, conservation, drive, make_service
@@ -90,6 +91,24 @@ async def test_replica_watermarks_on_postgres(pg: str) -> None:
     assert (await a._fetch("SELECT COUNT(*) FROM replicas", ()))[0][0] == 2
     await a.close()
     await b.close()
+
+
+async def test_work_written_after_the_apportioners_read_keeps_its_interval_dirty(
+        pg: str) -> None:
+    a = await _ledger(pg)
+    first = WorkRow("r1", 7, 10.0, 2.0, 0.5, 0.0, 20.0)
+    await a.append([], [(*first, "e0")])
+    snap = await a.snapshot("e0", [(5, 9)])
+    assert [p.row for p in snap.rows] == [first] and snap.versions == {7: 1}
+    late = WorkRow("r2", 7, 0.0, 1.0, 0.2, 0.1, 3.0)
+    await a.append([], [(*late, "e0")])  # between the read and the commit
+    await a.commit("e0", [], [], [(7, 1)], EngineState("e0", 8, 8.0, 0.0))
+    assert await a.dirty("e0", 8) == [7]
+    snap = await a.snapshot("e0", [(7, 7)])
+    assert snap.versions == {7: 2} and {p.row for p in snap.rows} == {first, late}
+    await a.commit("e0", [], [], [(7, 2)], None)
+    assert await a.dirty("e0", 8) == []
+    await a.close()
 
 
 async def test_report_from_sqlite_and_postgres_agrees(pg: str, tmp_path: Path) -> None:

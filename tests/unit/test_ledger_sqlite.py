@@ -212,25 +212,43 @@ async def test_report_bills_add_up_to_metered_energy_with_idle_separate(tmp_path
 
 @pytest.mark.timeout(30)
 async def test_request_stays_not_final_while_its_work_is_pending(tmp_path: Path) -> None:
-    """Pending work is found through the engine's pending index (no index by request)."""
+    """A request is final once every interval of its span is apportioned from what was last
+    written to it: an interval written to after the apportioner read it stays dirty, so the
+    late work is apportioned (a revision) before the request's share is final."""
     run = run_engine(3, duration_s=6.0)
     rec = run.records[0]
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
     rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
+    assert len(rows) >= 2
     await ledger.append([RequestRow.from_record(rec, 1.0, "r1", rows)], engine_work(rec.engine, rows))
     last = interval_index(rec.wall(rec.finished_s), 1.0)
+    span = (rows[0].interval_idx, rows[-1].interval_idx)
     state = EngineState(rec.engine, last + 2, (last + 2) * 1.0, 0.0)
     await ledger.commit(rec.engine, [], [], [], state)
     got = await ledger.request(rec.request_id)
     assert got is not None and not got["final"]
-    await ledger.commit(rec.engine, [], [], [(rec.request_id, r.interval_idx) for r in rows[:-1]],
-                        None)
+    assert await ledger.dirty(rec.engine, last + 2) == [r.interval_idx for r in rows]
+    snap = await ledger.snapshot(rec.engine, [span])
+    assert [p.row for p in snap.rows] == rows and [p.tenant for p in snap.rows] == [rec.tenant] * len(rows)
+    assert snap.versions == {r.interval_idx: 1 for r in rows}
+    await ledger.commit(rec.engine, [], [], [(r.interval_idx, 1) for r in rows[:-1]], None)
     got = await ledger.request(rec.request_id)
     assert got is not None and not got["final"]
-    await ledger.commit(rec.engine, [], [], [(rec.request_id, rows[-1].interval_idx)], None)
+    # Another request's work lands in the last interval after the apportioner's read: the
+    # clean mark for what it read does not take, the interval stays dirty.
+    other = WorkRow("other", rows[-1].interval_idx, 1.0, 1.0, 0.1, 0.0, 1.0)
+    await ledger.append([], engine_work(rec.engine, [other]))
+    await ledger.commit(rec.engine, [], [], [(rows[-1].interval_idx, 1)], None)
+    got = await ledger.request(rec.request_id)
+    assert got is not None and not got["final"]
+    assert await ledger.dirty(rec.engine, last + 2) == [rows[-1].interval_idx]
+    snap = await ledger.snapshot(rec.engine, [(rows[-1].interval_idx,) * 2])
+    assert snap.versions == {rows[-1].interval_idx: 2} and len(snap.rows) == 2
+    await ledger.commit(rec.engine, [], [], [(rows[-1].interval_idx, 2)], None)
     got = await ledger.request(rec.request_id)
     assert got is not None and got["final"] and got["stream"] is rec.stream
+    assert await ledger.dirty(rec.engine, last + 2) == []
     await ledger.close()
 
 
@@ -248,8 +266,10 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
                  "completion_tokens, slo_met, last_interval, replica) VALUES "
                  "('r0', 't', 'm', 'e0', 'bf16', 'd', 'ok', 1, 10.0, 11.0, 0, 5, 6, 1, 11, 'x')")
     conn.execute("INSERT INTO work (request_id, engine, interval_idx, prefill, decode, "
-                 "residency_s, start_s, kv) VALUES ('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0), "
-                 "('r0', 'e0', 13, 0.0, 1.0, 0.0, 0.0, 2.0)")  # a token stamped after the finish
+                 "residency_s, start_s, kv, apportioned) VALUES "
+                 "('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0, 1), "
+                 "('r0', 'e0', 13, 0.0, 1.0, 0.0, 0.0, 2.0, 1), "  # a token after the finish
+                 "('r2', 'e0', 13, 1.0, 1.0, 0.5, 0.0, 1.0, 0)")  # late, not apportioned yet
     conn.executemany(sql.INSERT_SHARE, [
         ("r0", "e0", 11, 11.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
         ("r0", "e0", 13, 13.0, 0, 0.25, 0.0, 0.25, 0.0, 1e-4, 1e-6, 0),
@@ -262,7 +282,7 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     assert versions == [(v,) for v, _ in sql.MIGRATIONS]
     indexes = await ledger._fetch("SELECT name FROM sqlite_master WHERE tbl_name = 'work' "
                                   "AND type = 'index'", ())
-    assert ("work_request",) not in indexes and ("work_pending",) in indexes
+    assert ("work_request",) not in indexes and ("work_pending",) not in indexes
     (table,) = await ledger._fetch("SELECT sql FROM sqlite_master WHERE name = 'work'", ())
     assert "WITHOUT ROWID" in table[0]  # clustered by (engine, interval, request)
     indexes = await ledger._fetch("SELECT name FROM sqlite_master WHERE tbl_name = 'shares' "
@@ -276,19 +296,25 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     pending = await ledger.work("e0", 11, 11)
     assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
         ("r0", 6.0, "t")]
+    # Version 5: intervals whose rows were all apportioned are clean, one with a row not yet
+    # apportioned is dirty.
+    assert await ledger._fetch("SELECT engine, interval_idx, version, dirty FROM work_versions "
+                               "ORDER BY interval_idx", ()) == [("e0", 11, 1, 0), ("e0", 13, 1, 1)]
+    assert await ledger.dirty("e0", 20) == [13]
     await ledger.close()
 
 
-def test_pending_work_queries_use_the_pending_index_not_a_table_scan(tmp_path: Path) -> None:
-    """Dirty intervals and a request's pending work are found through the small index of
-    unapportioned rows (a scan by primary key would read the engine's whole history)."""
+def test_pending_work_queries_use_the_dirty_index_not_a_table_scan(tmp_path: Path) -> None:
+    """Dirty intervals and a request's pending intervals are found through the small index of
+    dirty intervals (a scan would read the engine's whole history)."""
     conn = sqlite3.connect(tmp_path / "l.db")
     for _, statements in sql.schema("sqlite"):
         for statement in statements:
             conn.execute(statement)
-    for query, params in ((sql.SELECT_DIRTY, ("e0", 5)), (sql.SELECT_REQUEST_PENDING, ("e0", "r"))):
+    for query, params in ((sql.SELECT_DIRTY, ("e0", 5)),
+                          (sql.SELECT_REQUEST_PENDING, ("e0", 3, 9))):
         plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, params))
-        assert "work_pending" in plan, plan
+        assert "work_dirty" in plan and "SCAN" not in plan, plan
     # A request's shares: one key look-up per interval of its work, no scan of the intervals.
     steps = [str(row[-1]) for row in conn.execute(
         "EXPLAIN QUERY PLAN " + sql.SELECT_REQUEST_TOTALS, (1, 9, "e0", "r"))]

@@ -22,7 +22,7 @@ def _db(parameters: int | None = None) -> sqlite3.Connection:
 
 def _tables(c: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
     return {t: sorted(c.execute(f"SELECT * FROM {t}").fetchall())
-            for t in ("requests", "work", "shares")}
+            for t in ("requests", "work", "shares", "work_versions")}
 
 
 def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
@@ -55,10 +55,11 @@ def test_bulk_inserts_and_marks_match_executemany(n: int, parameters: int | None
     # Work comes per request, each with its intervals: not in key order.
     work = [_work(i, k, f"e{i % 3}") for i in range(n) for k in (i // 100, i // 100 + 1)]
     shares = [_share(i, i // 100) for i in range(n)]
-    marks = [(f"e{i % 3}", k, f"r{i:06d}") for i in range(0, n, 2)
-             for k in (i // 100, i // 100 + 1)]
-    _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work), (sql.INSERT_SHARE, shares),
-           (sql.MARK_DONE, marks)], parameters)
+    versions = sorted({(w[7], w[1]) for w in work})
+    clean = [(engine, k, 1) for engine, k in versions[::2]]
+    _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+           (sql.UPSERT_VERSION, versions), (sql.INSERT_SHARE, shares),
+           (sql.UPSERT_VERSION, versions[:3]), (sql.CLEAR_DIRTY, clean)], parameters)
 
 
 def test_conflicting_rows_are_skipped_as_row_by_row() -> None:

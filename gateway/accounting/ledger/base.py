@@ -143,11 +143,17 @@ class Watermark(NamedTuple):
 
 
 class PendingWork(NamedTuple):
-    """A work row read back for apportioning, with its tenant and whether it was apportioned."""
+    """A work row read back for apportioning, with its tenant."""
 
     tenant: str
-    apportioned: bool
     row: WorkRow
+
+
+class WorkSnapshot(NamedTuple):
+    """Work rows of some intervals and those intervals' versions, read in one snapshot."""
+
+    rows: list[PendingWork]
+    versions: dict[int, int]  # interval -> version of its work when read
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,22 +197,27 @@ class Ledger(Protocol):
         """All work rows of `engine` in intervals first..last."""
         ...
 
+    async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
+        """The work rows of `engine` in each (first, last) range of intervals, with the
+        versions of those intervals, as of one moment."""
+        ...
+
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
         """(interval, tenant, energy_j, carbon_g, cost_usd) of the stored shares."""
         ...
 
     async def dirty(self, engine: str, before: int) -> list[int]:
-        """Intervals < before that hold work not yet apportioned (late records)."""
+        """Intervals < before written to since they were apportioned (late records)."""
         ...
 
     async def intervals(self, engine: str, idxs: Sequence[int]) -> list[IntervalRow]: ...
 
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
-                     shares: Sequence[ShareRow], done: Sequence[tuple[str, int]],
+                     shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
                      state: EngineState | None) -> None:
-        """Atomically replace the shares of `intervals`, mark `done` (request, interval) work
-        rows apportioned and move the engine's state."""
+        """Atomically replace the shares of `intervals`, mark the `done` (interval, version
+        read) intervals clean unless written to since, and move the engine's state."""
         ...
 
     async def request(self, request_id: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from gateway.accounting.ledger.base import (
     ShareRow,
     UsageData,
     Watermark,
+    WorkSnapshot,
     hour_of,
 )
 from gateway.accounting.work import WorkRow
@@ -54,6 +55,11 @@ class SqlLedger(ABC):
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
 
     @abstractmethod
+    async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
+                        ) -> list[list[tuple[Any, ...]]]:
+        """Each query's rows, all read in one snapshot (one read transaction)."""
+
+    @abstractmethod
     async def _transaction(self, batches: Sequence[Batch]) -> None: ...
 
     async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
@@ -62,7 +68,9 @@ class SqlLedger(ABC):
             return
         # The rows are their statements' parameters already: nothing is rebuilt here. The
         # watermark moves with the rows it accounts for, never ahead of them.
+        versions = sorted({(w[7], w[1]) for w in work})  # (engine, interval) written to
         await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+                                 (sql.UPSERT_VERSION, versions),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
         self._tenant_cache.update(map(_ID_TENANT, requests))
@@ -78,11 +86,21 @@ class SqlLedger(ABC):
                 for r in rows}
 
     async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
-        rows = await self._fetch(sql.SELECT_WORK, (engine, first, last))
+        return await self._pending(await self._fetch(sql.SELECT_WORK, (engine, first, last)))
+
+    async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
+        queries = [(q, (engine, first, last)) for first, last in ranges
+                   for q in (sql.SELECT_WORK, sql.SELECT_VERSIONS)]
+        results = await self._snapshot(queries)
+        rows = [r for res in results[0::2] for r in res]
+        versions = {int(k): int(v) for res in results[1::2] for k, v in res}
+        return WorkSnapshot(await self._pending(rows), versions)
+
+    async def _pending(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
         tenant_of = (await self._tenants({r[0] for r in rows})).get
         out: list[PendingWork] = []
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
-            out += [_new(PendingWork, (tenant_of(r[0], ""), r[7] != 0, _new(WorkRow, r[:7])))
+            out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r)))
                     for r in part]
         return out
 
@@ -122,13 +140,13 @@ class SqlLedger(ABC):
                 for r in rows if int(r[1]) in wanted]
 
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
-                     shares: Sequence[ShareRow], done: Sequence[tuple[str, int]],
+                     shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
                      state: EngineState | None) -> None:
         batches: list[Batch] = [
             (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
             (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
             (sql.INSERT_SHARE, shares),
-            (sql.MARK_DONE, [(engine, idx, rid) for rid, idx in done]),
+            (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
         ]
         if state is not None:
             batches.append((sql.UPSERT_STATE, [(state.engine, state.next_interval,
@@ -148,12 +166,13 @@ class SqlLedger(ABC):
             (await self._fetch(sql.SELECT_REQUEST_TOTALS, (
                 first, first if last is None else last, out["engine"], request_id)))[0]
             if first is not None else (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
-        pending = (await self._fetch(sql.SELECT_REQUEST_PENDING,
-                                     (out["engine"], request_id)))[0][0]
+        pending = 0 if first is None else (await self._fetch(sql.SELECT_REQUEST_PENDING, (
+            out["engine"], first, first if last is None else last)))[0][0]
         final = True
         if out["last_interval"] is not None:
             nxt = await self._fetch(sql.SELECT_NEXT_INTERVAL, (out["engine"],))
-            # Final once the interval after its finish is apportioned and no work is pending.
+            # Final once the interval after its finish is apportioned and no interval of its
+            # span has late work waiting (a revision would change its share).
             final = bool(nxt) and int(nxt[0][0]) >= int(out["last_interval"]) + 2 and pending == 0
         out.update(energy_j=_num(energy), static_j=_num(static), dynamic_j=_num(dynamic),
                    gpu_s=_num(gpu_s), carbon_g=_num(carbon), cost_usd=_num(cost),

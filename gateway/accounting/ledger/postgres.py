@@ -71,6 +71,16 @@ class PostgresLedger(SqlLedger):
             raise LedgerError(f"postgres ledger: {exc}") from exc
         return [tuple(r) for r in rows]
 
+    async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
+                        ) -> list[list[tuple[Any, ...]]]:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction(
+                    isolation="repeatable_read", readonly=True):
+                return [[tuple(r) for r in await conn.fetch(self._q(q), *p)]
+                        for q, p in queries]
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+
     async def _transaction(self, batches: Sequence[Batch]) -> None:
         try:
             async with self._pool.acquire() as conn, conn.transaction():

@@ -68,6 +68,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         """CREATE TABLE replicas (
             replica TEXT PRIMARY KEY, open_since_s {REAL}, seen_s {REAL} NOT NULL)""",
     )),
+    # Late work is found per interval, not per row: every append bumps the version of each
+    # (engine, interval) it wrote work for and flags it dirty; the apportioner clears the flag
+    # of an interval it apportioned if the version is still the one it read. No work row is
+    # updated after its insert, and the partial index of unapportioned rows (an insert and a
+    # delete in it for every row) goes. `work.apportioned` stays, unused (SQLite before 3.35
+    # cannot drop a column).
+    (5, (
+        """CREATE TABLE work_versions (
+            engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL, version {BIGINT} NOT NULL,
+            dirty INTEGER NOT NULL, PRIMARY KEY (engine, interval_idx))""",
+        "CREATE INDEX work_dirty ON work_versions (engine, interval_idx) WHERE dirty = 1",
+        """INSERT INTO work_versions (engine, interval_idx, version, dirty)
+            SELECT engine, interval_idx, 1, MAX(CASE WHEN apportioned = 0 THEN 1 ELSE 0 END)
+            FROM work GROUP BY engine, interval_idx""",
+        "DROP INDEX IF EXISTS work_pending",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -111,18 +127,28 @@ UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES 
 SELECT_OPEN_SINCE = """SELECT MIN(open_since_s) FROM replicas
     WHERE seen_s >= ? AND open_since_s IS NOT NULL"""
 SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
-# A WorkRow's columns, then whether it was apportioned. Tenants are read apart, once per
-# request (SELECT_TENANTS), not joined onto each of its rows.
-SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv,
-    apportioned FROM work WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+# A WorkRow's columns. Tenants are read apart, once per request (SELECT_TENANTS), not joined
+# onto each of its rows.
+SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv
+    FROM work WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+# Each append, per (engine, interval) it wrote work for (in key order: two replicas' appends
+# take the rows' locks in the same order).
+UPSERT_VERSION = """INSERT INTO work_versions (engine, interval_idx, version, dirty)
+    VALUES (?, ?, 1, 1) ON CONFLICT (engine, interval_idx)
+    DO UPDATE SET version = work_versions.version + 1, dirty = 1"""
+SELECT_VERSIONS = """SELECT interval_idx, version FROM work_versions
+    WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+# An interval apportioned from what the apportioner read: clean unless written to since.
+CLEAR_DIRTY = """UPDATE work_versions SET dirty = 0
+    WHERE engine = ? AND interval_idx = ? AND version = ?"""
 SELECT_TENANTS = "SELECT request_id, tenant FROM requests WHERE request_id IN ({MARKS})"
 SELECT_TENANT_SHARES = """SELECT s.interval_idx, COALESCE(r.tenant, ''), SUM(s.energy_j),
     SUM(s.carbon_g), SUM(s.cost_usd) FROM shares s
     LEFT JOIN requests r ON r.request_id = s.request_id
     WHERE s.engine = ? AND s.interval_idx >= ? AND s.interval_idx <= ?
     GROUP BY s.interval_idx, COALESCE(r.tenant, '')"""
-SELECT_DIRTY = """SELECT DISTINCT interval_idx FROM work
-    WHERE engine = ? AND apportioned = 0 AND interval_idx < ? ORDER BY interval_idx"""
+SELECT_DIRTY = """SELECT interval_idx FROM work_versions
+    WHERE engine = ? AND dirty = 1 AND interval_idx < ? ORDER BY interval_idx"""
 INTERVAL_COLUMNS = ("engine, interval_idx, start_s, interval_s, model, precision, gpus, energy_j, "
                     "static_j, dynamic_j, idle_j, idle_s, idle_carbon_g, idle_cost_usd, "
                     "estimated, alpha, beta, gamma")
@@ -139,11 +165,6 @@ DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-MARK_DONE = """UPDATE work SET apportioned = 1
-    WHERE engine = ? AND interval_idx = ? AND request_id = ?"""
-# MARK_DONE for many requests of one engine-interval in one statement.
-MARK_DONE_IN = """UPDATE work SET apportioned = 1
-    WHERE engine = ? AND interval_idx = ? AND request_id IN ({MARKS})"""
 UPSERT_STATE = """INSERT INTO engine_state (engine, next_interval, boundary_s, boundary_j, resets)
     VALUES (?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
     next_interval = excluded.next_interval, boundary_s = excluded.boundary_s,
@@ -162,9 +183,10 @@ SELECT_REQUEST_TOTALS = """WITH RECURSIVE span(k) AS (
     COALESCE(SUM(s.dynamic_j), 0), COALESCE(SUM(s.gpu_s), 0), COALESCE(SUM(s.carbon_g), 0),
     COALESCE(SUM(s.cost_usd), 0), COALESCE(MAX(s.estimated), 0)
     FROM span JOIN shares s ON s.engine = ? AND s.interval_idx = span.k AND s.request_id = ?"""
-# Through the small partial index of pending work, so work needs no index by request.
-SELECT_REQUEST_PENDING = """SELECT COUNT(*) FROM work
-    WHERE engine = ? AND apportioned = 0 AND request_id = ?"""
+# Intervals of a request's span with work not yet apportioned (through the small index of
+# dirty intervals): its share may still change.
+SELECT_REQUEST_PENDING = """SELECT COUNT(*) FROM work_versions
+    WHERE engine = ? AND dirty = 1 AND interval_idx >= ? AND interval_idx <= ?"""
 SELECT_NEXT_INTERVAL = "SELECT next_interval FROM engine_state WHERE engine = ?"
 
 USAGE_ENERGY = """SELECT r.tenant, r.model, r.precision, s.engine, s.hour_idx, SUM(s.energy_j),

@@ -75,6 +75,17 @@ class SqliteLedger(SqlLedger):
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return await self._run(lambda c: c.execute(query, params).fetchall())
 
+    async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
+                        ) -> list[list[tuple[Any, ...]]]:
+        def read(c: sqlite3.Connection) -> list[list[tuple[Any, ...]]]:
+            c.execute("BEGIN")  # deferred: the first SELECT starts one read snapshot (WAL)
+            try:
+                return [c.execute(q, p).fetchall() for q, p in queries]
+            finally:
+                c.execute("COMMIT")
+
+        return await self._run(read)
+
     async def _transaction(self, batches: Sequence[Batch]) -> None:
         def tx(c: sqlite3.Connection) -> None:
             c.execute("BEGIN IMMEDIATE")
@@ -123,14 +134,6 @@ def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[
     a block's parameters stay within the library's limit (32,766 since SQLite 3.32, 999
     before)."""
     limit = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    if statement == sql.MARK_DONE:
-        by_interval: dict[tuple[str, int], list[str]] = {}
-        for engine, idx, rid in rows:
-            by_interval.setdefault((engine, idx), []).append(rid)
-        for (engine, idx), rids in by_interval.items():
-            for ids in _blocks(rids, _block_rows(limit - 2, 1)):
-                c.execute(sql.with_marks(sql.MARK_DONE_IN, len(ids)), (engine, idx, *ids))
-        return
     if statement not in _MULTI_ROW or len(rows) < 2:
         c.executemany(statement, rows)
         return
