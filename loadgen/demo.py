@@ -152,9 +152,18 @@ def compare_workload(duration_s: float, seed: int) -> Workload:
                     slo_classes=(SloClass("interactive", ttft_s=0.5, tpot_s=0.05),))
 
 
-async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int
+def finality_wait_s(gateway_config: Path) -> float:
+    """How long after a run's last response its requests take to be final: the interval after
+    the finish must end, settle and be apportioned (one poll later), plus a margin."""
+    acc = yaml.safe_load(gateway_config.read_text()).get("accounting") or {}
+    return (float(acc.get("settle_s", 2.0)) + 2 * float(acc.get("interval_s", 1.0))
+            + 2 * float(acc.get("poll_s", 0.25)) + 1.0)
+
+
+async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int,
+                  energy_wait_s: float = 5.5
                   ) -> tuple[RunOutcome, list[RunOutcome], list[PairedDelta]]:
-    opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=3.0, client=ClientOptions(),
+    opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=energy_wait_s, client=ClientOptions(),
                       sim_engines=tuple(engine_urls))
     _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
     tw = tenant_workload(duration_s / 2, seed)
@@ -215,8 +224,8 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
                                  glog) as gateway:
                         _say(f"starting gateway on {base_url}")
                         _wait_http(f"{base_url}/readyz", gateway, 60)
-                        _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed)),
-                              out_dir)
+                        _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
+                                                  finality_wait_s(gw_file))), out_dir)
                         if keep_running:
                             _keep(base_url, engine_urls, out_dir)
             except KeyboardInterrupt:

@@ -34,6 +34,9 @@ def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) 
     # Energy per precision is shown: gateway accounting when it has records, else the
     # simulated engines' ground truth, labelled as such.
     assert "gateway accounting" in proc.stdout or "simulator ground truth" in proc.stdout
+    # The demo waits for its requests' energy to be final (interval after the finish settled
+    # and apportioned) before it reports it.
+    assert "not final yet" not in proc.stdout + proc.stderr
     html = (tmp_path / "demo.html").read_text()
     assert "<svg" in html and "Paired deltas" in html and "Pareto frontier" in html
     assert demo_processes(tmp_path) == []
