@@ -76,6 +76,11 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--transport", type=click.Choice(["raw", "aiohttp"]), default="raw",
                      show_default=True, help="raw: lean HTTP/1.1 client (http:// only); "
                      "aiohttp: the aiohttp session (also https)."),
+        click.option("--energy-wait", "energy_wait_s", type=float, default=10.0,
+                     show_default=True,
+                     help="Seconds to wait, after the last response, for the gateway's records "
+                     "to be final (their intervals settled and apportioned); polling stops as "
+                     "soon as they all are."),
         click.option("--energy-source", type=click.Choice(["auto", "gateway", "sim"]),
                      default="auto", show_default=True,
                      help="auto: gateway accounting when the target is the gateway, else the "
@@ -111,6 +116,7 @@ def build_workload(p: dict[str, Any]) -> Workload:
 def run_options(p: dict[str, Any]) -> RunOptions:
     return RunOptions(workers=p["workers"], lag_threshold_s=p["lag_threshold_ms"] / 1e3,
                       admin_key=p["admin_key"], fetch_energy=not p["no_energy"],
+                      energy_wait_s=p["energy_wait_s"],
                       energy_source=p["energy_source"], progress=not p["quiet"],
                       client=ClientOptions(max_concurrency=p["max_concurrency"],
                                            transport=p["transport"]))

@@ -138,3 +138,15 @@ def test_bad_api_and_bad_arrival_kind_are_rejected_with_the_allowed_values() -> 
         from_mapping({"model": "m", "api": "embeddings"})
     with pytest.raises(ValueError, match="allowed"):
         from_mapping({"model": "m", "arrival": {"kind": "nope"}})
+
+
+def test_energy_wait_option_reaches_the_run_options() -> None:
+    """`--energy-wait` is how long the run polls the gateway for final records (10 s by default:
+    an interval settles 2 s after it ends, and a request is final once the interval after its
+    finish is apportioned)."""
+    from loadgen.cli import run, run_options
+
+    ctx = run.make_context("run", ["--target", "http://127.0.0.1:1"])
+    assert run_options(ctx.params).energy_wait_s == 10.0
+    ctx = run.make_context("run", ["--target", "http://127.0.0.1:1", "--energy-wait", "2.5"])
+    assert run_options(ctx.params).energy_wait_s == 2.5
