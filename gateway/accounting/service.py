@@ -311,15 +311,18 @@ class AccountingService:
         e0 = eng.track.energy_at(k0 * dt)
         return None if e0 is None else EngineState(eng.info.name, k0, k0 * dt, e0)
 
-    def _ready(self, eng: _Engine, st: EngineState, now: float, open_since: float | None = None
-               ) -> list[tuple[int, float | None]]:
-        """Intervals whose end has settled, and before `open_since` (the earliest arrival of a
-        request still open on any replica) unless held `hold_s` already, with the cumulative
-        energy at their end."""
-        dt = self.config.interval_s
+    def _limit(self, now: float, open_since: float | None) -> float:
+        """The latest interval end that may be apportioned: settled, and before `open_since`
+        (the earliest arrival of a request still open on any replica) unless held `hold_s`."""
         limit = now - self.config.settle_s
         if open_since is not None:
             limit = min(limit, max(open_since, now - self.config.hold_s))
+        return limit
+
+    def _ready(self, eng: _Engine, st: EngineState, now: float, limit: float
+               ) -> list[tuple[int, float | None]]:
+        """Intervals that end by `limit`, with the cumulative energy at their end."""
+        dt = self.config.interval_s
         out: list[tuple[int, float | None]] = []
         k = st.next_interval
         while (k + 1) * dt <= limit and len(out) < MAX_INTERVALS_PER_STEP:
@@ -344,21 +347,20 @@ class AccountingService:
         stale_s = max(REPLICA_STALE_S, 4.0 * self.config.flush_s)
         open_since = (await self.ledger.open_since(now - stale_s)
                       if self.config.hold_s > 0.0 else None)
+        limit = self._limit(now, open_since)
         if self.metrics:
-            settled = now - self.config.settle_s
-            self.metrics.held.set(0.0 if open_since is None else max(
-                0.0, settled - max(open_since, now - self.config.hold_s)))
+            self.metrics.held.set(now - self.config.settle_s - limit)
         done = 0
         for eng in self.engines.values():
             if eng.state is None:
                 eng.state = self._init_state(eng)
             if eng.state is not None:
-                done += await self._apportion_engine(eng, eng.state, now, open_since)
+                done += await self._apportion_engine(eng, eng.state, now, limit)
         return done
 
     async def _apportion_engine(self, eng: _Engine, st: EngineState, now: float,
-                                open_since: float | None = None) -> int:
-        ready = self._ready(eng, st, now, open_since)
+                                limit: float) -> int:
+        ready = self._ready(eng, st, now, limit)
         dirty = await self.ledger.dirty(eng.info.name, st.next_interval)
         if not ready and not dirty:
             self._publish_residual(eng, st)
@@ -369,16 +371,14 @@ class AccountingService:
         ranges = ([(ready[0][0], ready[-1][0])] if ready else []) + (
             [(dirty[0], dirty[-1])] if dirty else [])
         snap = await self.ledger.snapshot(name, ranges)
-        wanted = set(dirty)
-        lo, hi = (ready[0][0], ready[-1][0]) if ready else (1, 0)
+        wanted = set(dirty)  # the dirty range may hold clean intervals between dirty ones
         by_idx: dict[int, list[PendingWork]] = {}
         for pw in snap.rows:
             k = pw.row.interval_idx
-            if lo <= k <= hi or k in wanted:
+            if k >= st.next_interval or k in wanted:
                 by_idx.setdefault(k, []).append(pw)
-        versions = snap.versions
-        done = [(k, versions[k]) for k, _ in ready if k in versions]
-        done += [(k, versions[k]) for k in dirty if k in versions]
+        done = [(k, snap.versions[k]) for k in (*(k for k, _ in ready), *dirty)
+                if k in snap.versions]
         intervals: list[IntervalRow] = []
         shares: list[ShareRow] = []
         tenant_new: dict[str, list[float]] = {}

@@ -293,7 +293,7 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     # Version 3 gave the old request the span of its work, so its shares are found by key.
     assert (got["first_interval"], got["last_interval"]) == (11, 13)
     assert (got["intervals"], got["energy_j"]) == (2, 2.75)
-    pending = await ledger.work("e0", 11, 11)
+    pending = (await ledger.snapshot("e0", [(11, 11)])).rows
     assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
         ("r0", 6.0, "t")]
     # Version 5: intervals whose rows were all apportioned are clean, one with a row not yet
@@ -382,11 +382,11 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
                          11.0 + i, 0, 5, 6, 1, i, i, "x")
         await ledger.append([row], [(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
         assert len(ledger._tenant_cache) <= 10
-    newest = await ledger.work("e0", 25, 29)
+    newest = (await ledger.snapshot("e0", [(25, 29)])).rows
     assert [(p.row.request_id, p.tenant) for p in sorted(newest, key=lambda p: p.row)] == [
         (f"r{i:02d}", f"t{i % 3}") for i in range(25, 30)]
     assert not [q for q in queries if "FROM requests" in q]  # all five were in the cache
-    everything = await ledger.work("e0", 0, 29)
+    everything = (await ledger.snapshot("e0", [(0, 29)])).rows
     assert sorted((p.row.request_id, p.tenant) for p in everything) == [
         (f"r{i:02d}", f"t{i % 3}") for i in range(30)]  # evicted ones looked up again
     assert [q for q in queries if "FROM requests" in q]

@@ -193,10 +193,6 @@ class Ledger(Protocol):
 
     async def states(self) -> dict[str, EngineState]: ...
 
-    async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
-        """All work rows of `engine` in intervals first..last."""
-        ...
-
     async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
         """The work rows of `engine` in each (first, last) range of intervals, with the
         versions of those intervals, as of one moment."""

@@ -85,18 +85,15 @@ class SqlLedger(ABC):
         return {r[0]: EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]))
                 for r in rows}
 
-    async def work(self, engine: str, first: int, last: int) -> list[PendingWork]:
-        return await self._pending(await self._fetch(sql.SELECT_WORK, (engine, first, last)))
-
     async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
         queries = [(q, (engine, first, last)) for first, last in ranges
                    for q in (sql.SELECT_WORK, sql.SELECT_VERSIONS)]
         results = await self._snapshot(queries)
         rows = [r for res in results[0::2] for r in res]
         versions = {int(k): int(v) for res in results[1::2] for k, v in res}
-        return WorkSnapshot(await self._pending(rows), versions)
+        return WorkSnapshot(await self._with_tenants(rows), versions)
 
-    async def _pending(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
+    async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
         tenant_of = (await self._tenants({r[0] for r in rows})).get
         out: list[PendingWork] = []
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
