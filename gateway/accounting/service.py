@@ -307,7 +307,10 @@ class AccountingService:
         first = eng.track.first
         if first is None:
             return None
-        k0 = interval_index(first.time_s, dt) + 1
+        # The engine's first interval is the one its first reading falls in, measured from that
+        # reading on (the counter is taken as flat before it): requests served before the
+        # next whole interval still get the energy measured while they ran.
+        k0 = interval_index(first.time_s, dt)
         e0 = eng.track.energy_at(k0 * dt)
         return None if e0 is None else EngineState(eng.info.name, k0, k0 * dt, e0)
 

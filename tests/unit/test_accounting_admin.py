@@ -30,7 +30,7 @@ async def test_admin_usage_and_request_detail_read_the_ledger(tmp_path: Path) ->
     intervals_j, _, _, _ = await conservation(svc.ledger)
     app = web.Application()
     app.router.add_routes(admin_routes(svc, clock=clock))
-    rid = run.records[len(run.records) // 2].request_id  # the first second is unmetered
+    rid = run.records[len(run.records) // 2].request_id
     async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as http:
         url = server.make_url
         async with http.get(url("/admin/v1/usage"),

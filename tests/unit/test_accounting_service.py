@@ -97,8 +97,11 @@ async def test_failing_meter_reads_are_counted_and_energy_still_conserved(tmp_pa
                             clock=clock, registry=registry)
     await svc.ledger.open()
     await drive(svc, run, clock, T0_WALL + 12)
-    intervals_j, shares_idle_j, _, n = await conservation(svc.ledger)
+    intervals_j, shares_idle_j, boundary_j, n = await conservation(svc.ledger)
     assert registry.get_sample_value("wattgate_meter_errors_total", {"engine": "e0"}) >= 5
-    assert intervals_j == pytest.approx(200.0 * n, rel=1e-9)
+    # Every interval at 200 W, the first one measured from the first reading (0.25 s in) on.
+    first_j = 200.0 * 0.25
+    assert intervals_j == pytest.approx(200.0 * n - first_j, rel=1e-9)
+    assert intervals_j == pytest.approx(boundary_j - first_j, rel=1e-9)
     assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
     await svc.stop()

@@ -87,7 +87,7 @@ async def drive(svc: AccountingService, run: EngineRun, clock: Clock, until_s: f
 async def conservation(ledger: Ledger, engine: str = "e0") -> tuple[float, float, float, int]:
     """(sum of interval energy, sum of shares + idle, metered boundary delta, intervals)."""
     state = (await ledger.states())[engine]
-    first = interval_index(T0_WALL, 1.0) + 1
+    first = interval_index(T0_WALL, 1.0)  # the engine's first reading is at T0_WALL
     intervals = await ledger.intervals(engine, list(range(first, state.next_interval)))
     usage = await ledger.usage(0.0, 1e12, None)
     shares = math.fsum(r[5] for r in usage.energy)
@@ -99,6 +99,8 @@ async def conservation(ledger: Ledger, engine: str = "e0") -> tuple[float, float
 def truth_energy_at(run: EngineRun, t: float) -> float:
     ts = [r[0] for r in run.readings]
     i = bisect.bisect_left(ts, t)
+    if i == 0:
+        return run.readings[0][1]
     (t0, e0), (t1, e1) = run.readings[i - 1], run.readings[i]
     return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
 
@@ -112,7 +114,7 @@ async def test_service_on_sqlite_conserves_energy_and_matches_truth(tmp_path: Pa
     end = run.readings[-1][0]
     await drive(svc, run, clock, end)
     intervals_j, shares_idle_j, boundary_j, n = await conservation(svc.ledger)
-    first_boundary = (interval_index(T0_WALL, 1.0) + 1) * 1.0
+    first_boundary = interval_index(T0_WALL, 1.0) * 1.0
     assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
     assert intervals_j == pytest.approx(boundary_j - truth_energy_at(run, first_boundary), rel=1e-9)
     assert n >= 30
@@ -141,7 +143,7 @@ async def test_restart_resumes_where_apportioning_stopped(tmp_path: Path) -> Non
     await drive(svc2, run, clock, run.readings[-1][0])
     intervals_j, shares_idle_j, boundary_j, n = await conservation(svc2.ledger)
     state = (await svc2.ledger.states())["e0"]
-    first = interval_index(T0_WALL, 1.0) + 1
+    first = interval_index(T0_WALL, 1.0)
     assert n == state.next_interval - first > stopped_at - first
     assert shares_idle_j == pytest.approx(intervals_j, rel=1e-9)
     assert intervals_j == pytest.approx(boundary_j - truth_energy_at(run, first * 1.0), rel=1e-9)
