@@ -80,7 +80,7 @@ def write_configs(tmp: Path, ledger: Path | None = None) -> tuple[Path, Path, in
     return fleet_path, gw_path, port, urls
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int = 200) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int = 200) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -219,11 +219,11 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
                 with started(["sim", "fleet", str(fleet_file)], flog) as fleet:
                     _say(f"starting simulated fleet ({len(engine_urls)} engines)")
                     for url in engine_urls:
-                        _wait_http(f"{url}/health", fleet, 60)
+                        wait_http(f"{url}/health", fleet, 60)
                     with started(["serve", "--config", str(gw_file), "--port", str(port)],
                                  glog) as gateway:
                         _say(f"starting gateway on {base_url}")
-                        _wait_http(f"{base_url}/readyz", gateway, 60)
+                        wait_http(f"{base_url}/readyz", gateway, 60)
                         _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
                                                   finality_wait_s(gw_file))), out_dir)
                         if keep_running:
