@@ -336,15 +336,13 @@ def part_meter(nvml: Any, load: Load, sampler: Sampler, args: argparse.Namespace
     from engines.meters.nvml import NvmlMeter
 
     meter = NvmlMeter([0], nvml=nvml)
-    use_smi = not args.dry_run
-    smi_note = None
-    if use_smi:
-        try:
-            smi_energy_j()
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            use_smi = False  # then the NVML call read directly (the sampler) is the reference
-            smi_note = f"{exc}: {getattr(exc, 'stdout', '') or ''}{getattr(exc, 'stderr', '') or ''}".strip()
-            say(f"nvidia-smi cannot report the energy counter: {smi_note}")
+    use_smi, smi_note = True, None
+    try:
+        smi_energy_j()
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        use_smi = False  # then the NVML call read directly (the sampler) is the reference
+        smi_note = f"{exc}: {getattr(exc, 'stdout', '') or ''}{getattr(exc, 'stderr', '') or ''}".strip()
+        say(f"nvidia-smi cannot report the energy counter: {smi_note}")
     out: dict[str, Any] = {"smi_error": smi_note, "read_costs": read_costs(nvml, meter),
                            "cadence_idle": counter_cadence(nvml, 1.5)}
     out["windows"] = [window("idle", args.idle_s, None, meter, sampler, use_smi),
@@ -551,6 +549,7 @@ def nvml_module(dry: bool) -> Iterator[Any]:
     if dry:  # this process and the gateway and agent it starts read the fake counter
         sys.path.insert(0, str(FAKE_NVML))
         os.environ["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")])
+        os.environ["PATH"] = os.pathsep.join([str(FAKE_NVML), os.environ.get("PATH", "")])  # nvidia-smi
     import pynvml
 
     pynvml.nvmlInit()
