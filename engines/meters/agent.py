@@ -10,6 +10,7 @@ and held at the last line, for tests and demos on machines without GPUs.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import time
 from collections.abc import Callable, Sequence
@@ -86,9 +87,19 @@ def nvml_source(gpus: Sequence[int] | None) -> Source:
 
 
 def build_agent_app(source: Source) -> web.Application:
+    # An NVML read blocks: ~10-100 us per GPU on bare metal, 2.4 ms median and 16 ms p99 per
+    # call in a sandboxed H200 (bench/results/gpu_energy.md). Reads run in a worker thread so
+    # health checks and other scrapes are not held up, and one at a time: the meter's reset
+    # tracker must see its counters in the order they were read.
+    lock = asyncio.Lock()
+
+    async def read() -> tuple[float, list[tuple[int, float]]]:
+        async with lock:
+            return await asyncio.to_thread(source)
+
     async def energy(_: web.Request) -> web.Response:
         try:
-            ts, gpus = source()
+            ts, gpus = await read()
         except MeterError as exc:
             return web.json_response({"error": str(exc)}, status=503, dumps=_dumps)
         doc: dict[str, Any] = {"timestamp_s": ts,
@@ -101,7 +112,7 @@ def build_agent_app(source: Source) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         """Prometheus text: each GPU's cumulative energy counter, for the ServiceMonitor."""
         try:
-            gpus = source()[1]
+            gpus = (await read())[1]
         except MeterError:
             return web.Response(status=503, text="# energy counters unavailable\n")
         return web.Response(text=prometheus_text(gpus),

@@ -135,3 +135,55 @@ async def test_agent_metrics_expose_each_gpu_counter_in_prometheus_text() -> Non
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {s.labels["gpu"]: s.value for s in fams["wattgate_agent_gpu_energy_joules"].samples}
     assert samples == {"0": 12.5, "1": 3.0}
+
+
+async def test_agent_reads_counters_off_the_loop_and_one_at_a_time() -> None:
+    """A slow counter read (NVML in a sandbox: milliseconds) holds up neither /health nor the
+    loop, and concurrent scrapes never read at once (the reset tracker needs reads in order)."""
+    import asyncio
+    import threading
+    import time
+
+    from tests.support.fake_engine import serving
+
+    state = {"running": 0, "most": 0, "reads": 0}
+    guard = threading.Lock()
+
+    def slow_source() -> tuple[float, list[tuple[int, float]]]:
+        with guard:
+            state["running"] += 1
+            state["most"] = max(state["most"], state["running"])
+        time.sleep(0.2)
+        with guard:
+            state["running"] -= 1
+            state["reads"] += 1
+            return float(state["reads"]), [(0, 10.0 * state["reads"])]
+
+    async with serving(build_agent_app(slow_source)) as port, aiohttp.ClientSession() as s:
+        base = f"http://127.0.0.1:{port}"
+
+        async def energy() -> float:
+            async with s.get(f"{base}/v1/energy") as r:
+                assert r.status == 200
+                return float((await r.json())["gpus"][0]["energy_j"])
+
+        gaps: list[float] = []
+
+        async def ticker() -> None:  # the loop the agent serves on (this one) keeps turning
+            last = time.perf_counter()
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        scrapes = [asyncio.create_task(energy()) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        async with s.get(f"{base}/health") as r:  # answered while reads are in progress
+            assert r.status == 200
+        values = await asyncio.gather(*scrapes)
+        tick.cancel()
+    assert max(gaps) < 0.15, max(gaps)  # a read on the loop would stop it for 0.2 s
+    assert state["most"] == 1 and state["reads"] == 4
+    assert sorted(values) == [10.0, 20.0, 30.0, 40.0]
