@@ -48,6 +48,9 @@ def markdown(res: dict[str, Any]) -> str:
               f"(p99 {rc['nvml_call_us_p99']:.1f}); "
               f"`NvmlMeter.read_sync` {rc['meter_read_sync_us_median']:.1f} us.",
               ]
+    if res["meter"].get("smi_error"):
+        lines.append(f"- nvidia-smi could not be compared: {res['meter']['smi_error'][:300]} "
+                     "The NVML call read directly on a thread of its own is the reference instead.")
     ag = res["meter"]["agent"]
     lines.append(f"- `wattgate agent`: {ag['error'][:200]}" if "error" in ag else
                  f"- `wattgate agent --gpus 0`: GET /v1/energy against a direct read just after it: "
