@@ -2,8 +2,9 @@
 
 Never integrate `nvmlDeviceGetPowerUsage` for energy: on Ampere and newer it is a 1 s average.
 The counter steps every 100 ms on an H200 (driver 580, bench/results/gpu_energy.md), so windows
-shorter than that can read 0; the apportioner works on >= 1 s intervals for that reason. The NVML module is injected so tests
-can replay recorded counters through a fake with the same surface as nvidia-ml-py.
+shorter than that can read 0; the apportioner works on >= 1 s intervals for that reason. The
+NVML module is injected so tests can replay recorded counters through a fake with the same
+surface as nvidia-ml-py.
 """
 
 from __future__ import annotations
