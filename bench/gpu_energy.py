@@ -51,6 +51,7 @@ import orjson
 import yaml
 
 from bench.gpu_energy_report import markdown, plot
+from loadgen.metrics import percentile
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -144,12 +145,6 @@ class Samples:
         if len(pts) < 2 or any(w is None for _, w in pts):
             return None
         return math.fsum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in itertools.pairwise(pts))
-
-    def steps(self, t0: float, t1: float) -> list[float]:
-        """Seconds between successive changes of the counter within [t0, t1]."""
-        changes = [t for i, t in enumerate(self.t)
-                   if i and t0 <= t <= t1 and self.counter_j[i] != self.counter_j[i - 1]]
-        return [b - a for a, b in itertools.pairwise(changes)]
 
 
 class Sampler(threading.Thread):
@@ -257,17 +252,13 @@ def window(name: str, seconds: float, busy: Callable[[float], Any] | None, meter
         val = s.integrate(series, m0.timestamp_s, m1.timestamp_s)
         out[key] = val
         out[key.replace("_j", "_vs_meter_rel")] = None if val is None else rel(val, meter_j)
-    steps = s.steps(m0.timestamp_s, m1.timestamp_s)
-    out["counter_step_s"] = {"median": statistics.median(steps), "p10": _q(steps, 0.1),
-                             "p90": _q(steps, 0.9), "n": len(steps)} if len(steps) >= 3 else None
     say(f"{name}: {dt:.1f} s, meter {meter_j:.1f} J ({out['meter_avg_w']:.1f} W)"
         + (f", nvidia-smi {out['smi_j']:.1f} J over {out['smi_seconds']:.2f} s" if "smi_j" in out else ""))
     return out
 
 
 def _q(xs: list[float], q: float) -> float:
-    ys = sorted(xs)
-    return ys[min(len(ys) - 1, int(q * len(ys)))]
+    return percentile(sorted(xs), 100.0 * q)
 
 
 def read_costs(nvml: Any, meter: Any, n: int = 2000) -> dict[str, float]:
