@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -77,6 +78,39 @@ def test_instant_weights_sum_to_the_busy_time(rows: list[WorkRow]) -> None:
         hi = max(hi, end)
     assert math.fsum(w) == pytest.approx(union, rel=1e-9, abs=1e-12)
     assert all(x >= 0.0 for x in w)
+
+
+def _weights_by_brute_force(spans: list[tuple[float, float]], dt: float) -> list[float]:
+    """The integral of 1/n(t) over each span, n counted afresh on every piece between two
+    consecutive ends of any span (O(n^2): an oracle for small sets)."""
+    ends = sorted({0.0, dt, *(lo for lo, _ in spans), *(lo + r for lo, r in spans)})
+    out = [0.0] * len(spans)
+    for a, b in pairwise(ends):
+        inside = [i for i, (lo, r) in enumerate(spans)
+                  if r > 0.0 and (r >= dt * (1 - 1e-12) or (lo <= a and b <= lo + r))]
+        for i in inside:
+            out[i] += (b - a) / len(inside)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 0.5]) | st.floats(0.0, 0.99),
+                          st.sampled_from([0.0, DT, 0.25]) | st.floats(0.0, 1.0)),
+                max_size=12))
+def test_instant_weights_match_a_brute_force_sweep(pairs: list[tuple[float, float]]) -> None:
+    spans = [(lo, min(r, DT - lo)) for lo, r in pairs]  # a span ends inside its interval
+    w = instant_weights([lo for lo, _ in spans], [r for _, r in spans], DT)
+    assert len(w) == len(spans)
+    for got, want in zip(w, _weights_by_brute_force(spans, DT), strict=True):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_instant_weights_of_a_known_batch() -> None:
+    """a all second; b [0, 0.5); c [0.25, 0.75): n = 2, 3, 2, 1 on the quarters."""
+    w = instant_weights([0.0, 0.0, 0.25], [1.0, 0.5, 0.5], DT)
+    third = 0.25 / 3
+    assert list(w) == pytest.approx([0.125 + third + 0.125 + 0.25, 0.125 + third,
+                                      third + 0.125])
 
 
 def test_static_is_shared_equally_among_requests_resident_at_each_instant() -> None:
