@@ -49,7 +49,8 @@ log = logging.getLogger("wattgate.accounting")
 
 DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
-INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop
+INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop, at least
+INGEST_SLICES = 16  # at most: a backlog goes in bigger slices, not over more loop turns
 BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
 HEARTBEAT_S = 1.0  # a replica with requests open re-publishes its watermark at least this often
 REPLICA_STALE_S = 10.0  # a replica not heard from this long (killed) holds nothing back
@@ -215,10 +216,15 @@ class AccountingService:
             if self.metrics:
                 self.metrics.meter_resets.labels(eng.info.name).set(res.resets + eng.track.resets)
 
-    async def ingest_chunked(self, chunk: int = INGEST_CHUNK) -> None:
+    async def ingest_chunked(self, chunk: int = INGEST_CHUNK,
+                             slices: int = INGEST_SLICES) -> None:
         """`ingest` in chunks, yielding to the loop between them so a burst of records never
-        holds up request handling for long (~50-100 us of CPU per record)."""
+        holds up request handling for long (~10 us of CPU per record), in at most `slices`
+        chunks. On a saturated gateway one loop turn serves every ready connection and lasts
+        milliseconds; fixed 32-record chunks then spread one step's ingest over most of a
+        second, and the ledger fell seconds behind the requests (a crash would have lost them)."""
         pending, self._pending = self._pending, []
+        chunk = max(chunk, -(-len(pending) // slices))
         done = 0
         try:
             async for part in in_chunks(pending, chunk):

@@ -14,7 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from gateway.accounting.ledger.base import LedgerError, Watermark
 from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.service import REPLICA_STALE_S, AccountingService, EngineInfo
+from gateway.accounting.service import (
+    INGEST_SLICES,
+    REPLICA_STALE_S,
+    AccountingService,
+    EngineInfo,
+)
 from gateway.records import RequestRecord
 from tests.unit.test_accounting_accuracy import T0_WALL, EngineRun, run_engine
 from tests.unit.test_ledger_sqlite import (
@@ -216,6 +221,28 @@ async def test_stopping_in_the_middle_of_an_ingest_loses_no_record(tmp_path: Pat
     for i in (0, 100, 199):
         assert await ledger.request(f"r{i}") is not None
     await ledger.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_backlog_is_ingested_within_a_bounded_number_of_loop_turns(
+        tmp_path: Path) -> None:
+    """On a saturated gateway every loop turn lasts milliseconds: a backlog of records must not
+    take one turn per 32 records (the ledger then lagged the requests by seconds)."""
+    clock = Clock(T0_WALL + 50.0)
+    run = run_engine(46, duration_s=2.0)
+    svc = service(tmp_path / "l.db", run, clock, CollectorRegistry())
+    await svc.ledger.open()
+    for i in range(2000):
+        svc.record(_record(i, T0_WALL + 40.0 + i * 0.001))
+    task = asyncio.create_task(svc.ingest_chunked())
+    turns = 0
+    while not task.done():
+        await asyncio.sleep(0)
+        turns += 1
+    await task
+    assert len(svc._requests) == 2000
+    assert turns <= INGEST_SLICES + 1  # 2000 records in 32-record chunks took 63
+    await svc.stop()
 
 
 class _UnwritableLedger(SqliteLedger):
