@@ -75,19 +75,20 @@ async def test_vllm_adapter_sees_running_and_waiting_requests(
         vllm_servers: tuple[VllmServer, ...]) -> None:
     """Under more sequences than --max-num-seqs, real /metrics shows running, waiting, KV > 0.
 
-    One request with n = 16 * MAX_NUM_SEQS + 1 puts all its sequences in vLLM's scheduler at
+    One request with n = 48 * MAX_NUM_SEQS + 1 puts all its sequences in vLLM's scheduler at
     once (parallel sampling fans out into one engine request per sequence), so the overlap
     does not hang on how fast a busy API server admits separate requests, and the scheduler
-    stays full with a queue for sixteen waves of decoding: long enough for a scrape of a busy
+    stays full with a queue for 48 waves of decoding: long enough for a scrape of a busy
     server's /metrics to land in it (CI saw one scrape take 6 s while four waves, n = 17, ran
-    to the end). The client then hangs up; vLLM aborts the rest.
+    to the end, and on a faster machine one take 12 s while sixteen waves, n = 65, did). The
+    client hangs up as soon as a scrape shows the queue; vLLM aborts the rest.
     """
     server = vllm_servers[0]
     adapter = adapter_for("vllm")
     async with _client(server) as client:
         task = asyncio.create_task(client.completions.create(
             model=SERVED_NAME, prompt=PROMPT, max_tokens=400, temperature=1.0, seed=1,
-            n=16 * MAX_NUM_SEQS + 1, extra_body={"ignore_eos": True}))
+            n=48 * MAX_NUM_SEQS + 1, extra_body={"ignore_eos": True}))
         best, seen = None, []
         started = time.monotonic()
         try:
