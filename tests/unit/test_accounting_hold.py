@@ -200,14 +200,18 @@ async def test_the_watermark_counts_records_not_yet_written(tmp_path: Path) -> N
     await svc.stop()
 
 
+async def _service_with_records(db: Path, n: int, spacing_s: float) -> AccountingService:
+    """An open service holding `n` recorded requests not yet ingested."""
+    svc = service(db, run_engine(46, duration_s=2.0), Clock(T0_WALL + 50.0), CollectorRegistry())
+    await svc.ledger.open()
+    for i in range(n):
+        svc.record(_record(i, T0_WALL + 40.0 + i * spacing_s))
+    return svc
+
+
 @pytest.mark.timeout(60)
 async def test_stopping_in_the_middle_of_an_ingest_loses_no_record(tmp_path: Path) -> None:
-    clock = Clock(T0_WALL + 50.0)
-    run = run_engine(46, duration_s=2.0)
-    svc = service(tmp_path / "l.db", run, clock, CollectorRegistry())
-    await svc.ledger.open()
-    for i in range(200):
-        svc.record(_record(i, T0_WALL + 40.0 + i * 0.01))
+    svc = await _service_with_records(tmp_path / "l.db", 200, 0.01)
     task = asyncio.create_task(svc.ingest_chunked(chunk=16))
     for _ in range(3):
         await asyncio.sleep(0)
@@ -228,12 +232,7 @@ async def test_a_backlog_is_ingested_within_a_bounded_number_of_loop_turns(
         tmp_path: Path) -> None:
     """On a saturated gateway every loop turn lasts milliseconds: a backlog of records must not
     take one turn per 32 records (the ledger then lagged the requests by seconds)."""
-    clock = Clock(T0_WALL + 50.0)
-    run = run_engine(46, duration_s=2.0)
-    svc = service(tmp_path / "l.db", run, clock, CollectorRegistry())
-    await svc.ledger.open()
-    for i in range(2000):
-        svc.record(_record(i, T0_WALL + 40.0 + i * 0.001))
+    svc = await _service_with_records(tmp_path / "l.db", 2000, 0.001)
     task = asyncio.create_task(svc.ingest_chunked())
     turns = 0
     while not task.done():
