@@ -381,7 +381,6 @@ async def traffic(base: str, seconds: float, concurrency: int, max_requests: int
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     counts: dict[str, int] = {"ok": 0, "failed": 0}
-    ids: list[str] = []
     sent = 0
 
     async def worker(session: aiohttp.ClientSession) -> None:
@@ -395,7 +394,6 @@ async def traffic(base: str, seconds: float, concurrency: int, max_requests: int
             try:
                 async with session.post(f"{base}/v1/completions", json=body, headers=headers) as r:
                     await r.read()
-                    ids.append(r.headers.get("x-wattgate-request-id", ""))
                     counts["ok" if r.status == 200 else "failed"] += 1
             except aiohttp.ClientError:
                 counts["failed"] += 1

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 
 import aiohttp
@@ -16,6 +19,7 @@ from engines.meters.dcgm import DcgmMeter, parse_dcgm
 from engines.meters.httpjson import HttpJsonMeter
 from engines.meters.model import ModelMeter, PowerModel
 from engines.meters.registry import MeterSpec, make_meter
+from tests.support.fake_engine import serving
 
 DCGM_TEXT = """# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).
 # TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter
@@ -126,7 +130,6 @@ async def test_agent_metrics_expose_each_gpu_counter_in_prometheus_text() -> Non
     from prometheus_client.parser import text_string_to_metric_families
 
     from engines.meters.agent import build_agent_app
-    from tests.support.fake_engine import serving
 
     app = build_agent_app(lambda: (1.0, [(0, 12.5), (1, 3.0)]))
     async with serving(app) as port, aiohttp.ClientSession() as s, \
@@ -140,12 +143,6 @@ async def test_agent_metrics_expose_each_gpu_counter_in_prometheus_text() -> Non
 async def test_agent_reads_counters_off_the_loop_and_one_at_a_time() -> None:
     """A slow counter read (NVML in a sandbox: milliseconds) holds up neither /health nor the
     loop, and concurrent scrapes never read at once (the reset tracker needs reads in order)."""
-    import asyncio
-    import threading
-    import time
-
-    from tests.support.fake_engine import serving
-
     state = {"running": 0, "most": 0, "reads": 0}
     guard = threading.Lock()
 
