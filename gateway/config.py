@@ -45,6 +45,7 @@ class Endpoint:
 class ModelPool:
     name: str
     endpoints: tuple[Endpoint, ...]
+    tokenizer: str = ""  # tokenizer.json, model folder or cached hub name ("": 4-byte estimate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +292,7 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
+        tokenizer = r.text("tokenizer") if r.get("tokenizer") is not None else ""
         for i, ep in enumerate(endpoints):
             if ep.name in seen_endpoints:
                 raise ConfigError(f"{r.at('endpoints')}[{i}].name", f"duplicate endpoint {ep.name!r}")
@@ -298,7 +300,7 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
         r.finish()
         if any(p.name == name for p in pools):
             raise ConfigError(r.at("name"), f"duplicate model {name!r}")
-        pools.append(ModelPool(name=name, endpoints=endpoints))
+        pools.append(ModelPool(name=name, endpoints=endpoints, tokenizer=tokenizer))
     return tuple(pools)
 
 
