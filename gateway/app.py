@@ -14,9 +14,10 @@ from aiohttp import web
 
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.config import GatewayConfig
-from gateway.errors import AuthError, WattgateError, error_body
+from gateway.errors import AuthError, ConfigError, WattgateError, error_body
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
+from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstream import ClientSettings, UpstreamClient
 from gateway.upstreams import Upstreams
 
@@ -78,6 +79,16 @@ async def models(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    """vLLM's health path (GuideLLM and other vLLM clients probe it): 200 with an empty body
+    when the gateway can serve, as vLLM answers once its engine is up; 503 otherwise."""
+    ready = request.app[UPSTREAMS].ready() and not request.app[PROXY].draining
+    if ready:
+        return web.Response(status=200)
+    return web.Response(status=503, content_type="application/json", body=error_body(
+        "no model has a healthy endpoint yet", "server_error", "not_ready"))
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -149,6 +160,18 @@ def upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
                                  skip_auto_headers=("User-Agent",))
 
 
+def prompt_counter(config: GatewayConfig) -> PromptCounter:
+    """Each model's tokenizer, loaded once before the port is bound (ConfigError if missing)."""
+    tokenizers = {}
+    for i, pool in enumerate(config.models):
+        if pool.tokenizer:
+            try:
+                tokenizers[pool.name] = load_tokenizer(pool.tokenizer)
+            except TokenizerNotFound as exc:
+                raise ConfigError(f"models[{i}].tokenizer", str(exc)) from None
+    return PromptCounter(tokenizers)
+
+
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
               wall: Callable[[], float] = time.time) -> web.Application:
@@ -165,6 +188,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
             state.healthy_now)
 
+    counter = prompt_counter(config)
     all_sinks = list(sinks)
     if config.accounting is not None and config.accounting.enabled:
         accounting = _accounting_service(config, gateway_metrics)
@@ -182,7 +206,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         session = upstream_session(config)
         client = upstream_client(config)
         app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
-                                   clock=clock, wall=wall)
+                                   clock=clock, wall=wall, counter=counter)
         if ACCOUNTING in app:
             app[ACCOUNTING].watch(proxy.open_since)
         async with upstreams.running(session):
@@ -194,8 +218,10 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/health", health)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/v1/endpoints", admin_endpoints)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -39,6 +40,7 @@ from gateway.requests import (
 from gateway.routing import RoutingContext, policy_for, select_precisions
 from gateway.sse import SseScanner, usage_of_body
 from gateway.timing import latency_of, slo_met
+from gateway.tokenizer import PromptCounter
 from gateway.upstream import (
     UpstreamClient,
     UpstreamClosedError,
@@ -61,10 +63,11 @@ _X_PREFIXES = (b"x-", b"X-")
 class Flight:
     """Mutable timeline and outcome of one request while it is served."""
 
-    __slots__ = ("arrived_s", "arrived_wall_s", "attempts", "completion_tokens", "dispatched_s",
-                 "endpoint", "first_byte_s", "first_token_s", "http_status", "model",
-                 "prompt_tokens", "read_events", "read_times", "request_id", "slo_class", "status",
-                 "stream", "tenant")
+    __slots__ = ("arrived_s", "arrived_wall_s", "attempts", "body", "completion_tokens",
+                 "delivered", "dispatched_s", "endpoint", "engine_done_s", "first_byte_s",
+                 "first_token_s", "http_status", "model", "prompt_source", "prompt_tokens",
+                 "read_events", "read_times", "request_id", "slo_class", "status", "stream",
+                 "tenant", "upstream_status", "usage_known")
 
     def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
         self.request_id = request_id
@@ -82,9 +85,28 @@ class Flight:
         self.read_events: list[int] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.prompt_source = "engine"
+        self.usage_known = False  # the engine's usage arrived
+        self.body: dict[str, Any] | None = None  # the parsed request, to count its prompt
+        self.upstream_status: int | None = None
+        self.engine_done_s: float | None = None
+        # The client got the whole answer ([DONE], or the final usage chunk it asked for, was
+        # handed to its socket): whoever closes first after that, the request is `ok`.
+        self.delivered = False
         self.attempts = 0
         self.status = "ok"
         self.http_status = 200
+
+    def take_usage(self, usage: dict[str, Any]) -> None:
+        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.usage_known = True
+
+    def needs_prompt_count(self) -> bool:
+        """The engine may have read the prompt but its usage never came (client disconnect,
+        engine failure, timeout, or an engine that reports none): the gateway counts it."""
+        return (not self.usage_known and self.body is not None and self.dispatched_s is not None
+                and self.upstream_status in (None, 200))
 
     def token_read(self, now: float, tokens: int) -> None:
         """One engine read that carried `tokens` token-bearing events, at `now`."""
@@ -101,8 +123,10 @@ class Flight:
 class Proxy:
     def __init__(self, config: GatewayConfig, upstreams: Upstreams, client: UpstreamClient,
                  metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
-                 wall: Callable[[], float]):
+                 wall: Callable[[], float], counter: PromptCounter | None = None):
         self.config = config
+        self.counter = counter or PromptCounter({})
+        self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
         self.metrics = metrics
         self.upstreams = upstreams
         self.client = client
@@ -152,7 +176,8 @@ class Proxy:
             exchange.reply(exc.status, exc.body(), "application/json",
                            {REQUEST_ID_HEADER: flight.request_id})
         except asyncio.CancelledError:
-            flight.status, flight.http_status = "client_disconnected", 499
+            if not flight.delivered:
+                flight.status, flight.http_status = "client_disconnected", 499
             raise
         except Exception:  # last line of defence: log the trace, show the client none of it
             log.exception("request %s failed", flight.request_id)
@@ -161,11 +186,40 @@ class Proxy:
                                            "internal_error"), "application/json",
                            {REQUEST_ID_HEADER: flight.request_id})
         finally:
+            if flight.needs_prompt_count():
+                # counted off the loop, then recorded; the request stays in flight till then
+                task = asyncio.get_running_loop().create_task(self._count_then_finish(flight))
+                self._counting.add(task)
+                task.add_done_callback(self._counting.discard)
+            else:
+                self._done(flight)
+
+    def _done(self, flight: Flight) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+        del self._open[flight.request_id]  # and its record goes to the sinks right away
+        self._finish(flight)
+
+    async def _count_then_finish(self, flight: Flight) -> None:
+        finished = self.clock()  # the request ended now, not when its prompt was counted
+        try:
+            assert flight.body is not None
+            if self.counter.has_tokenizer(flight.model):
+                tokens, source = await asyncio.to_thread(self.counter.count, flight.model,
+                                                         flight.body)
+            else:  # the byte estimate: cheap enough for the loop
+                tokens, source = self.counter.count(flight.model, flight.body)
+            flight.prompt_tokens, flight.prompt_source = tokens, source
+        except Exception:  # a tokenizer failure must not lose the record: it keeps 0 tokens
+            log.warning("request %s: counting its prompt failed", flight.request_id,
+                        exc_info=True)
+        finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self.idle.set()
-            del self._open[flight.request_id]  # and its record goes to the sinks right away
-            self._finish(flight)
+            del self._open[flight.request_id]
+            self._finish(flight, finished)
 
     async def _serve(self, exchange: Exchange, flight: Flight) -> None:
         if self.draining:
@@ -176,6 +230,7 @@ class Proxy:
         raw = await exchange.read_body(self.config.max_body_bytes)
         parsed = parse_body(raw, exchange.header("x-wattgate-precision"))
         flight.stream = parsed.stream
+        flight.body = parsed.body
         if self.config.model(parsed.model) is None:
             raise ModelNotFoundError(f"the model {parsed.model!r} does not exist",
                                      param="model")
@@ -259,6 +314,7 @@ class Proxy:
                                         ) from exc
                 try:
                     flight.first_byte_s = self.clock()
+                    flight.upstream_status = upstream.status
                     if upstream.status >= 500:
                         with contextlib.suppress(UpstreamFailure):
                             await upstream.read_all()
@@ -302,10 +358,12 @@ class Proxy:
             self.upstream_error(engine, "body")
             raise UpstreamError("the engine closed the connection before the response ended"
                                 ) from exc
+        # A non-streamed answer's head leaves the engine once its body is ready: that, not
+        # the gateway's read of the body (late on a busy gateway), is when the engine finished.
+        flight.engine_done_s = flight.first_byte_s
         usage = usage_of_body(body) if upstream.status == 200 else None
         if usage:
-            flight.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            flight.completion_tokens = int(usage.get("completion_tokens") or 0)
+            flight.take_usage(usage)
         if upstream.status != 200:
             flight.status, flight.http_status = f"upstream_http_{upstream.status}", upstream.status
         exchange.reply(upstream.status, body, upstream.content_type or "application/json",
@@ -334,12 +392,8 @@ class Proxy:
         except asyncio.CancelledError:
             upstream.abort()  # the client went away (handler cancelled): abort the engine request
             raise
-        if scanner.usage:
-            flight.prompt_tokens = int(scanner.usage.get("prompt_tokens") or 0)
-            flight.completion_tokens = int(scanner.usage.get("completion_tokens") or 0)
-        elif flight.read_events:
-            # No usage arrived (broken stream): count events, the best lower bound left.
-            flight.completion_tokens = sum(flight.read_events)
+        finally:
+            _stream_tokens(flight, scanner)  # however the stream ended
         if error is not None:
             self.upstream_error(flight.endpoint.endpoint.name if flight.endpoint else "",
                                 "stream")
@@ -363,10 +417,14 @@ class Proxy:
                 flight.token_read(now, tokens)
             if out and upstream.at_end():
                 return out
-            if out and not await exchange.write(out):
-                flight.status, flight.http_status = "client_disconnected", 499
-                upstream.abort()  # drops the connection: the engine aborts the request
-                return None
+            if out:
+                if not await exchange.write(out):
+                    if not flight.delivered:
+                        flight.status, flight.http_status = "client_disconnected", 499
+                    upstream.abort()  # drops the connection: the engine aborts the request
+                    return None
+                if scanner.complete:
+                    flight.delivered = True
         return b""
 
     async def _pipe(self, exchange: FrontExchange, flight: Flight, upstream: UpstreamResponse,
@@ -389,7 +447,10 @@ class Proxy:
                 if not exchange.write_now(out):
                     gone = True
                     upstream.abort()  # drops the connection: the engine aborts the request
-                elif exchange.write_paused:  # the client reads slower than the engine writes
+                    return
+                if scanner.complete:
+                    flight.delivered = True
+                if exchange.write_paused:  # the client reads slower than the engine writes
                     upstream.pause()
                     exchange.when_drained(upstream.resume)
 
@@ -400,14 +461,16 @@ class Proxy:
             if not gone:
                 raise
         if gone:
-            flight.status, flight.http_status = "client_disconnected", 499
+            if not flight.delivered:
+                flight.status, flight.http_status = "client_disconnected", 499
             return None
         return last
 
     # --- recording ----------------------------------------------------------------------
 
-    def _finish(self, flight: Flight) -> None:
-        finished = self.clock()
+    def _finish(self, flight: Flight, finished: float | None = None) -> None:
+        if finished is None:
+            finished = self.clock()
         ep = flight.endpoint
         ok = flight.status == "ok"
         times, events = tuple(flight.read_times), tuple(flight.read_events)
@@ -424,13 +487,23 @@ class Proxy:
             finished_s=finished, read_times=times, read_events=events,
             prompt_tokens=flight.prompt_tokens,
             completion_tokens=flight.completion_tokens, attempts=flight.attempts, latency=lat,
-            slo_met=slo_met(slo, lat, ok),
+            slo_met=slo_met(slo, lat, ok), prompt_source=flight.prompt_source,
+            engine_done_s=flight.engine_done_s,
         )
         for sink in self.sinks:
             try:
                 sink(record)
             except Exception:  # a broken sink must not lose the record for the others
                 log.exception("record sink failed for request %s", flight.request_id)
+
+
+def _stream_tokens(flight: Flight, scanner: SseScanner) -> None:
+    """The stream's tokens, however it ended: the engine's usage when it came; otherwise the
+    token events relayed (less the chat role chunk, which carries none)."""
+    if scanner.usage:
+        flight.take_usage(scanner.usage)
+    elif flight.read_events:
+        flight.completion_tokens = max(0, sum(flight.read_events) - scanner.role_events)
 
 
 class _RetryableError(Exception):

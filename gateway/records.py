@@ -39,6 +39,18 @@ class RequestRecord:
     attempts: int
     latency: Latency
     slo_met: bool
+    # How prompt_tokens was counted: "engine" (its usage), "gateway" (the model's tokenizer, for
+    # a request that ended before the engine's usage came) or "estimate" (no tokenizer: bytes/4)
+    prompt_source: str = "engine"
+    # The engine said it had finished (monotonic): a non-streamed response's head, which the
+    # engine sends once the whole body is ready. None for streams (their last token event
+    # marks it) and for requests that never got an answer.
+    engine_done_s: float | None = None
+
+    @property
+    def token_events(self) -> int:
+        """Token events relayed (every SSE event with a non-empty `choices` list)."""
+        return sum(self.read_events)
 
     def wall(self, t_s: float) -> float:
         """Wall-clock seconds of a monotonic timestamp of this request."""

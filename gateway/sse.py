@@ -13,10 +13,11 @@ from typing import Any
 
 import orjson
 
-# A non-empty string value for a field that carries generated text (completions `text`, chat
-# `content`/`reasoning_content`, tool-call `arguments`). An empty string does not count, so the
-# chat role chunk and a bare finish_reason chunk are not token-bearing.
-_TOKEN_RE = re.compile(rb'"(?:text|content|reasoning_content|arguments)":\s*"(?!")')
+# A token event, as `vllm bench serve` counts it: any event whose `choices` list is non-empty,
+# whatever its text ("" for a special token, or for a token that ends inside a multi-byte UTF-8
+# character; the chat role chunk and a bare finish_reason chunk count too). The usage-only
+# chunk (`"choices": []`) does not.
+_TOKEN_RE = re.compile(rb'"choices":\s*\[\s*[^\s\]]')
 _USAGE_RE = re.compile(rb'"usage":\s*\{')
 _EMPTY_CHOICES_RE = re.compile(rb'"choices":\s*\[\s*\]')
 
@@ -35,14 +36,16 @@ class SseScanner:
     bytes, for clients that did not ask for it.
     """
 
-    __slots__ = ("_buf", "done", "error", "strip_usage", "usage")
+    __slots__ = ("_buf", "done", "error", "final_usage", "role_events", "strip_usage", "usage")
 
     def __init__(self, *, strip_usage: bool):
         self._buf = b""
         self.strip_usage = strip_usage
         self.usage: dict[str, Any] | None = None
         self.done = False  # saw `data: [DONE]`
+        self.final_usage = False  # saw the usage-only chunk (`"choices": []`) that ends a stream
         self.error = False  # saw an error event
+        self.role_events = 0  # chat role chunks (token events by the count, with no token)
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
         """Consume one read; return (complete events to relay, token-bearing events in them)."""
@@ -61,7 +64,15 @@ class SseScanner:
             self.done = True
         if b'{"error"' in complete:
             self.error = True
+        if b'"role"' in complete:
+            self.role_events += complete.count(b'"role"')
         return complete, _count_tokens(complete)
+
+    @property
+    def complete(self) -> bool:
+        """The relayed events hold the end of the answer: `[DONE]`, or the final usage chunk
+        for a client that asked for it (some clients stop reading there)."""
+        return self.done or (self.final_usage and not self.strip_usage)
 
     def _take_usage(self, complete: bytes) -> bytes:
         """Read the usage of each event that has one; cut usage-only events when stripping.
@@ -85,8 +96,10 @@ class SseScanner:
                 usage = parsed.get("usage") if parsed else None
                 if isinstance(usage, dict):
                     self.usage = usage
-                if self.strip_usage and _EMPTY_CHOICES_RE.search(payload):
-                    continue
+                if _EMPTY_CHOICES_RE.search(payload):
+                    self.final_usage = True
+                    if self.strip_usage:
+                        continue
             parts.append(event)
         if pos == 0:
             return complete
@@ -98,25 +111,14 @@ class SseScanner:
         return self._buf
 
 
-# Compact JSON (vLLM, trtllm-serve, the simulator): count non-empty text fields with C-level
-# byte counts, once per read. Other spacing falls back to the regex, event by event.
+# Compact JSON (vLLM, trtllm-serve, the simulator): one C-level byte count per read. Other
+# spacing falls back to the regex.
 def _count_tokens(chunk: bytes) -> int:
-    """Token-bearing events in whole events `chunk` (at most one text field per event)."""
-    if b'"reasoning_content"' in chunk or b'"arguments"' in chunk:
-        # reasoning and tool-call deltas can share an event with content: count events
-        return sum(1 for ev in _events(chunk) if _TOKEN_RE.search(ev))
-    found = (chunk.count(b'"text":"') + chunk.count(b'"content":"')
-             - chunk.count(b'"text":""') - chunk.count(b'"content":""'))
-    if found > 0 or b'": "' not in chunk:
+    """Token events in whole events `chunk` (one `choices` key per event)."""
+    found = chunk.count(b'"choices":[{')
+    if found or b'"choices": ' not in chunk:
         return found
-    return sum(1 for ev in _events(chunk) if _TOKEN_RE.search(ev))
-
-
-def _events(chunk: bytes) -> list[bytes]:
-    """Split complete events, keeping each one's own terminator."""
-    sep = b"\r\n\r\n" if b"\r\n\r\n" in chunk else b"\n\n"
-    parts = chunk.split(sep)
-    return [p + sep for p in parts[:-1]]
+    return len(_TOKEN_RE.findall(chunk))
 
 
 def _data_of(event: bytes) -> bytes | None:

@@ -24,11 +24,12 @@ BYTES_PER_TOKEN = 4.0  # the usual English average for BPE vocabularies of 32k-1
 
 
 class Encoder(Protocol):
-    def encode(self, sequence: str, add_special_tokens: bool = True) -> Any: ...
+    def encode(self, sequence: Any, pair: Any | None = None, is_pretokenized: bool = False,
+               add_special_tokens: bool = True) -> Any: ...
 
 
 class TokenizerNotFound(LookupError):
-    """No tokenizer.json for a name or path (the message says where it looked)."""
+    """No usable tokenizer.json for a name or path (the message says where it looked)."""
 
 
 def _hub_snapshots(name: str) -> Iterable[Path]:
@@ -59,7 +60,12 @@ def load_tokenizer(spec: str) -> Encoder:
     """Load a `tokenizers` Tokenizer from `spec` (see `tokenizer_file`)."""
     from tokenizers import Tokenizer  # the Rust library; imported only where one is configured
 
-    tok: Encoder = Tokenizer.from_file(str(tokenizer_file(spec)))
+    path = tokenizer_file(spec)
+    try:
+        tok: Encoder = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception on a bad file
+        raise TokenizerNotFound(f"{path} is not a tokenizer.json the tokenizers library reads: "
+                                f"{exc}") from None
     return tok
 
 

@@ -19,7 +19,7 @@ from gateway.app import PROXY
 from gateway.config import GatewayConfig
 from gateway.front.protocol import FrontConnections, FrontProtocol, FrontSettings
 
-COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions")
+COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 SWEEP_S = 5.0  # the most an idle connection outlives listen.keepalive_s
 
 

@@ -29,6 +29,7 @@ class FakeEngine:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
+    done_gap_s: float = 0.0  # pause between `data: [DONE]` and the end of the response
     aborted: int = 0  # streams whose client went away before the end
     # per stream: (request received, first token event written, last token event written),
     # time.monotonic() seconds: what the engine really did, event-loop lag included
@@ -42,6 +43,7 @@ class FakeEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self.complete)
         app.router.add_post("/v1/chat/completions", self.complete)
+        app.router.add_post("/v1/embeddings", self.embed)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -62,6 +64,24 @@ class FakeEngine:
             choice["text"] = text
         return b"data: " + orjson.dumps({"id": "cmpl-1", "object": "chunk", "model": self.model,
                                          "choices": [choice]}) + b"\n\n"
+
+    async def embed(self, request: web.Request) -> web.Response:
+        """vLLM's embeddings shape; 5 prompt tokens per input, after `ttft_s`."""
+        body = await request.json(loads=orjson.loads)
+        self.bodies.append(body)
+        inputs = body.get("input")
+        n = len(inputs) if isinstance(inputs, list) else 1
+        await asyncio.sleep(self.ttft_s)
+        data = [{"object": "embedding", "index": i, "embedding": [0.0, 1.0]} for i in range(n)]
+        return web.json_response({"object": "list", "data": data, "model": self.model,
+                                  "usage": {"prompt_tokens": 5 * n, "total_tokens": 5 * n}},
+                                 dumps=_dumps)
+
+    def _role_chunk(self) -> bytes:
+        return b"data: " + orjson.dumps({
+            "id": "cmpl-1", "object": "chat.completion.chunk", "model": self.model,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None}]}) + b"\n\n"
 
     async def complete(self, request: web.Request) -> web.StreamResponse:
         received = time.monotonic()
@@ -89,9 +109,9 @@ class FakeEngine:
                                       "choices": [choice], "usage": usage}, dumps=_dumps)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        if chat:
-            await resp.write(self._chunk(True, "", None))
         await asyncio.sleep(self.ttft_s)
+        if chat:  # as vLLM: the role chunk goes out with the first token, in a write of its own
+            await resp.write(self._role_chunk())
         try:
             await self._stream(resp, request, chat, n, abort_after, body, usage, received)
         except (ConnectionError, asyncio.CancelledError):
@@ -124,6 +144,8 @@ class FakeEngine:
                                                        "model": self.model, "choices": [],
                                                        "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if self.done_gap_s:
+            await asyncio.sleep(self.done_gap_s)
         await resp.write_eof()
 
 
