@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from gateway.accesslog import AccessLog
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.config import GatewayConfig
 from gateway.errors import AuthError, ConfigError, WattgateError, error_body
@@ -190,6 +191,16 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
 
     counter = prompt_counter(config)
     all_sinks = list(sinks)
+    if config.access_log:
+        access_log = AccessLog(config.access_log)
+        all_sinks.append(access_log)
+
+        async def access_log_ctx(_app: web.Application) -> AsyncIterator[None]:
+            access_log.start()
+            yield
+            access_log.stop()  # after the proxy's context: in-flight requests are written too
+
+        app.cleanup_ctx.append(access_log_ctx)
     if config.accounting is not None and config.accounting.enabled:
         accounting = _accounting_service(config, gateway_metrics)
         app[ACCOUNTING] = accounting

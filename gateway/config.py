@@ -123,6 +123,7 @@ class GatewayConfig:
     admin_key_sha256: str = field(default="", repr=False)
     auth_required: bool = True
     accounting: AccountingConfig | None = None  # None: no energy accounting
+    access_log: str = ""  # JSON lines, one per finished request: a file path, "-" (stderr), "" off
 
     def endpoints(self) -> tuple[tuple[str, Endpoint], ...]:
         """(model alias, endpoint) for every endpoint of every pool."""
@@ -369,6 +370,17 @@ def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None
     return acct
 
 
+def _access_log(root: FieldReader, base_dir: Path | None) -> str:
+    value = root.get("access_log")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(root.at("access_log"), "must be a file path, or '-' for stderr")
+    if value != "-" and base_dir is not None and not Path(value).is_absolute():
+        return str(base_dir / value)
+    return value
+
+
 def parse_config(data: Any, env: Mapping[str, str] | None = None,
                  base_dir: Path | None = None) -> GatewayConfig:
     """Validate a decoded YAML document into a GatewayConfig (pure; env passed in).
@@ -430,6 +442,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         admin_key_sha256=admin_hash,
         auth_required=root.flag("auth_required", True),
         accounting=_accounting(root, env, base_dir, models),
+        access_log=_access_log(root, base_dir),
     )
     if config.auth_required and not tenants:
         raise ConfigError("tenants", "at least one tenant is required when auth_required is true")

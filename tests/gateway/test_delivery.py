@@ -210,3 +210,29 @@ async def test_health_is_503_while_no_endpoint_is_healthy() -> None:
             s.get(gw + "/health") as r:
         assert r.status == 503
         assert (await r.json())["error"]["code"] == "not_ready"
+
+
+async def test_access_log_has_one_json_line_per_request_and_no_secrets(tmp_path: Path) -> None:
+    from gateway.config import parse_config
+
+    log_path = tmp_path / "access.jsonl"
+    records: list[RequestRecord] = []
+    async with fake_engine(FakeEngine(model="m", tokens=3)) as eng:
+        cfg = parse_config(raw_config([ep(eng)], access_log=str(log_path)), env={})
+        async with running_gateway(cfg, sinks=[records.append]) as gw, \
+                aiohttp.ClientSession() as s:
+            for stream in (True, False):
+                async with s.post(gw + "/v1/completions", headers=AUTH, json={
+                        "model": "m", "prompt": PROMPT, "max_tokens": 3, "stream": stream}) as r:
+                    await r.read()
+            async with s.post(gw + "/v1/completions", headers={"Authorization": "Bearer sk-x"},
+                              json={"model": "m", "prompt": PROMPT}) as r:
+                assert r.status == 401
+    text = log_path.read_text()
+    assert PROMPT not in text and KEY_A not in text and "sk-x" not in text
+    lines = [orjson.loads(line) for line in text.splitlines()]
+    assert [line["request_id"] for line in lines] == [r.request_id for r in records]
+    assert [line["status"] for line in lines] == ["ok", "ok", "invalid_api_key"]
+    first = lines[0]
+    assert first["completion_tokens"] == 3 and first["token_events"] == 3
+    assert first["ttft_s"] == records[0].latency.ttft_s and first["endpoint"] == "e1"
