@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from gateway.config import SloClass
-from loadgen import arrivals, lengths, report, traces
+from gateway.tokenizer import TokenizerNotFound
+from loadgen import arrivals, lengths, prompts, report, traces
 from loadgen.client import ClientOptions, Target
 from loadgen.experiments import (
     PairedDelta,
@@ -59,6 +60,12 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Open loop with at most this many in flight (late ones queue)."),
         click.option("--prompt-tokens", type=int, default=128, show_default=True),
         click.option("--output-tokens", type=int, default=64, show_default=True),
+        click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
+                     help="The target model's tokenizer (a tokenizer.json, a model folder, or "
+                     "a hub name in the local hub cache; nothing is downloaded): prompts of "
+                     "exactly --prompt-tokens tokens, and trace lengths in tokens. 'words': "
+                     "one word per token, the simulated engine's count. Default: the "
+                     "workload's, else words with a warning."),
         click.option("--api-key", default="", help="Bearer key (without --workload)."),
         click.option("--admin-key", default="", help="Gateway admin key, to fetch energy."),
         click.option("--no-energy", is_flag=True, help="Skip the energy fetch."),
@@ -92,6 +99,21 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_workload(p: dict[str, Any]) -> Workload:
+    """The workload the options describe, with its prompt synthesiser; warns (once) when
+    prompt lengths are words rather than the target's tokens."""
+    try:
+        w = _workload(p)
+        if p.get("tokenizer"):
+            w = replace(w, prompts=prompts.from_spec(p["tokenizer"]))
+    except (TokenizerNotFound, prompts.PromptError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer or the workload's "
+                                 "tokenizer") from None
+    if w.prompts.warning:
+        _err(w.prompts.warning)
+    return w
+
+
+def _workload(p: dict[str, Any]) -> Workload:
     if p["workload_file"] is not None:
         w = load_workload(p["workload_file"])
         return replace(w, seed=p["seed"]) if p["seed"] is not None else w
@@ -148,7 +170,8 @@ def _print_outcome(o: RunOutcome) -> None:
 @click.group()
 def loadgen() -> None:
     """Load generator: realistic arrivals, coordinated-omission-free timing, goodput per SLO,
-    paired precision comparisons with measured energy."""
+    paired precision comparisons with each request's energy (measured or estimated, as the
+    gateway flags it)."""
 
 
 @loadgen.command()
@@ -311,11 +334,19 @@ def trace_sample(fmt: str, path: Path, n: int, seed: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--ttft-ms", type=float, default=0.0, show_default=True)
 @click.option("--itl-ms", type=float, default=0.0, show_default=True)
-def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float) -> None:
+@click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
+              help="Report prompt tokens as this tokenizer counts them (default: words, as the "
+              "simulated engine counts).")
+def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float,
+                    tokenizer: str | None) -> None:
     """A minimal streaming endpoint with fixed timing, for measuring the load generator."""
-    from loadgen.selftest_engine import EngineTiming, serve
+    from loadgen.selftest_engine import EngineTiming, count_words, serve, token_counter
 
-    serve(host, port, EngineTiming(ttft_ms / 1e3, itl_ms / 1e3))
+    try:
+        count = token_counter(tokenizer) if tokenizer else count_words
+    except TokenizerNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
+    serve(host, port, EngineTiming(ttft_ms / 1e3, itl_ms / 1e3), count)
 
 
 @click.command()

@@ -64,6 +64,8 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
     text = "latency in ms, measured from intended arrival\n" + _table(header, rows)
     notes = [f"{o.label or 'run'}: {o.summary.grading_note}" for o in outcomes]
     notes += [f"{o.label or 'run'}: energy {o.energy_note}" for o in outcomes if o.energy_note]
+    # One plan usually feeds every arm: say once what its prompt lengths count.
+    notes += [f"prompts: {n}" for n in dict.fromkeys(o.prompt_note for o in outcomes) if n]
     if arm_precisions:
         notes += [f"{label}: {numeric_format(p)}; {accuracy_condition(p, quality or {})}"
                   for label, p in arm_precisions.items()]

@@ -52,6 +52,7 @@ class RunOutcome:
     energy_overall: energy.EnergyStats | None
     energy_by_tenant: tuple[energy.EnergyStats, ...]
     energy_by_precision: tuple[energy.EnergyStats, ...]
+    prompt_note: str = ""  # what the prompt lengths count (tokens of a tokenizer, or words)
 
     @property
     def energy_note(self) -> str:
@@ -60,9 +61,21 @@ class RunOutcome:
             return "n/a: energy fetch disabled"
         if self.energy_overall is None:
             return f"n/a: {f.reason}"
-        source = ("gateway accounting (measured, apportioned)" if f.source == "gateway"
-                  else "simulator ground truth (no carbon or cost)")
+        source = (f"gateway accounting, apportioned: {measured_vs_estimated(self.energy_overall)}"
+                  if f.source == "gateway" else "simulator ground truth (no carbon or cost)")
         return source + (f"; {f.reason}" if f.reason else "")
+
+
+def measured_vs_estimated(e: energy.EnergyStats) -> str:
+    """How many of a group's records were read from an energy counter and how many the
+    gateway estimated from a power model (its `estimated` flag, per record)."""
+    n, est = e.requests, e.estimated
+    if est == 0:
+        return f"all {n} records measured (energy counters)"
+    if est == n:
+        return f"all {n} records ESTIMATED from a power model (no energy counter), none measured"
+    return (f"{n - est} of {n} records measured (energy counters), {est} ESTIMATED from a "
+            "power model")
 
 
 def _stderr(text: str) -> None:
@@ -133,4 +146,5 @@ async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str
         label=label, target=target, summary=summary, requests=per_request, energy_fetch=fetch,
         energy_overall=energy.overall_energy(fetch, results, label or "all") if fetch else None,
         energy_by_tenant=energy.group_energy(fetch, results, "tenant") if fetch else (),
-        energy_by_precision=energy.group_energy(fetch, results, "precision") if fetch else ())
+        energy_by_precision=energy.group_energy(fetch, results, "precision") if fetch else (),
+        prompt_note=w.prompts.note)

@@ -7,13 +7,20 @@ stream of exactly `max_tokens` token events, the first after `ttft_s` and the ot
 apart (all in one write when both are 0), then a usage chunk and `[DONE]`. Header
 `x-sim-fault: stall-ms:N` delays that request's first token by N ms more, as the simulated engine
 does.
+
+Its usage reports prompt tokens as the simulated engine counts them (words, plus 4 per chat
+message), or, given a tokenizer (`--tokenizer`), as that tokenizer encodes them: a completion's
+prompt with the tokenizer's special tokens, a chat's message contents alone (there is no chat
+template). Encoding costs the engine time per request: use it to check prompt lengths, not to
+measure timing.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import orjson
 
@@ -27,6 +34,30 @@ _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r
 class EngineTiming:
     ttft_s: float = 0.0
     itl_s: float = 0.0
+
+
+PromptCounter = Callable[[str, bool], int]  # (text, chat) -> prompt tokens
+
+
+def count_words(text: str, chat: bool) -> int:
+    """The simulated engine's count: one token per word (engines/sim/protocol.py)."""
+    return len(text.split())
+
+
+def token_counter(spec: str) -> PromptCounter:
+    """Counts with the tokenizer `spec` names (see gateway.tokenizer.tokenizer_file)."""
+    from gateway.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(spec)
+    return lambda text, chat: len(tok.encode(text, add_special_tokens=not chat).ids)
+
+
+def prompt_tokens(req: dict[str, Any], chat: bool, count: PromptCounter) -> int:
+    if not chat:
+        return count(str(req.get("prompt", "")), False)
+    messages = req["messages"]
+    template = 4 * len(messages) if count is count_words else 0  # the simulator's markers
+    return sum(count(str(m.get("content", "")), True) for m in messages) + template
 
 
 def _chunk(data: bytes) -> bytes:
@@ -95,9 +126,7 @@ class _Conn(asyncio.Protocol):
             return
         req = orjson.loads(body)
         n = int(req.get("max_tokens") or 16)
-        prompt = (" ".join(m.get("content", "") for m in req["messages"]) if chat
-                  else str(req.get("prompt", "")))
-        prompt_tokens = len(prompt.split()) + (4 * len(req["messages"]) if chat else 0)
+        p_tokens = prompt_tokens(req, chat, self.server.count_prompt)
         stall_s = 0.0
         fault = headers.get("x-sim-fault", "")
         if fault.startswith("stall-ms:"):
@@ -106,7 +135,7 @@ class _Conn(asyncio.Protocol):
         tr.write(_HEAD)
         timing = self.server.timing
         event = _token_event(chat)
-        tail = _chunk(_tail(prompt_tokens, n)) + b"0\r\n\r\n"
+        tail = _chunk(_tail(p_tokens, n)) + b"0\r\n\r\n"
         if timing.ttft_s == 0 and timing.itl_s == 0 and stall_s == 0:
             tr.write(_chunk(event * n) + tail)
             return
@@ -130,8 +159,10 @@ class _Conn(asyncio.Protocol):
 class SelftestEngine:
     """Start with `await engine.start(host, port)`; stop with `engine.close()`."""
 
-    def __init__(self, timing: EngineTiming = EngineTiming()):
+    def __init__(self, timing: EngineTiming = EngineTiming(),
+                 count_prompt: PromptCounter = count_words):
         self.timing = timing
+        self.count_prompt = count_prompt
         self.requests = 0
         self.conns: set[_Conn] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -156,12 +187,13 @@ class SelftestEngine:
         await self._server.serve_forever()
 
 
-def serve(host: str, port: int, timing: EngineTiming) -> None:
+def serve(host: str, port: int, timing: EngineTiming,
+          count_prompt: PromptCounter = count_words) -> None:
     """Run the engine in this process until interrupted (blocking)."""
     import uvloop
 
     async def main() -> None:
-        engine = SelftestEngine(timing)
+        engine = SelftestEngine(timing, count_prompt)
         await engine.start(host, port)
         try:
             await engine.serve_forever()

@@ -25,6 +25,7 @@ import yaml
 from gateway.config import SloClass
 from loadgen import arrivals, lengths, traces
 from loadgen.lengths import LengthDist
+from loadgen.prompts import Draft, PromptSynth, WordPrompts, from_spec
 
 APIS: tuple[str, ...] = ("chat", "completions")
 
@@ -53,6 +54,8 @@ class Workload:
     api: str = "chat"
     slo_classes: tuple[SloClass, ...] = (SloClass("default", ttft_s=0.5, tpot_s=0.05),)
     traces: tuple[traces.TraceSpec, ...] = ()
+    # What a prompt length counts: a tokenizer's tokens, or words (the simulated engine's count).
+    prompts: PromptSynth = field(default_factory=WordPrompts)
 
     @property
     def concurrency(self) -> int | None:
@@ -102,39 +105,46 @@ def _tenant_stream(w: Workload) -> list[tuple[float, TenantSpec]]:
 
 def build_plan(w: Workload) -> tuple[PlannedRequest, ...]:
     chat = w.api == "chat"
+    synth = w.prompts
     by_name = {t.name: t for t in w.tenants}
     content_rng = {t.name: random.Random(f"{w.seed}:content:{t.name}") for t in w.tenants}
-    plan: list[PlannedRequest] = []
-
-    def add(t_s: float, tenant: TenantSpec, rng: random.Random, prompt: str | None,
-            p_tokens: int, out_tokens: int) -> None:
-        text = prompt if prompt is not None else lengths.synth_prompt(
-            rng, lengths.words_for_tokens(p_tokens, chat))
-        plan.append(PlannedRequest(len(plan), t_s, tenant.name, tenant.api_key, tenant.slo_class,
-                                   text, p_tokens, out_tokens, tenant.headers))
+    # (offset, tenant, fixed prompt text or a draft, target prompt tokens, output tokens)
+    rows: list[tuple[float, TenantSpec, str | Draft, int, int]] = []
 
     if w.traces:
-        rows = traces.superpose([(s.tenant, traces.prepare(s, random.Random(f"{w.seed}:trace:{i}")))
-                                 for i, s in enumerate(w.traces)])
+        trace_rows = traces.superpose([(s.tenant, traces.prepare(s, random.Random(
+            f"{w.seed}:trace:{i}"))) for i, s in enumerate(w.traces)])
         default = w.tenants[0] if w.tenants else TenantSpec("default")
-        for row in rows[: w.max_requests]:
+        for row in trace_rows[: w.max_requests]:
             tenant = by_name.get(row.tenant, default)
             rng = content_rng.setdefault(tenant.name, random.Random(f"{w.seed}:content:{tenant.name}"))
-            prompt = (lengths.prompt_from_blocks(row.hash_ids,
-                                                 lengths.words_for_tokens(row.prompt_tokens, chat))
-                      if row.hash_ids else None)
-            add(row.offset_s, tenant, rng, prompt, row.prompt_tokens, row.output_tokens)
-        return tuple(plan)
+            draft = (synth.block_draft(row.hash_ids, row.prompt_tokens, chat) if row.hash_ids
+                     else synth.draft(rng, row.prompt_tokens, chat))
+            rows.append((row.offset_s, tenant, draft, row.prompt_tokens, row.output_tokens))
+    else:
+        for t_s, tenant in _tenant_stream(w)[: w.max_requests]:
+            rng = content_rng[tenant.name]
+            if tenant.conversations:
+                text, out_tokens = tenant.conversations[rng.randrange(len(tenant.conversations))]
+                rows.append((t_s, tenant, text, synth.count(text, chat), out_tokens))
+            else:
+                p_tokens = tenant.prompt_tokens.sample(rng)
+                out_tokens = tenant.output_tokens.sample(rng)  # drawn before the prompt's words
+                rows.append((t_s, tenant, synth.draft(rng, p_tokens, chat), p_tokens,
+                             out_tokens))
+    return _planned(rows, synth.finish([r[2] for r in rows if not isinstance(r[2], str)],
+                                       f"{w.seed}:prompts"))
 
-    for t_s, tenant in _tenant_stream(w)[: w.max_requests]:
-        rng = content_rng[tenant.name]
-        if tenant.conversations:
-            prompt, out_tokens = tenant.conversations[rng.randrange(len(tenant.conversations))]
-            add(t_s, tenant, rng, prompt, len(prompt.split()), out_tokens)
-        else:
-            add(t_s, tenant, rng, None, tenant.prompt_tokens.sample(rng),
-                tenant.output_tokens.sample(rng))
-    return tuple(plan)
+
+def _planned(rows: Sequence[tuple[float, TenantSpec, str | Draft, int, int]],
+             texts: Sequence[str]) -> tuple[PlannedRequest, ...]:
+    """The plan, with each draft replaced by its finished text (in order)."""
+    finished = iter(texts)
+    return tuple(
+        PlannedRequest(i, t_s, tenant.name, tenant.api_key, tenant.slo_class,
+                       prompt if isinstance(prompt, str) else next(finished), p_tokens,
+                       out_tokens, tenant.headers)
+        for i, (t_s, tenant, prompt, p_tokens, out_tokens) in enumerate(rows))
 
 
 def requested_rate_rps(w: Workload, plan: Sequence[PlannedRequest]) -> float:
@@ -215,6 +225,7 @@ def from_mapping(data: Mapping[str, Any], base: Path = Path()) -> Workload:
                          start_s=float(t.get("start_s", 0.0)),
                          duration_s=float(t.get("duration_s", math.inf)))
         for t in data.get("traces", []))
+    tokenizer = data.get("tokenizer")
     api = str(data.get("api", "chat"))
     if api not in APIS:
         raise ValueError(f"api: {api!r} not allowed; allowed: {', '.join(APIS)}")
@@ -223,7 +234,15 @@ def from_mapping(data: Mapping[str, Any], base: Path = Path()) -> Workload:
         arrival=arrivals.from_spec(data["arrival"]) if "arrival" in data else None,
         duration_s=float(data.get("duration_s", 60.0)),
         max_requests=int(data.get("max_requests", 1_000_000)), seed=int(data.get("seed", 0)),
-        api=api, slo_classes=slos, traces=trace_specs)
+        api=api, slo_classes=slos, traces=trace_specs,
+        prompts=_prompt_synth(str(tokenizer), base) if tokenizer else WordPrompts())
+
+
+def _prompt_synth(spec: str, base: Path) -> PromptSynth:
+    """`tokenizer:` of a workload file: a path relative to the file when one is there, else
+    as given (an absolute path, a hub name, or "words")."""
+    beside = base / spec
+    return from_spec(str(beside) if beside.exists() else spec)
 
 
 def load_workload(path: Path) -> Workload:
