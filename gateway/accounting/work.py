@@ -1,13 +1,15 @@
 """Per-request work on the wall-clock interval grid (pure).
 
 A finished request becomes one `WorkRow` per interval it touched on its engine:
-- prefill tokens: prompt tokens spread uniformly over the last PREFILL_S seconds before the
-  first token (what comes before is queueing in the engine: not resident in its batch, and
-  charged nothing); a non-streamed request has no first-token time, so its prefill is put
-  at the dispatch instant (prefill is short next to decode);
+- prefill tokens: prompt tokens spread uniformly over the time the engine takes to read them
+  (prompt_tokens / the engine's prefill rate, `gateway.accounting.prefill`) just before the
+  first token, bounded by the dispatch (what comes before is queueing in the engine: not
+  resident in its batch, and charged nothing); a request with no token event (non-streamed,
+  or ended before its first token) has them over the same span from its dispatch;
 - decode tokens: completion tokens spread over the token-bearing events in `reads`,
-  proportionally to events; a non-streamed request spreads them uniformly over
-  dispatched..finished;
+  proportionally to events; a request with none spreads them uniformly from the end of its
+  prefill to the engine's finish: for a non-streamed answer, the engine's response head
+  (`engine_done_s`), not the gateway's read of the body, which a busy gateway makes late;
 - KV work: each decoded token times the context it attends over (prompt + tokens so far),
   because decode reads the whole KV cache of its sequence every step;
 - residency: seconds of (prefill start)..finished inside the interval, with the offset where that
@@ -23,6 +25,7 @@ from bisect import bisect_left
 from itertools import accumulate
 from typing import NamedTuple
 
+from gateway.accounting.prefill import DEFAULT_TOKENS_PER_S
 from gateway.records import RequestRecord
 
 
@@ -42,9 +45,6 @@ class WorkRow(NamedTuple):
 
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
 Work = tuple[str, int, float, float, float, float, float]
-
-PREFILL_S = 0.25  # longest stretch before the first token counted as prefill and residency
-
 
 def interval_index(t_wall_s: float, interval_s: float) -> int:
     return math.floor(t_wall_s / interval_s)
@@ -111,28 +111,35 @@ def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
     return out
 
 
-def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_S, *,
+def work_rows(rec: RequestRecord, interval_s: float,
+              prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S, *,
               shortcut: bool = True) -> list[Work]:
     """The request's work per interval of its engine (empty when it never reached one).
+    `prefill_tokens_per_s`: the engine's prefill rate, which sizes the prefill's span.
     `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
     if not rec.engine or rec.dispatched_s is None:
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
     t_disp = rec.dispatched_s + off
     t_end = rec.finished_s + off
+    if rec.engine_done_s is not None and rec.engine_done_s + off < t_end:
+        t_end = rec.engine_done_s + off
     if t_end < t_disp:
         t_end = t_disp
     prompt = float(rec.prompt_tokens)
+    prefill_s = prompt / prefill_tokens_per_s if prefill_tokens_per_s > 0.0 else 0.0
     prefill: dict[int, float] = {}
     first = rec.first_token_s
+    t_decode = t_disp  # where decode without token events starts (after the prefill)
     if first is not None:
         t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
-        # busy: the request is resident, and prefilling, only near its end.
+        # busy: the request is resident, and prefilling, only for its prefill's span.
         if t_first - prefill_s > t_disp:
             t_disp = t_first - prefill_s
         if t_disp > t_end:
             t_disp = t_end
+        t_decode = t_disp
         if prompt:
             k = math.floor(t_disp / interval_s)
             if t_first <= t_disp or math.floor(t_first / interval_s) == k:
@@ -140,7 +147,12 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
             else:
                 spread(prompt, t_disp, t_first, interval_s, prefill)
     elif prompt:
-        prefill[math.floor(t_disp / interval_s)] = prompt
+        t_decode = min(t_disp + prefill_s, t_end)
+        k = math.floor(t_disp / interval_s)
+        if math.floor(t_decode / interval_s) == k:
+            prefill[k] = prompt
+        else:
+            spread(prompt, t_disp, t_decode, interval_s, prefill)
     completion = rec.completion_tokens
     times, events = rec.read_times, rec.read_events
     k_first = math.floor(t_disp / interval_s)
@@ -159,7 +171,7 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
         # One interval and no token events (most non-streamed requests): the row the loop
         # below builds, bit for bit, without its per-interval dictionaries.
         return _one_interval_row(rec.request_id, k_first, prefill.get(k_first, 0.0),
-                                 completion, t_disp, t_end, interval_s)
+                                 completion, t_disp, t_decode, t_end, interval_s)
     decode: dict[int, float] = {}
     if completion:
         per_k = _events_per_interval(times, events, off, interval_s)
@@ -168,7 +180,7 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
             per_event = completion / n_events
             decode = {k: n * per_event for k, n in per_k.items()}
         else:
-            spread(float(completion), t_disp, t_end, interval_s, decode)
+            spread(float(completion), t_decode, t_end, interval_s, decode)
     kv: dict[int, float] = {}
     done = 0.0
     for k in sorted(decode):
@@ -198,20 +210,20 @@ def work_rows(rec: RequestRecord, interval_s: float, prefill_s: float = PREFILL_
 
 
 def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float,
-                      t_end: float, interval_s: float) -> list[Work]:
+                      t_decode: float, t_end: float, interval_s: float) -> list[Work]:
     """work_rows of a request inside interval k with no token events: decode spread uniformly
-    over dispatched..finished (spread()'s arithmetic, so the same bits)."""
+    over t_decode..finished (spread()'s arithmetic, so the same bits)."""
     lo = k * interval_s
     hi = lo + interval_s
     d = 0.0
     if completion:
-        if t_end <= t_disp:
+        if t_end <= t_decode:
             d = float(completion)
         else:
-            s_lo = t_disp if t_disp > lo else lo
+            s_lo = t_decode if t_decode > lo else lo
             s_hi = t_end if t_end < (k + 1) * interval_s else (k + 1) * interval_s
             if s_hi > s_lo:
-                d = completion * (s_hi - s_lo) / (t_end - t_disp)
+                d = completion * (s_hi - s_lo) / (t_end - t_decode)
     kv = d * (p + 0.0 + d / 2.0) if d else 0.0
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start

@@ -26,8 +26,9 @@ def record(**kw: object) -> RequestRecord:
 
 
 def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
-    """Queueing before the last PREFILL_S of the time to first token is not residency."""
-    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(record(), 1.0))}
+    """Queueing before the prefill's span (prompt / prefill rate: 1000 / 4000 = 0.25 s before
+    the first token) is not residency."""
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(record(), 1.0, 4000.0))}
     assert sorted(rows) == [1001, 1002, 1003]
     assert rows[1001].prefill_tokens == pytest.approx(1000)  # 1001.25..1001.5 is the prefill
     assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
@@ -38,12 +39,55 @@ def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
     assert rows[1002].kv_tokens == pytest.approx(4 * (1000 + 2 + 2))
 
 
-def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform() -> None:
+def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform_after_it() -> None:
+    """Prefill 1000 / 2000 tok/s = 0.5 s from the dispatch (1000.5..1001.0); decode uniform
+    over the rest, to the finish (1001.0..1003.5)."""
     rec = record(stream=False, first_token_s=None, read_times=(), read_events=())
-    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 2000.0)]
     assert rows[0].prefill_tokens == 1000 and rows[1].prefill_tokens == 0
     assert math.fsum(r.decode_tokens for r in rows) == pytest.approx(8)
-    assert rows[1].decode_tokens == pytest.approx(8 / 3)
+    assert rows[0].decode_tokens == pytest.approx(0.0)
+    assert rows[1].decode_tokens == pytest.approx(8 / 2.5)
+
+
+def test_long_prefill_is_placed_over_its_whole_span_before_the_first_token() -> None:
+    """30,000 prompt tokens at 10,000 tok/s: 3 s of prefill, all of it the request's own, and
+    the request resident for all of it (it was 0.25 s before)."""
+    rec = record(prompt_tokens=30_000, dispatched_s=0.1, first_token_s=4.0,
+                 read_times=(4.0,), read_events=(1,), completion_tokens=1, finished_s=4.0)
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
+    assert sorted(rows) == [1001, 1002, 1003, 1004]
+    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx(
+        [10_000, 10_000, 10_000, 0])
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(3.0)
+
+
+def test_long_prefill_is_bounded_by_the_dispatch() -> None:
+    rec = record(prompt_tokens=30_000, dispatched_s=2.5, first_token_s=4.0,
+                 read_times=(4.0,), read_events=(1,), completion_tokens=1, finished_s=4.0)
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
+    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx([10_000, 20_000, 0])
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.5)
+
+
+def test_non_streamed_work_ends_when_the_engine_finished_not_when_the_gateway_read() -> None:
+    """A busy gateway read the body 2 s after the engine sent its head: the engine's span
+    ends at the head."""
+    rec = record(stream=False, first_token_s=None, read_times=(), read_events=(),
+                 dispatched_s=0.1, engine_done_s=0.9, finished_s=2.9)
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
+    assert [r.interval_idx for r in rows] == [1000]
+    assert rows[0].decode_tokens == pytest.approx(8) and rows[0].prefill_tokens == 1000
+    assert rows[0].residency_s == pytest.approx(0.8)
+
+
+def test_stream_ended_before_its_first_token_is_charged_its_prefill() -> None:
+    rec = record(first_token_s=None, read_times=(), read_events=(), completion_tokens=0,
+                 status="client_disconnected", dispatched_s=0.2, finished_s=1.7)
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 1000.0)]
+    assert math.fsum(r.prefill_tokens for r in rows) == pytest.approx(1000)
+    assert rows[0].prefill_tokens == pytest.approx(800)
+    assert rows[1].prefill_tokens == pytest.approx(200)
 
 
 def test_request_that_never_reached_an_engine_has_no_work() -> None:
