@@ -33,7 +33,7 @@ def _run(configs: list[SimConfig]) -> None:
 @click.option("--served-model-name", default=None, help="Model id in the API (default: --model).")
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="Simulated seconds per wall-clock second.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds response ids.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds response ids and token texts.")
 @click.option("--max-batch", type=int, default=256, show_default=True,
               help="Most requests in one batch (vLLM --max-num-seqs).")
 @click.option("--fixed-ttft-ms", type=float, default=None,
@@ -42,11 +42,16 @@ def _run(configs: list[SimConfig]) -> None:
               help="Fixed timing: then one token every this long.")
 @click.option("--tokens-per-event", type=int, default=1, show_default=True,
               help="Tokens coalesced per SSE event (vLLM --stream-interval).")
+@click.option("--empty-text-share", type=float, default=0.02, show_default=True,
+              help="Share of tokens whose text is empty (split UTF-8 character, special token).")
+@click.option("--empty-text-share-non-ascii", type=float, default=0.25, show_default=True,
+              help="The same share for a prompt without ASCII text (CJK, emoji).")
 @click.pass_context
 def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str | None,
         dialect: str, port: int | None, host: str, tp: int, served_model_name: str | None,
         time_scale: float, seed: int, max_batch: int, fixed_ttft_ms: float | None,
-        fixed_itl_ms: float | None, tokens_per_event: int) -> None:
+        fixed_itl_ms: float | None, tokens_per_event: int, empty_text_share: float,
+        empty_text_share_non_ascii: float) -> None:
     """Run a simulated vLLM / trtllm-serve engine (roofline timing, power model, energy counter)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -57,7 +62,9 @@ def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str |
         raise click.UsageError(f"missing {', '.join(missing)}")
     assert gpu and model and precision and port is not None
     cfg = SimConfig(gpu, model, precision, dialect, port, host, tp, served_model_name,
-                    time_scale, seed, max_batch, fixed_ttft_ms, fixed_itl_ms, tokens_per_event)
+                    time_scale, seed, max_batch, fixed_ttft_ms, fixed_itl_ms, tokens_per_event,
+                    empty_text_share=empty_text_share,
+                    empty_text_share_non_ascii=empty_text_share_non_ascii)
     try:
         cfg.resolve()
     except SimConfigError as exc:

@@ -31,6 +31,11 @@ class SimConfig:
     fixed_itl_ms: float | None = None
     tokens_per_event: int = 1
     name: str | None = None  # label in a fleet's ready lines
+    # Share of tokens whose text is "" (a token ending inside a multi-byte character, or a
+    # special token), for an all-ASCII prompt and for a prompt with no ASCII text; mixed
+    # prompts fall in between. A few percent is what byte-level BPE models show on English.
+    empty_text_share: float = 0.02
+    empty_text_share_non_ascii: float = 0.25
 
     @property
     def model_name(self) -> str:
@@ -56,6 +61,10 @@ class SimConfig:
             raise SimConfigError(f"max_batch: must be >= 1, got {self.max_batch}")
         if self.tokens_per_event < 1:
             raise SimConfigError(f"tokens_per_event: must be >= 1, got {self.tokens_per_event}")
+        for name in ("empty_text_share", "empty_text_share_non_ascii"):
+            share = getattr(self, name)
+            if not 0.0 <= share <= 1.0:
+                raise SimConfigError(f"{name}: must be in 0..1, got {share}")
         if (self.fixed_ttft_ms is None) != (self.fixed_itl_ms is None):
             raise SimConfigError("fixed_ttft_ms and fixed_itl_ms must be given together")
         if self.fixed_ttft_ms is not None and (self.fixed_ttft_ms < 0 or (self.fixed_itl_ms or 0) < 0):
@@ -69,7 +78,8 @@ class SimConfig:
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "port": (int,), "tp": (int,), "seed": (int,), "max_batch": (int,),
     "tokens_per_event": (int,), "time_scale": (int, float), "fixed_ttft_ms": (int, float),
-    "fixed_itl_ms": (int, float),
+    "fixed_itl_ms": (int, float), "empty_text_share": (int, float),
+    "empty_text_share_non_ascii": (int, float),
 }
 
 

@@ -59,7 +59,7 @@ class FixedTimingCore(CoreRecords):
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine")
         self._run_until(now_s)
-        req = SimRequest(request_id, max(1, prompt_tokens), max(1, max_tokens), now_s, RUNNING)
+        req = SimRequest(request_id, max(1, prompt_tokens), max(0, max_tokens), now_s, RUNNING)
         req.computed = req.prompt_tokens
         self.requests[request_id] = req
         self.ledger.account(request_id)
@@ -117,13 +117,17 @@ class FixedTimingCore(CoreRecords):
 
     def _emit(self, req: SimRequest) -> None:
         t = self.now_s
-        req.generated += 1
-        first = req.first_token_s is None
-        if first:
-            req.first_token_s = t
-        req.last_token_s = t
-        done = req.generated >= req.max_tokens
-        self._outbox.append(Emission(req.request_id, 1, t, done, first))
+        if req.max_tokens == 0:  # pooling: done `ttft_s` after arrival, no token
+            done = first = True
+            self._outbox.append(Emission(req.request_id, 0, t, done, first))
+        else:
+            req.generated += 1
+            first = req.first_token_s is None
+            if first:
+                req.first_token_s = t
+            req.last_token_s = t
+            done = req.generated >= req.max_tokens
+            self._outbox.append(Emission(req.request_id, 1, t, done, first))
         self.iterations += 1
         if done:
             req.status = FINISHED

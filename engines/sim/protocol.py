@@ -2,8 +2,13 @@
 
 Tokenisation is deterministic: one token per whitespace-separated word of the prompt; a
 chat request counts the words of every message's text plus 4 tokens per message (role and
-template markers). A prompt given as a list of token ids counts its ids. Every generated
-token is the word " tok".
+template markers). A prompt given as a list of token ids counts its ids. A generated token
+is the word " tok" or, for a share of tokens, "" (see detok.py).
+
+Stream chunks are byte for byte what vLLM's serving code dumps (pydantic `model_dump_json`
+with `exclude_unset`, so compact JSON in its field order): the chat role chunk, token
+chunks with `"finish_reason":null` and `"token_ids":null`, the final token chunk with
+`finish_reason` and `stop_reason`, and the usage chunk (`exclude_none`: bare counts).
 """
 
 from __future__ import annotations
@@ -13,10 +18,11 @@ from typing import Any
 
 import orjson
 
+from engines.sim.detok import non_ascii_fraction
+
 COMPLETION = "completion"
 CHAT = "chat"
 DEFAULT_MAX_TOKENS = 256
-TOKEN_TEXT = " tok"
 CHAT_TOKENS_PER_MESSAGE = 4
 
 
@@ -52,48 +58,51 @@ class GenRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    non_ascii: float = 0.0  # fraction of the prompt's characters that are not ASCII
 
 
 def count_words(text: str) -> int:
     return len(text.split())
 
 
-def _message_tokens(messages: Any) -> int:
+def _message_texts(messages: Any) -> list[str]:
+    """Every text of a chat's messages; raises ApiError on a malformed list."""
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
-    tokens = 0
+    texts: list[str] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string role",
                            param="messages")
         content = msg.get("content")
         if isinstance(content, str):
-            tokens += count_words(content)
+            texts.append(content)
         elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    tokens += count_words(part["text"])
+            texts.extend(part["text"] for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
         elif content is not None:
             raise ApiError(400, f"messages[{i}].content must be a string or a list of parts",
                            param="messages")
-        tokens += CHAT_TOKENS_PER_MESSAGE
-    return tokens
+    return texts
 
 
-def _prompt_tokens(prompt: Any) -> int:
+def _prompt_tokens(prompt: Any) -> tuple[int, list[str]]:
+    """(tokens, texts) of a completion prompt; raises ApiError."""
+    texts: list[str] = []
     if isinstance(prompt, str):
-        tokens = count_words(prompt)
-    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        tokens = len(prompt)
+        texts = [prompt]
     elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        tokens = count_words(prompt[0])
+        texts = [prompt[0]]
+    elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return len(prompt), texts
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise ApiError(400, "the simulator serves one prompt per request", param="prompt")
     else:
         raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+    tokens = count_words(texts[0])
     if tokens == 0:
         raise ApiError(400, "Prompt cannot be empty", param="prompt")
-    return tokens
+    return tokens, texts
 
 
 def _int_field(body: dict[str, Any], name: str, minimum: int) -> int | None:
@@ -119,12 +128,14 @@ def parse_request(raw: bytes, kind: str, served_model: str, max_model_len: int) 
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
     if kind == CHAT:
-        prompt_tokens = _message_tokens(body.get("messages"))
+        texts = _message_texts(body.get("messages"))
+        prompt_tokens = (sum(count_words(t) for t in texts)
+                         + CHAT_TOKENS_PER_MESSAGE * len(body["messages"]))
         max_tokens = _int_field(body, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens", 1)
     else:
-        prompt_tokens = _prompt_tokens(body.get("prompt"))
+        prompt_tokens, texts = _prompt_tokens(body.get("prompt"))
         max_tokens = _int_field(body, "max_tokens", 1)
     max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     min_tokens = _int_field(body, "min_tokens", 0) or 0
@@ -153,12 +164,22 @@ def parse_request(raw: bytes, kind: str, served_model: str, max_model_len: int) 
         raise ApiError(400, "stream_options must be an object", param="stream_options")
     opts: dict[str, Any] = options or {}
     return GenRequest(kind, model, prompt_tokens, max_tokens, stream,
-                      bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats")))
+                      bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats")),
+                      non_ascii_fraction(texts))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens}
+
+
+def _running_usage(kind: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """`continuous_usage_stats` usage: vLLM's chat server sets completion_tokens_details
+    explicitly (null), its completions server does not."""
+    counts: dict[str, Any] = usage(prompt_tokens, completion_tokens)
+    if kind == CHAT:
+        counts["completion_tokens_details"] = None
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,24 +195,33 @@ class ChunkMaker:
                 "model": self.req.model}
 
     def role_event(self) -> bytes:
+        """vLLM's first chat chunk, sent with the first token (chat only)."""
         head = self._head("chat.completion.chunk")
         head["choices"] = [{"index": 0, "delta": {"role": "assistant", "content": ""},
                             "logprobs": None, "finish_reason": None}]
+        if self.req.continuous_usage:
+            head["usage"] = _running_usage(CHAT, self.req.prompt_tokens, 0)
         return _sse(head)
 
-    def token_event(self, tokens: int, completion_so_far: int, last: bool) -> bytes:
-        finish = "length" if last else None
-        text = TOKEN_TEXT * tokens
+    def token_event(self, text: str, completion_so_far: int, last: bool) -> bytes:
+        """One token chunk; `text` may be "" (a token that decodes to nothing yet)."""
+        choice: dict[str, Any]
         if self.req.kind == CHAT:
             head = self._head("chat.completion.chunk")
-            head["choices"] = [{"index": 0, "delta": {"content": text}, "logprobs": None,
-                                "finish_reason": finish, "stop_reason": None}]
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                      "finish_reason": "length" if last else None}
+            if last:  # vLLM sets stop_reason on the finishing chunk only
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
         else:
             head = self._head("text_completion")
-            head["choices"] = [{"index": 0, "text": text, "logprobs": None,
-                                "finish_reason": finish, "stop_reason": None}]
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": "length" if last else None, "stop_reason": None,
+                      "prompt_token_ids": None, "token_ids": None}
+        head["choices"] = [choice]
         if self.req.continuous_usage:
-            head["usage"] = usage(self.req.prompt_tokens, completion_so_far)
+            head["usage"] = _running_usage(self.req.kind, self.req.prompt_tokens,
+                                           completion_so_far)
         return _sse(head)
 
     def usage_event(self, completion_tokens: int) -> bytes:
@@ -201,8 +231,7 @@ class ChunkMaker:
         head["usage"] = usage(self.req.prompt_tokens, completion_tokens)
         return _sse(head)
 
-    def full_body(self, completion_tokens: int) -> bytes:
-        text = TOKEN_TEXT * completion_tokens
+    def full_body(self, completion_tokens: int, text: str) -> bytes:
         if self.req.kind == CHAT:
             head = self._head("chat.completion")
             head["choices"] = [{"index": 0,

@@ -81,7 +81,7 @@ class BatchingCore(CoreRecords):
         if prompt_tokens + max_tokens > self.total_blocks * KV_BLOCK_TOKENS:
             raise ValueError("request does not fit in the KV cache")
         self._run_until(now_s)
-        req = SimRequest(request_id, max(1, prompt_tokens), max(1, max_tokens), now_s)
+        req = SimRequest(request_id, max(1, prompt_tokens), max(0, max_tokens), now_s)
         self.requests[request_id] = req
         self.ledger.account(request_id)
         self.waiting.append(req)
@@ -228,6 +228,10 @@ class BatchingCore(CoreRecords):
             req.computed += n
             if req.computed < req.seq_len:
                 continue  # mid-prompt chunk: no token yet
+            if req.max_tokens == 0:  # pooling: the prompt's pass is the whole request
+                self._outbox.append(Emission(req.request_id, 0, step.end_s, True, True))
+                self._complete(req, step.end_s)
+                continue
             req.generated += 1
             first = req.first_token_s is None
             if first:
@@ -236,16 +240,19 @@ class BatchingCore(CoreRecords):
             done = req.generated >= req.max_tokens
             self._outbox.append(Emission(req.request_id, 1, step.end_s, done, first))
             if done:
-                req.status = FINISHED
-                req.finished_s = step.end_s
-                self.completed += 1
-                self._release(req)
-                self._retire(req)
+                self._complete(req, step.end_s)
         self._iterations.append(IterationStat(
             self.iterations, step.end_s, step.energy.duration_s, len(self.running),
             len(self.waiting), self.completed, self.total_blocks,
             self.total_blocks - self.free_blocks, KV_BLOCK_TOKENS,
         ))
+
+    def _complete(self, req: SimRequest, end_s: float) -> None:
+        req.status = FINISHED
+        req.finished_s = end_s
+        self.completed += 1
+        self._release(req)
+        self._retire(req)
 
     # -- views ----------------------------------------------------------------------------
 

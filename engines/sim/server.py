@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -17,6 +17,8 @@ from aiohttp import web
 
 from engines.sim.catalog import Deployment
 from engines.sim.config import SimConfig
+from engines.sim.detok import TokenTexts, empty_share
+from engines.sim.embeddings import embedding_body, parse_embedding_request
 from engines.sim.fixed import FixedTimingCore
 from engines.sim.metrics import render_trtllm, render_vllm
 from engines.sim.perf import kernel_profile
@@ -28,7 +30,6 @@ from engines.sim.protocol import (
     ApiError,
     ChunkMaker,
     Fault,
-    GenRequest,
     parse_fault,
     parse_request,
 )
@@ -111,62 +112,109 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     st = request.app[STATE]
     received_s = st.runtime.engine_now()  # the HTTP request reached the engine
     try:
-        fault = parse_fault(request.headers.get("x-sim-fault"))
-        if fault.stall_s:
-            await asyncio.sleep(fault.stall_s)
-        if fault.status is not None:
-            raise ApiError(fault.status, f"injected fault: status {fault.status}",
-                           ERROR_TYPES.get(fault.status, "Error"))
+        fault = await _apply_fault(request)
         gen = parse_request(await request.read(), kind, st.cfg.model_name,
                             st.deployment.max_model_len)
     except ApiError as exc:
         return _error(exc)
     prefix = "chatcmpl-" if kind == CHAT else "cmpl-"
     response_id = f"{prefix}{st.rng.getrandbits(128):032x}"
+    share = empty_share(st.cfg.empty_text_share, st.cfg.empty_text_share_non_ascii,
+                        gen.non_ascii)
+    texts = TokenTexts(st.rng.getrandbits(64), share)
     request_id = request.headers.get("x-request-id") or response_id
-    try:
-        channel = st.runtime.submit(request_id, gen.prompt_tokens, gen.max_tokens)
-        channel.received_s = received_s
-    except DuplicateRequestError as exc:
-        return _error(ApiError(409, str(exc), "ConflictError"))
-    except ValueError as exc:  # the core refused the request (it cannot fit the KV cache)
-        return _error(ApiError(400, str(exc)))
+    submitted = _submit(st, request_id, gen.prompt_tokens, gen.max_tokens)
+    if isinstance(submitted, web.Response):
+        return submitted
+    channel = submitted
+    channel.received_s = received_s
     maker = ChunkMaker(gen, response_id, int(time.time()))
     try:
         if gen.stream:
-            return await _stream(request, channel, maker, gen, fault, st.cfg.tokens_per_event)
-        return await _unary(request, channel, maker, fault)
+            return await _stream(request, channel, maker, texts, fault, st.cfg.tokens_per_event)
+        return await _unary(request, channel, fault, lambda n: maker.full_body(n, texts.take(n)))
     finally:
         if not channel.done:
             st.runtime.cancel(request_id)
 
 
-async def _unary(request: web.Request, ch: Channel, maker: ChunkMaker,
-                 fault: Fault) -> web.StreamResponse:
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    """Prompt work only: one engine request of all inputs' tokens, no token generated."""
+    st = request.app[STATE]
+    received_s = st.runtime.engine_now()
+    try:
+        fault = await _apply_fault(request)
+        emb = parse_embedding_request(await request.read(), st.cfg.model_name,
+                                      st.deployment.max_model_len, st.deployment.model.hidden)
+    except ApiError as exc:
+        return _error(exc)
+    response_id = f"embd-{st.rng.getrandbits(128):032x}"
+    request_id = request.headers.get("x-request-id") or response_id
+    submitted = _submit(st, request_id, emb.total_tokens, 0)
+    if isinstance(submitted, web.Response):
+        return submitted
+    submitted.received_s = received_s
+    created = int(time.time())
+    try:
+        return await _unary(request, submitted, fault,
+                            lambda _: embedding_body(emb, response_id, created))
+    finally:
+        if not submitted.done:
+            st.runtime.cancel(request_id)
+
+
+async def _apply_fault(request: web.Request) -> Fault:
+    """The request's injected fault; waits out a stall; raises ApiError for a status fault."""
+    fault = parse_fault(request.headers.get("x-sim-fault"))
+    if fault.stall_s:
+        await asyncio.sleep(fault.stall_s)
+    if fault.status is not None:
+        raise ApiError(fault.status, f"injected fault: status {fault.status}",
+                       ERROR_TYPES.get(fault.status, "Error"))
+    return fault
+
+
+def _submit(st: SimState, request_id: str, prompt_tokens: int,
+            max_tokens: int) -> Channel | web.Response:
+    """The request's channel, or the error answer when the engine refuses it."""
+    try:
+        return st.runtime.submit(request_id, prompt_tokens, max_tokens)
+    except DuplicateRequestError as exc:
+        return _error(ApiError(409, str(exc), "ConflictError"))
+    except ValueError as exc:  # the core refused the request (it cannot fit the KV cache)
+        return _error(ApiError(400, str(exc)))
+
+
+async def _unary(request: web.Request, ch: Channel, fault: Fault,
+                 body: Callable[[int], bytes]) -> web.StreamResponse:
+    """Wait for the request to finish; answer `body(completion_tokens)` as JSON."""
     while not ch.done:
         await ch.event.wait()
         ch.event.clear()
         if fault.abort_after is not None and ch.generated >= fault.abort_after:
             return _abort(request)
-    return web.Response(body=maker.full_body(ch.generated), content_type="application/json")
+    return web.Response(body=body(ch.generated), content_type="application/json")
 
 
-async def _stream(request: web.Request, ch: Channel, maker: ChunkMaker, gen: GenRequest,
+async def _stream(request: web.Request, ch: Channel, maker: ChunkMaker, texts: TokenTexts,
                   fault: Fault, per_event: int) -> web.StreamResponse:
+    """vLLM's stream: headers at once, then each SSE event in an HTTP chunk (one transport
+    write) of its own, as uvicorn writes each item of vLLM's generator; the usage chunk and
+    `[DONE]` after a loop turn each, so a client may read either alone and close."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
     if fault.abort_after == 0:
         return _abort(request, resp)
+    runtime = request.app[STATE].runtime
     sent_tokens = sent_events = held = 0
     while True:
         await ch.event.wait()
         ch.event.clear()
         held += ch.pending
         ch.pending = 0
-        out: list[bytes] = []
-        if gen.kind == CHAT and sent_tokens == 0 and held:
-            out.append(maker.role_event())
+        if maker.req.kind == CHAT and sent_tokens == 0 and held:
+            await resp.write(maker.role_event())  # vLLM sends it with the first output
         while held:
             # The first token goes out alone (TTFT); later events carry `per_event` tokens.
             size = 1 if sent_tokens == 0 else per_event
@@ -175,20 +223,27 @@ async def _stream(request: web.Request, ch: Channel, maker: ChunkMaker, gen: Gen
             k = min(size, held)
             held -= k
             sent_tokens += k
-            out.append(maker.token_event(k, sent_tokens, ch.done and not held))
+            await resp.write(maker.token_event(texts.take(k), sent_tokens, ch.done and not held))
+            ch.note_write(runtime.engine_now())
             sent_events += 1
             if fault.abort_after is not None and sent_events >= fault.abort_after:
-                await resp.write(b"".join(out))
                 return _abort(request, resp)
-        if out:
-            await resp.write(b"".join(out))
-            if sent_tokens:
-                ch.note_write(request.app[STATE].runtime.engine_now())
         if ch.done and not held:
             break
-    tail = maker.usage_event(sent_tokens) + DONE_EVENT if gen.include_usage else DONE_EVENT
-    await resp.write(tail)
-    await resp.write_eof()
+    return await _finish_stream(resp, maker, sent_tokens)
+
+
+async def _finish_stream(resp: web.StreamResponse, maker: ChunkMaker,
+                         completion_tokens: int) -> web.StreamResponse:
+    try:
+        if maker.req.include_usage:
+            await asyncio.sleep(0)
+            await resp.write(maker.usage_event(completion_tokens))
+        await asyncio.sleep(0)
+        await resp.write(DONE_EVENT)
+        await resp.write_eof()
+    except ConnectionResetError:
+        pass  # the client read what it needed ([DONE], or the usage chunk) and closed
     return resp
 
 
@@ -284,6 +339,8 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    if cfg.dialect == "vllm":  # trtllm-serve has no embeddings endpoint
+        app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/sim/energy", sim_energy)
     app.router.add_get("/sim/requests", sim_requests)
     app.router.add_get("/sim/requests/{request_id}", sim_request)

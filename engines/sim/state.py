@@ -150,7 +150,9 @@ class EngineCore(Protocol):
     now_s: float
 
     def submit(self, request_id: str, prompt_tokens: int, max_tokens: int, now_s: float) -> None:
-        """Queue a request arriving at `now_s` (engine clock, >= every time seen so far)."""
+        """Queue a request arriving at `now_s` (engine clock, >= every time seen so far).
+        `max_tokens` 0 is a pooling request (embeddings): its prompt's pass and nothing more;
+        it ends with one Emission of 0 tokens (done and first)."""
         ...
 
     def cancel(self, request_id: str, now_s: float) -> None:

@@ -73,14 +73,15 @@ def test_stream_chunks_have_vllm_shapes() -> None:
     maker = ChunkMaker(gen, "chatcmpl-1", 123)
     role = orjson.loads(maker.role_event()[6:])
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    token = orjson.loads(maker.token_event(2, 3, last=True)[6:])
+    token = orjson.loads(maker.token_event(" tok tok", 3, last=True)[6:])
     assert token["object"] == "chat.completion.chunk" and token["id"] == "chatcmpl-1"
     assert token["choices"][0]["delta"]["content"] == " tok tok"
     assert token["choices"][0]["finish_reason"] == "length"
-    assert token["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert token["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                              "completion_tokens_details": None}
     usage = orjson.loads(maker.usage_event(3)[6:])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
-    event = maker.token_event(1, 1, last=False)
+    event = maker.token_event(" tok", 1, last=False)
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n") and b": " not in event[6:]
 
 
