@@ -6,6 +6,10 @@ wall-clock timestamp. Hardware counters can reset (driver reload, GPU reset) or 
 reset is never lost: after a reset the raw counter restarts near zero and the tracker adds
 the last value seen before it as an offset. Energy spent between the last read before a
 reset and the reset itself is unknowable and is not invented.
+
+A tracker's offsets live in one process. A reading also carries the raw counters it came from
+(`EnergyReading.raw_j`), so that whoever keeps the books across process restarts (the
+gateway's ledger) can keep its own offsets and resume them (`ResetTracker.resumed`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ class EnergyReading:
     estimated: bool = False  # True when no hardware counter stands behind the numbers
     resets: int = 0  # counter resets or wraps seen so far by this meter
     idle_power_w: float | None = None  # the source's own idle power, when it publishes one
+    # Each GPU's counter as read, before any reset offset (None: the meter has no raw counter).
+    # Taken from `energy_j` when that came out of a ResetTracker, so no meter has to pass it.
+    raw_j: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.raw_j is None and isinstance(self.energy_j, Tracked):
+            object.__setattr__(self, "raw_j", self.energy_j.raw_j)
 
     @property
     def total_j(self) -> float:
@@ -51,6 +62,18 @@ class Meter(Protocol):
     async def close(self) -> None: ...
 
 
+class Tracked(tuple[float, ...]):
+    """Monotonic joules per GPU (a ResetTracker's output) that remember the raw counters they
+    were made from (`raw_j`)."""
+
+    raw_j: tuple[float, ...]
+
+    def __new__(cls, values: Sequence[float], raw_j: Sequence[float]) -> Tracked:
+        self = super().__new__(cls, values)
+        self.raw_j = tuple(raw_j)
+        return self
+
+
 class ResetTracker:
     """Makes raw per-GPU counters monotonic across resets and wraps."""
 
@@ -61,7 +84,32 @@ class ResetTracker:
         self._offset = [0.0] * n_gpus
         self.resets = 0
 
-    def update(self, raw_j: Sequence[float]) -> tuple[float, ...]:
+    @classmethod
+    def resumed(cls, last_raw_j: Sequence[float], offset_j: Sequence[float],
+                resets: int) -> ResetTracker:
+        """A tracker that continues one stopped earlier: the raw counters it last saw and the
+        offsets it had added. A counter below its last raw value when next read restarted
+        meanwhile, and is handled as a reset seen live."""
+        if len(last_raw_j) != len(offset_j):
+            raise ValueError(f"{len(last_raw_j)} raw counters but {len(offset_j)} offsets")
+        tracker = cls(len(last_raw_j))
+        tracker._last_raw = [float(r) for r in last_raw_j]
+        tracker._offset = [float(o) for o in offset_j]
+        tracker.resets = resets
+        return tracker
+
+    @property
+    def last_raw_j(self) -> tuple[float, ...] | None:
+        """The raw counters of the last update (None before the first)."""
+        raws = [r for r in self._last_raw if r is not None]
+        return tuple(raws) if len(raws) == len(self._last_raw) else None
+
+    @property
+    def offset_j(self) -> tuple[float, ...]:
+        """What is added to each raw counter: the energy counted before its resets."""
+        return tuple(self._offset)
+
+    def update(self, raw_j: Sequence[float]) -> Tracked:
         out = []
         for i, raw in enumerate(raw_j):
             last = self._last_raw[i]
@@ -71,7 +119,7 @@ class ResetTracker:
                 self.resets += 1
             self._last_raw[i] = raw
             out.append(self._offset[i] + raw)
-        return tuple(out)
+        return Tracked(out, raw_j)
 
 
 def pick_gpus(by_index: dict[int, float], gpus: Sequence[int], source: str) -> list[float]:

@@ -24,6 +24,14 @@ class AccountingMetrics:
                                    "idle account", ["engine"], registry=registry)
         self.residual = Gauge("wattgate_accounting_residual_joules", "Energy metered but not "
                               "yet apportioned (carried forward)", ["engine"], registry=registry)
+        self.unaccounted = Gauge("wattgate_energy_unaccounted_joules", "Energy an engine's "
+                                 "counters grew by that no apportioned interval holds and none "
+                                 "will (0 unless joules were lost)", ["engine"],
+                                 registry=registry)
+        self.counter_step = Gauge("wattgate_meter_step_joules", "Largest growth of an engine's "
+                                  "counters between two readings lately: the tolerance of "
+                                  "wattgate_energy_unaccounted_joules", ["engine"],
+                                  registry=registry)
         self.meter_errors = Counter("wattgate_meter_errors", "Failed meter reads",
                                     ["engine"], registry=registry)
         self.meter_resets = Gauge("wattgate_meter_resets", "Counter resets seen", ["engine"],

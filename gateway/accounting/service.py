@@ -16,7 +16,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any
 
@@ -27,6 +27,7 @@ from gateway.accounting.apportion import apportion_by
 from gateway.accounting.chunks import in_chunks
 from gateway.accounting.coefficients import Coefficients, default_for, fit_intervals, fitted
 from gateway.accounting.config import AccountingConfig, LedgerConfig
+from gateway.accounting.counters import EngineCounters, begin_check, unaccounted_j
 from gateway.accounting.energy import Boundary, EnergyTrack
 from gateway.accounting.ledger.base import (
     EngineState,
@@ -91,6 +92,7 @@ class _Engine:
     coeffs: Coefficients
     estimated: bool
     track: EnergyTrack = field(default_factory=EnergyTrack)
+    counters: EngineCounters = field(default_factory=EngineCounters)
     state: EngineState | None = None
     carry_j: float = 0.0
     samples: deque[tuple[float, ...]] = field(
@@ -114,6 +116,7 @@ class AccountingService:
         self._open_since: Callable[[], float | None] = _nothing_open
         self._published: tuple[float | None, float] | None = None  # (open since, when)
         self._is_apportioner = False
+        self._counters_resumed = False
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.metrics = AccountingMetrics(registry) if registry is not None else None
@@ -167,6 +170,7 @@ class AccountingService:
         except LedgerError as exc:
             log.error("stopping with %d request records not written to the ledger: %s",
                       len(self._requests), exc)
+        await self._store_counters()
         await self.ledger.close()
         for eng in self.engines.values():
             with contextlib.suppress(MeterError):
@@ -201,6 +205,8 @@ class AccountingService:
             await self.apportion_ready(now)
 
     async def poll_meters(self) -> None:
+        if not self._counters_resumed:
+            await self._resume_counters()
         engines = [e for e in self.engines.values() if not isinstance(e.meter, ModelMeter)]
         results = await asyncio.gather(*(e.meter.read() for e in engines),
                                        return_exceptions=True)
@@ -212,11 +218,42 @@ class AccountingService:
                 continue
             if isinstance(res, BaseException):
                 raise res
-            eng.track.add(res.timestamp_s, res.total_j, estimated=res.estimated)
+            # The raw counters, not the meter's own monotonic series: the offsets the meter
+            # adds live in its process only; ours are kept in the ledger (counters.py).
+            total_j = eng.counters.update(res.timestamp_s, res.raw_j or res.energy_j)
+            if total_j is None:
+                continue  # stale or repeated reading
+            eng.track.add(res.timestamp_s, total_j, estimated=res.estimated)
             if eng.idle_power_w is None and res.idle_power_w is not None:
                 eng.idle_power_w = res.idle_power_w
             if self.metrics:
-                self.metrics.meter_resets.labels(eng.info.name).set(res.resets + eng.track.resets)
+                self.metrics.meter_resets.labels(eng.info.name).set(
+                    eng.counters.resets + eng.track.resets)
+
+    async def _resume_counters(self) -> None:
+        """Before the first reading: continue each engine's counters where the ledger's
+        apportioner left them, so this process counts on the same series (no re-base, the
+        downtime charged what the counters grew by)."""
+        states = await self.ledger.states()
+        for name, eng in self.engines.items():
+            st = states.get(name)
+            eng.counters = EngineCounters(None if st is None else st.counter)
+        self._counters_resumed = True
+
+    async def _store_counters(self) -> None:
+        """At a clean stop, the apportioner stores its counters as last read, so a reset
+        during the downtime hides only what was spent between this read and the reset."""
+        if not self._is_apportioner:
+            return
+        for name, eng in self.engines.items():
+            st, counter = eng.state, eng.counters.state()
+            if st is None or counter is None or st.apportioned_j is None:
+                continue
+            try:
+                await self.ledger.commit(name, [], [], [], replace(st, counter=counter))
+            except LedgerError as exc:
+                log.warning("stopping without storing the counters of %s: %s", name, exc)
+                return
 
     async def ingest_chunked(self, chunk: int = INGEST_CHUNK,
                              slices: int = INGEST_SLICES) -> None:
@@ -303,8 +340,8 @@ class AccountingService:
                 if st is not None:
                     eng.track.anchor(Boundary(st.boundary_s, st.boundary_j))
                     own = eng.track.energy_at(st.boundary_s)
-                    eng.state = EngineState(name, st.next_interval, st.boundary_s,
-                                            st.boundary_j if own is None else own, st.resets)
+                    eng.state = self._checked(eng, replace(
+                        st, boundary_j=st.boundary_j if own is None else own))
         self._is_apportioner = held
         return held
 
@@ -323,7 +360,16 @@ class AccountingService:
         # next whole interval still get the energy measured while they ran.
         k0 = interval_index(first.time_s, dt)
         e0 = eng.track.energy_at(k0 * dt)
-        return None if e0 is None else EngineState(eng.info.name, k0, k0 * dt, e0)
+        return None if e0 is None else self._checked(eng, EngineState(eng.info.name, k0, k0 * dt,
+                                                                      e0))
+
+    def _checked(self, eng: _Engine, st: EngineState) -> EngineState:
+        """`st` with the check's apportioned sum, begun here where no stored count goes on."""
+        if isinstance(eng.meter, ModelMeter):
+            return st  # no counter to check against
+        latest = eng.track.latest
+        pending_j = 0.0 if latest is None else latest.energy_j - st.boundary_j
+        return replace(st, apportioned_j=begin_check(eng.counters, st.apportioned_j, pending_j))
 
     def _limit(self, now: float, open_since: float | None) -> float:
         """The latest interval end that may be apportioned: settled, and before `open_since`
@@ -430,8 +476,11 @@ class AccountingService:
                             tenant_new)
             if self.metrics:
                 self.metrics.revisions.labels(name).inc()
-        new_state = EngineState(name, ready[-1][0] + 1 if ready else st.next_interval,
-                                boundary_s, boundary_j, eng.track.resets)
+        new_state = EngineState(
+            name, ready[-1][0] + 1 if ready else st.next_interval, boundary_s, boundary_j,
+            eng.track.resets, eng.counters.state() or st.counter,
+            None if st.apportioned_j is None
+            else st.apportioned_j + math.fsum(i.energy_j for i in intervals[:len(ready)]))
         await self.ledger.commit(name, intervals, shares, done, new_state)
         eng.state = new_state
         eng.track.prune(boundary_s)
@@ -527,6 +576,21 @@ class AccountingService:
         if self.metrics and latest is not None:
             self.metrics.residual.labels(eng.info.name).set(
                 max(0.0, latest.energy_j - st.boundary_j - eng.carry_j))
+            gap_j = self.unaccounted_j(eng.info.name)
+            if gap_j is not None:
+                self.metrics.unaccounted.labels(eng.info.name).set(gap_j)
+                self.metrics.counter_step.labels(eng.info.name).set(eng.counters.step_j)
+
+    def unaccounted_j(self, engine: str) -> float | None:
+        """Joules the engine's counters grew by that no apportioned interval holds and none
+        will (0 while none is lost; counters.py); None where nothing is checked (no counter,
+        or not apportioned by this replica)."""
+        eng = self.engines[engine]
+        st, latest, metered_j = eng.state, eng.track.latest, eng.counters.metered_j
+        if st is None or st.apportioned_j is None or latest is None or metered_j is None:
+            return None
+        pending_j = latest.energy_j - st.boundary_j + eng.carry_j
+        return unaccounted_j(metered_j, st.apportioned_j, pending_j)
 
     # --- reads for handlers -------------------------------------------------------------------
 

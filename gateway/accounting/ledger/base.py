@@ -9,6 +9,7 @@ from itertools import repeat
 from operator import add, itemgetter
 from typing import Any, NamedTuple, Protocol
 
+from gateway.accounting.counters import CounterState
 from gateway.accounting.work import Work, WorkRow
 from gateway.errors import WattgateError
 from gateway.records import RequestRecord
@@ -84,13 +85,17 @@ def engine_work(engine: str, rows: Sequence[Work]) -> list[EngineWork]:
 
 @dataclass(frozen=True, slots=True)
 class EngineState:
-    """Where apportioning of one engine stopped: the next interval and the energy boundary."""
+    """Where apportioning of one engine stopped: the next interval and the energy boundary,
+    with the counters the boundary's joules are counted on (so a restarted gateway continues
+    the same series) and the energy of the intervals apportioned since the check began."""
 
     engine: str
     next_interval: int
     boundary_s: float
     boundary_j: float
     resets: int = 0
+    counter: CounterState | None = None  # None: a model meter, or written before schema v6
+    apportioned_j: float | None = None  # None: the check has not begun
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
+import orjson
+
 from gateway.accounting.chunks import in_chunks
+from gateway.accounting.counters import CounterState
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import (
     EngineState,
@@ -36,6 +39,27 @@ def interval_params(i: IntervalRow) -> tuple[Any, ...]:
     return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
             i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
             i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, hour_of(i.start_s))
+
+
+def state_params(st: EngineState) -> tuple[Any, ...]:
+    c = st.counter
+    counter = ((None,) * 5 if c is None else (
+        c.seen_s, orjson.dumps(c.raw_j).decode(), orjson.dumps(c.offset_j).decode(), c.resets,
+        c.metered_j))
+    return (st.engine, st.next_interval, st.boundary_s, st.boundary_j, st.resets, *counter,
+            st.apportioned_j)
+
+
+def state_of(r: Sequence[Any]) -> EngineState:
+    """An engine_state row (sql.STATE_COLUMNS) as an EngineState."""
+    counter = None
+    if r[5] is not None and r[6] is not None and r[7] is not None:
+        # orjson writes the shortest repr of each float and reads it back to the same bits.
+        counter = CounterState(float(r[5]), tuple(map(float, orjson.loads(r[6]))),
+                               tuple(map(float, orjson.loads(r[7]))), int(r[8] or 0),
+                               None if r[9] is None else float(r[9]))
+    return EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]), counter,
+                       None if r[10] is None else float(r[10]))
 
 
 def _num(v: Any) -> Any:
@@ -82,8 +106,7 @@ class SqlLedger(ABC):
 
     async def states(self) -> dict[str, EngineState]:
         rows = await self._fetch(sql.SELECT_STATES, ())
-        return {r[0]: EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]))
-                for r in rows}
+        return {r[0]: state_of(r) for r in rows}
 
     async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
         queries = [(q, (engine, first, last)) for first, last in ranges
@@ -146,9 +169,7 @@ class SqlLedger(ABC):
             (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
         ]
         if state is not None:
-            batches.append((sql.UPSERT_STATE, [(state.engine, state.next_interval,
-                                                state.boundary_s, state.boundary_j,
-                                                state.resets)]))
+            batches.append((sql.UPSERT_STATE, [state_params(state)]))
         await self._transaction(batches)
 
     async def request(self, request_id: str) -> dict[str, Any] | None:

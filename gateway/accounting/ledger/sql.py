@@ -84,6 +84,13 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             FROM work GROUP BY engine, interval_idx""",
         "DROP INDEX IF EXISTS work_pending",
     )),
+    # An engine's counters survive a gateway restart: per GPU the raw counter last seen and
+    # the offset added to it (JSON arrays), so the next gateway continues the same series and
+    # charges the downtime; and the check's two sums (the counters' growth, the energy of the
+    # intervals apportioned) since it began. NULL where a gateway before v6 wrote the row.
+    (6, tuple(f"ALTER TABLE engine_state ADD COLUMN {column}" for column in (
+        "counter_seen_s {REAL}", "counter_raw_j TEXT", "counter_offset_j TEXT",
+        "counter_resets INTEGER", "metered_j {REAL}", "apportioned_j {REAL}"))),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -126,7 +133,9 @@ UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES 
 # The earliest watermark of the replicas heard from since a time (the others are gone).
 SELECT_OPEN_SINCE = """SELECT MIN(open_since_s) FROM replicas
     WHERE seen_s >= ? AND open_since_s IS NOT NULL"""
-SELECT_STATES = "SELECT engine, next_interval, boundary_s, boundary_j, resets FROM engine_state"
+STATE_COLUMNS = ("engine, next_interval, boundary_s, boundary_j, resets, counter_seen_s, "
+                 "counter_raw_j, counter_offset_j, counter_resets, metered_j, apportioned_j")
+SELECT_STATES = f"SELECT {STATE_COLUMNS} FROM engine_state"
 # A WorkRow's columns. Tenants are read apart, once per request (SELECT_TENANTS), not joined
 # onto each of its rows.
 SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv
@@ -165,10 +174,13 @@ DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-UPSERT_STATE = """INSERT INTO engine_state (engine, next_interval, boundary_s, boundary_j, resets)
-    VALUES (?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
+UPSERT_STATE = f"""INSERT INTO engine_state ({STATE_COLUMNS})
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
     next_interval = excluded.next_interval, boundary_s = excluded.boundary_s,
-    boundary_j = excluded.boundary_j, resets = excluded.resets"""
+    boundary_j = excluded.boundary_j, resets = excluded.resets,
+    counter_seen_s = excluded.counter_seen_s, counter_raw_j = excluded.counter_raw_j,
+    counter_offset_j = excluded.counter_offset_j, counter_resets = excluded.counter_resets,
+    metered_j = excluded.metered_j, apportioned_j = excluded.apportioned_j"""
 
 SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
     arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, first_interval,
