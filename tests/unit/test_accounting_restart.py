@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from engines.meters.base import EnergyReading, ResetTracker
-from gateway.accounting.ledger.base import Ledger
+from gateway.accounting.ledger.base import EngineState, Ledger
+from gateway.accounting.ledger.common import SqlLedger
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.accounting.work import interval_index
@@ -76,14 +78,18 @@ class Outcome:
     downtime_truth_j: float  # the counter's growth over that same window
     late: list[dict[str, object]]  # requests that finished in the last 3 s before the stop
     services: list[AccountingService]
+    unaccounted_j: float  # the check's gauge at the end
+    step_j: float  # its tolerance: the largest counter step seen
 
 
 async def scenario(make_ledger: Callable[[], Awaitable[Ledger]], *, seed: int,
                    resets_at: Sequence[float], own_tracker: bool, stop_at: float,
-                   down_s: float) -> Outcome:
+                   down_s: float, while_down: Callable[[Ledger], Awaitable[None]] | None = None,
+                   ) -> Outcome:
     """Run a gateway's accounting until `stop_at`, stop it, leave it down `down_s` while the
-    engine keeps drawing power, start a new one on the same ledger, run to the end.
-    `resets_at` are times (from T0_WALL) when the engine's counter restarts from 0."""
+    engine keeps drawing power (and `while_down` does what it does to the ledger), start a
+    new one on the same ledger, run to the end. `resets_at` are times (from T0_WALL) when the
+    engine's counter restarts from 0."""
     run = run_engine(seed, duration_s=30.0)
     clock = Clock(T0_WALL)
     resets = [T0_WALL + r for r in resets_at]
@@ -94,11 +100,12 @@ async def scenario(make_ledger: Callable[[], Awaitable[Ledger]], *, seed: int,
     await svc.ledger.open()
     await drive(svc, run, clock, T0_WALL + stop_at, step_s=STEP_S)
     await svc.stop()
-    stopped = (await _state(make_ledger)).boundary_s
+    stopped = (await _state(make_ledger, while_down)).boundary_s
     clock.t += down_s  # the gateway is down; the engine is not
     second = CounterMeter(run, clock, resets, own_tracker)
+    registry = CollectorRegistry()
     svc2 = AccountingService(make_config(), engines, ledger=await make_ledger(),
-                             meters={"e0": second}, clock=clock)
+                             meters={"e0": second}, clock=clock, registry=registry)
     await svc2.ledger.open()
     await drive(svc2, run, clock, run.readings[-1][0], step_s=STEP_S)
     ledger = svc2.ledger
@@ -122,14 +129,26 @@ async def scenario(make_ledger: Callable[[], Awaitable[Ledger]], *, seed: int,
         counter_j=truth_at(run, state.boundary_s) - truth_at(run, first.reads[0]) - hidden,
         downtime_j=math.fsum(i.energy_j for i in intervals if i.interval_idx >= k_stop),
         downtime_truth_j=truth_at(run, state.boundary_s) - truth_at(run, stopped) - hidden_down,
-        late=[r for r in late if r is not None], services=[svc, svc2])
+        late=[r for r in late if r is not None], services=[svc, svc2],
+        unaccounted_j=_gauge(registry, "wattgate_energy_unaccounted_joules"),
+        step_j=_gauge(registry, "wattgate_meter_step_joules"))
 
 
-async def _state(make_ledger: Callable[[], Awaitable[Ledger]]) -> object:
+def _gauge(registry: CollectorRegistry, name: str) -> float:
+    value = registry.get_sample_value(name, {"engine": "e0"})
+    assert value is not None, f"{name} not published"
+    return value
+
+
+async def _state(make_ledger: Callable[[], Awaitable[Ledger]],
+                 while_down: Callable[[Ledger], Awaitable[None]] | None) -> EngineState:
     ledger = await make_ledger()
     await ledger.open()
     try:
-        return (await ledger.states())["e0"]
+        state = (await ledger.states())["e0"]
+        if while_down is not None:
+            await while_down(ledger)
+        return state
     finally:
         await ledger.close()
 
@@ -141,6 +160,7 @@ def assert_no_energy_lost(out: Outcome) -> None:
     assert out.intervals_j == pytest.approx(out.counter_j, rel=1e-9)
     assert out.downtime_j == pytest.approx(out.downtime_truth_j, rel=1e-9)
     assert out.shares_idle_j == pytest.approx(out.intervals_j, rel=1e-9)
+    assert abs(out.unaccounted_j) <= 1e-9 * out.counter_j < out.step_j  # the check is quiet
     assert out.late
     assert all(r["final"] and float(str(r["energy_j"])) > 0.0 for r in out.late)
 
@@ -181,4 +201,32 @@ async def test_reset_while_the_gateway_is_down_charges_the_counter_after_it(
     out = await scenario(sqlite_ledgers(tmp_path), seed=43, resets_at=[17.5],
                          own_tracker=own_tracker, stop_at=15.0, down_s=6.0)
     assert_no_energy_lost(out)
+    await out.services[1].stop()
+
+
+async def _lose_the_offsets(ledger: Ledger) -> None:
+    """What a gateway that forgot the counters' offsets did (the reported bug): it read the
+    raw counters from scratch, found them below the boundary, and re-based the series."""
+    assert isinstance(ledger, SqlLedger)
+    await ledger._transaction([("UPDATE engine_state SET counter_offset_j = ?", [("[0.0]",)])])
+
+
+async def lost_window_scenario(make_ledger: Callable[[], Awaitable[Ledger]]) -> Outcome:
+    return await scenario(make_ledger, seed=44, resets_at=[6.0], own_tracker=True,
+                          stop_at=14.0, down_s=6.0, while_down=_lose_the_offsets)
+
+
+def assert_the_check_fires(out: Outcome) -> None:
+    """The window the re-base lost (the downtime: the ledger charged it less than the counter
+    grew) is what the check reports, far beyond a counter step."""
+    lost_j = out.downtime_truth_j - out.downtime_j
+    assert lost_j > 5 * 90.0  # at least the 6 s down at idle power, less the 1 s settled
+    assert out.unaccounted_j == pytest.approx(lost_j, rel=1e-9)
+    assert out.unaccounted_j > 10 * out.step_j
+
+
+@pytest.mark.timeout(90)
+async def test_the_check_reports_a_deliberately_lost_window(tmp_path: Path) -> None:
+    out = await lost_window_scenario(sqlite_ledgers(tmp_path))
+    assert_the_check_fires(out)
     await out.services[1].stop()
