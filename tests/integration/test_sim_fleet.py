@@ -83,8 +83,9 @@ async def test_one_engine_serves_hundreds_of_concurrent_streams() -> None:
                 async with s.post(f"{url}/v1/completions", json=body,
                                   headers={"x-request-id": f"c{i}"}) as r:
                     async for line in r.content:
-                        if line.startswith(b"data: {"):
-                            got += orjson.loads(line[6:])["choices"][0]["text"].count("tok")
+                        # one token per event; some events carry "" (split character)
+                        if line.startswith(b"data: {") and orjson.loads(line[6:])["choices"]:
+                            got += 1
                 return got
 
             t0 = time.monotonic()
