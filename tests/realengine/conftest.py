@@ -30,6 +30,7 @@ API_KEY_ENV = "WATTGATE_REALENGINE_KEY"
 STARTUP_TIMEOUT_S = 300.0  # about a minute each on 2 cores; both start at once
 MAX_NUM_SEQS = 4  # small, so a handful of requests puts some in vLLM's waiting queue
 PRECISIONS = ("bf16", "fp16")  # one per instance
+ENGINE_NICE = 10
 
 
 def _in_ci() -> bool:
@@ -65,6 +66,7 @@ class Gateway:
     url: str
     api_key: str
     log: Path
+    access_log: Path | None = None  # the gateway's per-request JSON lines, when configured
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -95,13 +97,15 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
             port = free_port()
             server = VllmServer(f"vllm-{precision}-{i}", precision, f"http://127.0.0.1:{port}",
                                 logs / f"vllm-{i}.log")
-            cmd = wattgate_cmd(
+            # Niced: on 2 cores the engines' compute would otherwise delay the gateway and the
+            # test clients whenever they wake, and the client tests compare those two clocks.
+            cmd = ["nice", "-n", str(ENGINE_NICE), *wattgate_cmd(
                 "engines", "launch", "--model", str(tiny_model), "--precision", precision,
                 "--port", str(port), "--served-model-name", SERVED_NAME, "--",
                 "--max-model-len", "512", "--max-num-seqs", str(MAX_NUM_SEQS),
                 # Eager mode skips torch.compile warm-up (~30 s of CPU per server); the
                 # suite tests the serving surface, not kernel speed.
-                "--enforce-eager")
+                "--enforce-eager")]
             # Start both before waiting on either: startup is mostly per-process CPU work.
             procs.append(stack.enter_context(running(cmd, env=env, log=server.log)))
             servers.append(server)
@@ -117,13 +121,16 @@ def vllm_servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
         yield tuple(servers)
 
 
-def gateway_config(servers: tuple[VllmServer, ...], port: int) -> str:
-    """The gateway's YAML: both servers as endpoints of one model, round-robin routing."""
+def gateway_config(servers: tuple[VllmServer, ...], port: int, access_log: Path | None = None
+                   ) -> str:
+    """The gateway's YAML: both servers as endpoints of one model, round-robin routing, and
+    with `access_log` one JSON line per finished request written there."""
     endpoints = "\n".join(
         f"      - {{name: {s.name}, url: \"{s.url}\", kind: vllm, precision: {s.precision}, "
         f"model: {SERVED_NAME}}}" for s in servers)
+    log_line = "" if access_log is None else f"access_log: \"{access_log}\"\n"
     return f"""\
-listen: {{host: 127.0.0.1, port: {port}}}
+{log_line}listen: {{host: 127.0.0.1, port: {port}}}
 routing: {{policy: round_robin}}
 slo_classes:
   batch: {{ttft_s: 30.0, tpot_s: 5.0}}
@@ -154,26 +161,43 @@ def _has_serve() -> bool:
 def gateway(vllm_servers: tuple[VllmServer, ...], tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Gateway]:
     """`wattgate serve` with both vLLM servers behind one model."""
+    with _serve(vllm_servers, tmp_path_factory.mktemp("gateway"), access_log=False) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="session")
+def logged_gateway(vllm_servers: tuple[VllmServer, ...], tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[Gateway]:
+    """A second `wattgate serve` on the same vLLM servers, writing an access log that only the
+    client tests' requests reach (after one warm-up request), so they can read its lines in
+    order."""
+    with _serve(vllm_servers, tmp_path_factory.mktemp("logged-gateway"), access_log=True) as gw:
+        yield gw
+
+
+@contextlib.contextmanager
+def _serve(servers: tuple[VllmServer, ...], work: Path, access_log: bool) -> Iterator[Gateway]:
     if not gateway_available():
         reason = "`wattgate serve` is not available in this checkout"
         if _in_ci():
             pytest.fail(f"CI=true and {reason}", pytrace=False)
         pytest.skip(reason)
-    work = tmp_path_factory.mktemp("gateway")
     port = free_port()
     config = work / "gateway.yaml"
-    config.write_text(gateway_config(vllm_servers, port))
+    log_path = work / "access.jsonl" if access_log else None
+    config.write_text(gateway_config(servers, port, log_path))
     log = work / "gateway.log"
     cmd = wattgate_cmd("serve", "--config", str(config), "--port", str(port))
     env = {API_KEY_ENV: API_KEY}
-    try:
-        with running(cmd, f"http://127.0.0.1:{port}/v1/models", timeout_s=60, env=env,
-                     log=log):
-            gw = Gateway(f"http://127.0.0.1:{port}", API_KEY, log)
-            _wait_routable(gw, vllm_servers)
-            yield gw
-    except (RuntimeError, TimeoutError) as exc:
-        raise RuntimeError(f"gateway did not start: {exc}\n{_tail(log)}") from None
+    gw = Gateway(f"http://127.0.0.1:{port}", API_KEY, log, log_path)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(running(cmd, f"{gw.url}/v1/models", timeout_s=60, env=env,
+                                        log=log))
+            _wait_routable(gw, servers)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"gateway did not start: {exc}\n{_tail(log)}") from None
+        yield gw
 
 
 def _wait_routable(gw: Gateway, servers: tuple[VllmServer, ...], timeout_s: float = 30.0) -> None:
