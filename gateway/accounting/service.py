@@ -246,11 +246,11 @@ class AccountingService:
         if not self._is_apportioner:
             return
         for name, eng in self.engines.items():
-            st, counter = eng.state, eng.counters.state()
-            if st is None or counter is None or st.apportioned_j is None:
+            counter = eng.counters.state()
+            if eng.state is None or counter is None:
                 continue
             try:
-                await self.ledger.commit(name, [], [], [], replace(st, counter=counter))
+                await self.ledger.store_counter(name, counter)
             except LedgerError as exc:
                 log.warning("stopping without storing the counters of %s: %s", name, exc)
                 return

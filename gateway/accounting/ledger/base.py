@@ -221,6 +221,11 @@ class Ledger(Protocol):
         read) intervals clean unless written to since, and move the engine's state."""
         ...
 
+    async def store_counter(self, engine: str, counter: CounterState) -> None:
+        """Store an engine's counters as last read (an engine with a state only), leaving
+        where its apportioning stands as it is."""
+        ...
+
     async def request(self, request_id: str) -> dict[str, Any] | None:
         """One request with its energy, carbon and cost totals and finality."""
         ...

@@ -41,13 +41,16 @@ def interval_params(i: IntervalRow) -> tuple[Any, ...]:
             i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, hour_of(i.start_s))
 
 
+def counter_params(c: CounterState | None) -> tuple[Any, ...]:
+    if c is None:
+        return (None,) * 5
+    return (c.seen_s, orjson.dumps(c.raw_j).decode(), orjson.dumps(c.offset_j).decode(),
+            c.resets, c.metered_j)
+
+
 def state_params(st: EngineState) -> tuple[Any, ...]:
-    c = st.counter
-    counter = ((None,) * 5 if c is None else (
-        c.seen_s, orjson.dumps(c.raw_j).decode(), orjson.dumps(c.offset_j).decode(), c.resets,
-        c.metered_j))
-    return (st.engine, st.next_interval, st.boundary_s, st.boundary_j, st.resets, *counter,
-            st.apportioned_j)
+    return (st.engine, st.next_interval, st.boundary_s, st.boundary_j, st.resets,
+            *counter_params(st.counter), st.apportioned_j)
 
 
 def state_of(r: Sequence[Any]) -> EngineState:
@@ -171,6 +174,9 @@ class SqlLedger(ABC):
         if state is not None:
             batches.append((sql.UPSERT_STATE, [state_params(state)]))
         await self._transaction(batches)
+
+    async def store_counter(self, engine: str, counter: CounterState) -> None:
+        await self._transaction([(sql.UPDATE_COUNTER, [(*counter_params(counter), engine)])])
 
     async def request(self, request_id: str) -> dict[str, Any] | None:
         rows = await self._fetch(sql.SELECT_REQUEST, (request_id,))

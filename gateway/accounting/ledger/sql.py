@@ -181,6 +181,10 @@ UPSERT_STATE = f"""INSERT INTO engine_state ({STATE_COLUMNS})
     counter_seen_s = excluded.counter_seen_s, counter_raw_j = excluded.counter_raw_j,
     counter_offset_j = excluded.counter_offset_j, counter_resets = excluded.counter_resets,
     metered_j = excluded.metered_j, apportioned_j = excluded.apportioned_j"""
+# A clean stop's last counters, without touching where apportioning stands (the stopping
+# process may not have seen its own last commit complete).
+UPDATE_COUNTER = """UPDATE engine_state SET counter_seen_s = ?, counter_raw_j = ?,
+    counter_offset_j = ?, counter_resets = ?, metered_j = ? WHERE engine = ?"""
 
 SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
     arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, first_interval,
