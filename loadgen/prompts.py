@@ -4,9 +4,9 @@
 found by `gateway.tokenizer`) encodes to exactly N tokens. Its text is words taken from the
 tokenizer's own vocabulary: only words that add exactly one token after another word (" w"
 is one token) are kept, and the first word is one the tokenizer encodes alone as one token,
-so N tokens are close to N words; every prompt is still encoded once and trimmed or padded
-by whole words until the count is exact (a word boundary never merges in a pre-tokenized
-vocabulary, so trimming a word removes its tokens and no others).
+so a draft of N words is N tokens; every prompt is still encoded (in one batch) and trimmed
+or padded by whole words until the count is exact (a word boundary never merges in a
+pre-tokenized vocabulary, so trimming a word removes its tokens and no others).
 - completions: the count includes the special tokens the tokenizer adds (e.g. BOS), as the
   engine reports them in `usage.prompt_tokens`.
 - chat: the message content encodes to N tokens; the engine adds its chat template's.
