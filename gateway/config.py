@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
 ENGINE_KINDS: tuple[str, ...] = ("vllm", "trtllm", "openai")
 ROUTING_POLICIES: tuple[str, ...] = ("round_robin", "least_load", "prefix_affinity")
+LOG_FORMATS: tuple[str, ...] = ("text", "json")
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,23 @@ class Timeouts:
 class Retries:
     max_attempts: int = 3
     deadline_s: float = 10.0  # no new attempt starts after this many seconds
+    # Envoy's retry budget: retries in flight stay within this share of the requests in
+    # flight (but min_retry_concurrency are always allowed), so a failing fleet is not
+    # hammered with retries on top of its load
+    budget_percent: float = 20.0
+    min_retry_concurrency: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class OutlierDetection:
+    """Envoy-style passive ejection: an engine that keeps failing requests (connect errors,
+    first-byte timeouts, invalid HTTP, 5xx, broken streams) leaves the pool for a while,
+    whatever its health endpoint says."""
+
+    consecutive_failures: int = 5
+    base_ejection_s: float = 30.0  # times the number of times it was ejected
+    max_ejection_s: float = 300.0
+    max_ejection_percent: float = 50.0  # of a pool at once (one may always be ejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +125,17 @@ class Listen:
     host: str = "127.0.0.1"
     port: int = 8080
     keepalive_s: float = 75.0  # idle client connections close after this (nginx's default)
+    header_timeout_s: float = 10.0  # a whole request head, from connect or the last response
+    body_timeout_s: float = 30.0  # a whole body, after its head, plus size / min rate:
+    body_min_bytes_per_s: float = 65536.0
+    max_connections: int = 4096  # open client connections per process; past it 503
+    max_inflight: int = 1024  # requests served at once per process; past it 503
+
+
+@dataclass(frozen=True, slots=True)
+class Logging:
+    format: str = "text"  # "text" or "json" (one JSON object per line)
+    level: str = "info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +148,9 @@ class GatewayConfig:
     routing: Routing = Routing()
     timeouts: Timeouts = Timeouts()
     retries: Retries = Retries()
+    outlier_detection: OutlierDetection = OutlierDetection()
     health: HealthCheck = HealthCheck()
+    logging: Logging = Logging()
     max_body_bytes: int = 4 * 1024 * 1024
     drain_timeout_s: float = 30.0
     admin_key_sha256: str = field(default="", repr=False)
@@ -186,8 +219,8 @@ class FieldReader:
         value = self.get(key, default)
         if value is None:
             raise ConfigError(self.at(key), "is required")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(self.at(key), "must be a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(self.at(key), "must be a finite number")
         if value < minimum or (value == minimum and not inclusive):
             raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
         return float(value)
@@ -370,6 +403,32 @@ def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None
     return acct
 
 
+_Section = TypeVar("_Section")
+
+
+def section(r: FieldReader, cls: type[_Section], *, minimums: Mapping[str, float] | None = None,
+            choices: Mapping[str, tuple[str, ...]] | None = None) -> _Section:
+    """A flat config section read into its dataclass, each default written once (in the
+    dataclass): numbers are > 0 unless `minimums` says otherwise, integers >= 1, strings
+    one of `choices` where given. Unknown keys are refused, naming the field."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = f.default
+        low = (minimums or {}).get(f.name)
+        if isinstance(default, bool):
+            values[f.name] = r.flag(f.name, default)
+        elif isinstance(default, int):
+            values[f.name] = r.integer(f.name, default, minimum=int(1 if low is None else low))
+        elif isinstance(default, float):
+            values[f.name] = r.number(f.name, default, minimum=0.0 if low is None else low)
+        elif choices and f.name in choices:
+            values[f.name] = r.choice(f.name, choices[f.name], str(default))
+        else:
+            values[f.name] = r.text(f.name, str(default))
+    r.finish()
+    return cls(**values)
+
+
 def _access_log(root: FieldReader, base_dir: Path | None) -> str:
     value = root.get("access_log")
     if value is None or value == "":
@@ -389,10 +448,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
     """
     env = os.environ if env is None else env
     root = FieldReader(data if data is not None else {}, "")
-    lr = root.sub("listen")
-    listen = Listen(host=lr.text("host", "127.0.0.1"), port=lr.integer("port", 8080, minimum=0),
-                    keepalive_s=lr.number("keepalive_s", 75.0))
-    lr.finish()
+    listen = section(root.sub("listen"), Listen, minimums={"port": 0})
     slo_classes = _slo_classes(root)
     slo_names = {s.name for s in slo_classes}
     default_slo = root.text("default_slo_class", slo_classes[0].name)
@@ -413,9 +469,10 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         read_s=tr.number("read_s", 30.0), total_s=tr.number("total_s", 600.0),
     )
     tr.finish()
-    rt = root.sub("retries")
-    retries = Retries(max_attempts=rt.integer("max_attempts", 3), deadline_s=rt.number("deadline_s", 10.0))
-    rt.finish()
+    retries = section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0})
+    outlier = section(root.sub("outlier_detection"), OutlierDetection)
+    log_cfg = section(root.sub("logging"), Logging,
+                      choices={"format": LOG_FORMATS, "level": LOG_LEVELS})
     hr = root.sub("health")
     health = HealthCheck(
         interval_s=hr.number("interval_s", 2.0), timeout_s=hr.number("timeout_s", 1.0),
@@ -436,7 +493,9 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         routing=routing,
         timeouts=timeouts,
         retries=retries,
+        outlier_detection=outlier,
         health=health,
+        logging=log_cfg,
         max_body_bytes=root.integer("max_body_bytes", 4 * 1024 * 1024),
         drain_timeout_s=root.number("drain_timeout_s", 30.0),
         admin_key_sha256=admin_hash,

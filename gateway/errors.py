@@ -6,7 +6,10 @@ Every error a client can see is a `WattgateError` carrying an HTTP status, an Op
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any, ClassVar
 
 import orjson
 
@@ -14,19 +17,27 @@ import orjson
 class WattgateError(Exception):
     """Base of every error the gateway raises on purpose."""
 
-    status: ClassVar[int] = 500
+    status: int = 500  # an instance may carry another (an engine's own error status)
     error_type: ClassVar[str] = "server_error"
     default_code: ClassVar[str] = "internal_error"
 
-    def __init__(self, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.message = message
         self.code = code or self.default_code
         self.param = param
+        self.retry_after_s = retry_after_s
 
     def body(self) -> bytes:
         """The OpenAI-style JSON body: {"error": {"message", "type", "param", "code"}}."""
         return error_body(self.message, self.error_type, self.code, self.param)
+
+    def headers(self) -> dict[str, str]:
+        """Headers that go with the error (`Retry-After` where the client should wait)."""
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": f"{max(1, math.ceil(self.retry_after_s))}"}
 
 
 def error_body(message: str, error_type: str, code: str, param: str | None = None) -> bytes:
@@ -75,6 +86,13 @@ class PayloadTooLargeError(RequestError):
     default_code = "request_too_large"
 
 
+class RequestTimeoutError(RequestError):
+    """The client did not send its request head or body in time."""
+
+    status = 408
+    default_code = "request_timeout"
+
+
 class UnsupportedMediaTypeError(RequestError):
     status = 415
     default_code = "unsupported_media_type"
@@ -96,6 +114,20 @@ class UpstreamError(WattgateError):
     default_code = "upstream_error"
 
 
+class UpstreamHttpError(UpstreamError):
+    """The engine answered with an error status: its status and message, in our shape."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None,
+                 error_type: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message, code=code or f"upstream_http_{status}",
+                         retry_after_s=retry_after_s)
+        self.status = status
+        self._type = error_type
+
+    def body(self) -> bytes:
+        return error_body(self.message, self._type or self.error_type, self.code, self.param)
+
+
 class UpstreamTimeoutError(UpstreamError):
     status = 504
     default_code = "upstream_timeout"
@@ -105,3 +137,50 @@ class ShuttingDownError(WattgateError):
     status = 503
     error_type = "service_unavailable"
     default_code = "shutting_down"
+
+
+class OverloadedError(WattgateError):
+    """The gateway process is at one of its own limits (connections, requests in flight,
+    file descriptors, memory): not an engine's fault, and worth a retry shortly."""
+
+    status = 503
+    error_type = "service_unavailable"
+    default_code = "overloaded"
+
+    def __init__(self, message: str, *, code: str | None = None, retry_after_s: float = 1.0):
+        super().__init__(message, code=code, retry_after_s=retry_after_s)
+
+
+MAX_ENGINE_MESSAGE = 1000  # characters of an engine's error message passed on
+
+
+def engine_error(status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()
+                 ) -> UpstreamHttpError:
+    """An engine's error answer in the gateway's shape: its status, its message (from an
+    OpenAI-style `{"error": {...}}`, vLLM's older top-level `{"message": ...}`, FastAPI's
+    `{"detail": ...}`, or the text itself), its string `code` and `type` where it gave them,
+    and its `Retry-After` (seconds)."""
+    message = code = error_type = None
+    doc: Any = None
+    if body[:1] == b"{":
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None
+    if isinstance(doc, dict):
+        err = doc["error"] if isinstance(doc.get("error"), dict) else doc
+        message = err.get("message") if isinstance(err.get("message"), str) else None
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+        error_type = err.get("type") if isinstance(err.get("type"), str) else None
+        if message is None and isinstance(doc.get("detail"), str):
+            message = doc["detail"]
+    if message is None:
+        message = body.decode("utf-8", "replace").strip()
+    if not message:
+        message = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
+    retry_after = None
+    for name, value in headers:
+        if name.lower() == b"retry-after" and value.strip().isdigit():
+            retry_after = float(value.strip())
+    return UpstreamHttpError(status, message[:MAX_ENGINE_MESSAGE], code=code,
+                             error_type=error_type, retry_after_s=retry_after)

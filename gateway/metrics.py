@@ -72,6 +72,15 @@ class GatewayMetrics:
                                        ("engine", "reason"), registry=r)
         self.retries = Counter("wattgate_retries", "Requests re-sent to another endpoint",
                                ("model",), registry=r)
+        self.retries_refused = Counter("wattgate_retries_refused",
+                                       "Retries not made: the retry budget was spent",
+                                       ("model",), registry=r)
+        self.local_errors = Counter("wattgate_local_errors",
+                                    "The gateway's own resource errors (EMFILE, ENFILE, ENOMEM, "
+                                    "...): never an engine's fault", ("reason",), registry=r)
+        self.client_errors = Counter("wattgate_client_connection_errors",
+                                     "Client connections closed by the gateway's edge limits",
+                                     ("reason",), registry=r)
         self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
                                       "1 when the endpoint passes health checks",
                                       ("model", "engine", "precision"), registry=r)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -19,11 +20,13 @@ from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, Tenant
 from gateway.errors import (
     ModelNotFoundError,
+    OverloadedError,
     RoutingError,
     ShuttingDownError,
     UpstreamError,
     UpstreamTimeoutError,
     WattgateError,
+    engine_error,
     error_body,
 )
 from gateway.exchange import AiohttpExchange, Exchange
@@ -64,7 +67,8 @@ class Flight:
     """Mutable timeline and outcome of one request while it is served."""
 
     __slots__ = ("arrived_s", "arrived_wall_s", "attempts", "body", "completion_tokens",
-                 "delivered", "dispatched_s", "endpoint", "engine_done_s", "first_byte_s",
+                 "delivered", "dispatched_s", "endpoint", "engine_done_s", "engine_failed",
+                 "first_byte_s",
                  "first_token_s", "http_status", "model", "prompt_source", "prompt_tokens",
                  "read_events", "read_times", "request_id", "slo_class", "status", "stream",
                  "tenant", "upstream_status", "usage_known")
@@ -93,6 +97,7 @@ class Flight:
         # The client got the whole answer ([DONE], or the final usage chunk it asked for, was
         # handed to its socket): whoever closes first after that, the request is `ok`.
         self.delivered = False
+        self.engine_failed = False  # the engine broke the response (outlier detection counts it)
         self.attempts = 0
         self.status = "ok"
         self.http_status = 200
@@ -127,6 +132,7 @@ class Proxy:
         self.config = config
         self.counter = counter or PromptCounter({})
         self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
+        self._retrying = 0  # retry attempts in flight (the retry budget)
         self.metrics = metrics
         self.upstreams = upstreams
         self.client = client
@@ -174,7 +180,7 @@ class Proxy:
         except WattgateError as exc:
             flight.fail(exc)
             exchange.reply(exc.status, exc.body(), "application/json",
-                           {REQUEST_ID_HEADER: flight.request_id})
+                           {REQUEST_ID_HEADER: flight.request_id, **exc.headers()})
         except asyncio.CancelledError:
             if not flight.delivered:
                 flight.status, flight.http_status = "client_disconnected", 499
@@ -224,6 +230,9 @@ class Proxy:
     async def _serve(self, exchange: Exchange, flight: Flight) -> None:
         if self.draining:
             raise ShuttingDownError("the gateway is shutting down; retry on another replica")
+        if self.inflight > self.config.listen.max_inflight:
+            raise OverloadedError("the gateway is serving as many requests as it takes at once "
+                                  "(listen.max_inflight); retry shortly")
         tenant = self.auth.tenant(exchange.header("authorization"))
         flight.tenant, flight.slo_class = tenant.name, tenant.slo_class
         check_content_type(exchange.header("content-type") or "")
@@ -268,17 +277,33 @@ class Proxy:
                 if last_error is not None:
                     raise last_error from None
                 raise
+            retry = bool(tried)
+            if retry:
+                if not self._retry_allowed():
+                    assert last_error is not None
+                    self.metrics.retries_refused.labels(parsed.model).inc()
+                    raise last_error
+                self.metrics.retries.labels(parsed.model).inc()
+                self._retrying += 1
             tried.append(state.endpoint.name)
             flight.attempts += 1
-            if flight.attempts > 1:
-                self.metrics.retries.labels(parsed.model).inc()
             flight.endpoint = state
             try:
                 return await self._attempt(exchange, flight, state, parsed, raw)
             except _RetryableError as exc:
                 last_error = exc.error
+            finally:
+                if retry:
+                    self._retrying -= 1
         assert last_error is not None
         raise last_error
+
+    def _retry_allowed(self) -> bool:
+        """Envoy's retry budget: retries in flight within budget_percent of the requests in
+        flight, min_retry_concurrency always allowed."""
+        retries = self.config.retries
+        return self._retrying < max(retries.min_retry_concurrency,
+                                    retries.budget_percent / 100.0 * self.inflight)
 
     def upstream_error(self, engine: str, reason: str) -> None:
         self.metrics.upstream_errors.labels(engine, reason).inc()
@@ -299,37 +324,52 @@ class Proxy:
                 try:
                     upstream = await self.client.post(ep.url, exchange.path, body, headers)
                 except (UpstreamConnectError, UpstreamClosedError) as exc:
+                    reason = local_resource_error(exc)
+                    if reason is not None:  # the gateway's own limit, not the engine's fault
+                        self.metrics.local_errors.labels(reason).inc()
+                        raise OverloadedError("the gateway is out of a local resource "
+                                              f"({reason}); retry shortly") from None
                     self.upstream_error(ep.name, "connect")
-                    self.upstreams.eject(state)
+                    self.upstreams.failed(state)
                     raise _RetryableError(UpstreamError(
                         f"engine {ep.name} is unreachable")) from exc
                 except UpstreamHeadTimeout:
                     self.upstream_error(ep.name, "timeout")
+                    self.upstreams.failed(state)
                     raise UpstreamTimeoutError(
                         f"engine {ep.name} did not answer within "
                         f"{timeouts.first_byte_s:g} s") from None
-                except UpstreamProtocolError as exc:
+                except UpstreamProtocolError:
                     self.upstream_error(ep.name, "protocol")
-                    raise UpstreamError(f"engine {ep.name} sent an invalid HTTP response"
-                                        ) from exc
+                    self.upstreams.failed(state)
+                    raise UpstreamError(f"engine {ep.name} sent an invalid HTTP response",
+                                        code="upstream_protocol_error") from None
                 try:
                     flight.first_byte_s = self.clock()
                     flight.upstream_status = upstream.status
                     if upstream.status >= 500:
+                        error_bytes = b""
                         with contextlib.suppress(UpstreamFailure):
-                            await upstream.read_all()
+                            error_bytes = await upstream.read_all()
                         self.upstream_error(ep.name, f"http_{upstream.status}")
-                        raise _RetryableError(UpstreamError(
-                            f"engine {ep.name} answered HTTP {upstream.status}"))
+                        self.upstreams.failed(state)
+                        raise _RetryableError(engine_error(upstream.status, error_bytes,
+                                                           upstream.head.headers))
                     if parsed.stream and upstream.status == 200:
-                        return await self._relay_stream(exchange, flight, upstream, parsed)
-                    return await self._relay_body(exchange, flight, upstream)
+                        await self._relay_stream(exchange, flight, upstream, parsed)
+                    else:
+                        await self._relay_body(exchange, flight, upstream)
+                    if flight.engine_failed:
+                        self.upstreams.failed(state)
+                    else:
+                        self.upstreams.succeeded(state)
                 finally:
                     # back to the pool only if the whole response was read; else dropped, so
                     # the engine sees the request aborted
                     upstream.close()
         except TimeoutError:
             self.upstream_error(ep.name, "timeout")
+            self.upstreams.failed(state)
             raise UpstreamTimeoutError("the engine did not finish within the request deadline"
                                        ) from None
         finally:
@@ -352,20 +392,26 @@ class Proxy:
             body = await upstream.read_all()
         except UpstreamReadTimeout:
             self.upstream_error(engine, "timeout")
+            flight.engine_failed = True
             raise UpstreamTimeoutError("the engine stalled longer than the read timeout"
                                        ) from None
         except UpstreamFailure as exc:
             self.upstream_error(engine, "body")
+            flight.engine_failed = True
             raise UpstreamError("the engine closed the connection before the response ended"
                                 ) from exc
         # A non-streamed answer's head leaves the engine once its body is ready: that, not
         # the gateway's read of the body (late on a busy gateway), is when the engine finished.
         flight.engine_done_s = flight.first_byte_s
+        if upstream.status >= 400:  # the engine's error, in the gateway's one shape
+            error = engine_error(upstream.status, body, upstream.head.headers)
+            flight.status, flight.http_status = f"upstream_http_{upstream.status}", upstream.status
+            exchange.reply(upstream.status, error.body(), "application/json",
+                           {**self._response_headers(flight), **error.headers()})
+            return
         usage = usage_of_body(body) if upstream.status == 200 else None
         if usage:
             flight.take_usage(usage)
-        if upstream.status != 200:
-            flight.status, flight.http_status = f"upstream_http_{upstream.status}", upstream.status
         exchange.reply(upstream.status, body, upstream.content_type or "application/json",
                        self._response_headers(flight))
 
@@ -383,10 +429,13 @@ class Proxy:
             if last is None:  # the client went away; the engine request was aborted
                 return
         except UpstreamReadTimeout:
+            flight.engine_failed = True
             error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
                                          code="upstream_timeout")
         except UpstreamFailure as exc:
-            log.warning("request %s: engine stream broke: %s", flight.request_id, exc)
+            flight.engine_failed = True
+            log.warning("request %s: engine stream broke: %s", flight.request_id,
+                        type(exc).__name__)
             error = UpstreamError("the engine stream ended before the response was complete",
                                   code="upstream_stream_error")
         except asyncio.CancelledError:
@@ -512,6 +561,20 @@ class _RetryableError(Exception):
     def __init__(self, error: WattgateError):
         super().__init__(error.message)
         self.error = error
+
+
+_LOCAL_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EADDRNOTAVAIL}
+
+
+def local_resource_error(exc: BaseException) -> str | None:
+    """The errno name when a connect failed for lack of the gateway's own resources (file
+    descriptors, memory, buffers, local ports), None when the engine's side failed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _LOCAL_ERRNOS:
+            return errno.errorcode[seen.errno]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def forwarded_headers(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:

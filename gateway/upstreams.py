@@ -1,4 +1,11 @@
-"""Live state of every engine endpoint: health (active checks + passive ejection) and load.
+"""Live state of every engine endpoint: health (active checks + outlier ejection) and load.
+
+Two signals take an endpoint out of routing, as in Envoy: active health checks (its health
+path), and outlier detection (its answers to real requests: `consecutive_failures` gateway-side
+failures in a row eject it for base_ejection_s x its ejections, at most max_ejection_s, whatever
+its health path says; at most max_ejection_percent of a pool at once, one always allowed).
+When every healthy endpoint of a pool is ejected, routing uses them anyway (Envoy's panic mode):
+an ejection must not turn a degraded pool into a dead one.
 
 The health/scrape loop is the only I/O here; routing reads `snapshot()`-style candidates built
 from this state and stays pure.
@@ -9,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 import aiohttp
@@ -23,8 +31,9 @@ log = logging.getLogger("wattgate.upstreams")
 class EndpointState:
     """Mutable per-process state of one endpoint."""
 
-    __slots__ = ("adapter", "checked", "endpoint", "failures", "healthy", "inflight", "load",
-                 "model", "scrapes", "successes")
+    __slots__ = ("adapter", "checked", "consecutive_failures", "ejected_until", "ejections",
+                 "endpoint", "failures", "healthy", "inflight", "load", "model", "scrapes",
+                 "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -37,12 +46,18 @@ class EndpointState:
         self.inflight = 0
         self.load = EngineLoad()
         self.scrapes = 0  # successful load scrapes
+        self.consecutive_failures = 0  # gateway-side failures of real requests, in a row
+        self.ejections = 0
+        self.ejected_until = 0.0  # monotonic seconds
 
     def inflight_now(self) -> float:
         return float(self.inflight)
 
+    def ejected(self, now: float | None = None) -> bool:
+        return self.ejected_until > (time.monotonic() if now is None else now)
+
     def healthy_now(self) -> float:
-        return 1.0 if self.healthy else 0.0
+        return 1.0 if self.healthy and not self.ejected() else 0.0
 
     def candidate(self) -> Candidate:
         ep = self.endpoint
@@ -66,20 +81,14 @@ class EndpointState:
                 self.healthy = False
         return before != self.healthy
 
-    def eject(self) -> bool:
-        """Passive ejection after a connect error; active checks bring it back."""
-        flipped = self.healthy
-        self.healthy = False
-        self.failures = max(self.failures, 1)
-        self.successes = 0
-        return flipped
 
 
 class Upstreams:
     """All endpoints of all model pools, with their per-pool round-robin counters."""
 
-    def __init__(self, config: GatewayConfig):
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
+        self.clock = clock
         self.pools: dict[str, list[EndpointState]] = {
             pool.name: [EndpointState(pool.name, ep) for ep in pool.endpoints]
             for pool in config.models
@@ -96,17 +105,41 @@ class Upstreams:
         return n
 
     def healthy(self, model: str, exclude: Sequence[str] = ()) -> list[EndpointState]:
-        return [s for s in self.pools[model] if s.healthy and s.endpoint.name not in exclude]
+        """The endpoints routing may use: healthy and not ejected (all healthy ones when every
+        one of them is ejected: panic mode)."""
+        healthy = [s for s in self.pools[model] if s.healthy and s.endpoint.name not in exclude]
+        now = self.clock()
+        usable = [s for s in healthy if s.ejected_until <= now]
+        return usable or healthy
 
     def ready(self) -> bool:
         """At least one checked-healthy endpoint per model."""
         return all(any(s.healthy and s.checked for s in states) for states in self.pools.values())
 
-    def eject(self, state: EndpointState) -> None:
-        if state.eject():
-            log.warning("endpoint %s ejected after a connect error", state.endpoint.name)
-            if self.on_health_change:
-                self.on_health_change(state)
+    def succeeded(self, state: EndpointState) -> None:
+        """The engine answered a request (any status but 5xx): its failure run ends."""
+        state.consecutive_failures = 0
+
+    def failed(self, state: EndpointState) -> None:
+        """A gateway-side failure of a real request on this engine (connect error, first-byte
+        or read timeout, invalid HTTP, 5xx, broken stream); ejects it after a run of them."""
+        state.consecutive_failures += 1
+        policy = self.config.outlier_detection
+        now = self.clock()
+        if state.consecutive_failures < policy.consecutive_failures or state.ejected(now):
+            return
+        pool = self.pools[state.model]
+        ejected = sum(1 for s in pool if s.ejected(now))
+        if ejected and (ejected + 1) * 100.0 > policy.max_ejection_percent * len(pool):
+            return  # too much of the pool is out already
+        state.ejections += 1
+        duration_s = min(policy.base_ejection_s * state.ejections, policy.max_ejection_s)
+        state.ejected_until = now + duration_s
+        state.consecutive_failures = 0
+        log.warning("endpoint %s ejected for %.0f s after %d failures in a row",
+                    state.endpoint.name, duration_s, policy.consecutive_failures)
+        if self.on_health_change:
+            self.on_health_change(state)
 
     # --- active checks ------------------------------------------------------------------
 

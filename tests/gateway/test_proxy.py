@@ -145,7 +145,8 @@ async def test_connect_error_before_first_byte_is_retried_elsewhere_and_ejects()
         cm = fake_engine(victim)
         await cm.__aenter__()
         cfg = make_config([ep(victim, "victim"), ep(good, "good")],
-                          routing={"policy": "round_robin"}, health={"interval_s": 30})
+                          routing={"policy": "round_robin"}, health={"interval_s": 30},
+                          outlier_detection={"consecutive_failures": 1})
         async with running_gateway(cfg, sinks=[records.append]) as gw, aiohttp.ClientSession() as s:
             await asyncio.sleep(0.2)  # first health round: both healthy
             await cm.__aexit__(None, None, None)
@@ -166,10 +167,13 @@ async def test_503_from_engine_is_retried_on_another_endpoint() -> None:
     async with fake_engine(FakeEngine(model="m")) as a, fake_engine(FakeEngine(model="m")) as b:
         cfg = make_config([ep(a, "a"), ep(b, "b")], routing={"policy": "round_robin"})
         async with running_gateway(cfg, sinks=[records.append]) as gw, aiohttp.ClientSession() as s:
-            # the fault header reaches whichever engine is tried; both fail -> 502 after 2 tries
+            # the fault header reaches whichever engine is tried; both fail -> the engine's
+            # 503 and its message, in the gateway's shape, after 2 tries
             status, body, _ = await post(s, gw + "/v1/completions", {"model": "m", "prompt": "a"},
                                          {"x-fake-fault": "status:503"})
-            assert status == 502 and orjson.loads(body)["error"]["code"] == "upstream_error"
+            error = orjson.loads(body)["error"]
+            assert status == 503 and error["message"] == "injected"
+            assert error["code"] == "upstream_http_503"
     assert records[-1].attempts == 2 and len(a.bodies) == 1 and len(b.bodies) == 1
 
 
