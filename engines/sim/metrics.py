@@ -53,7 +53,8 @@ class ServingStats:
         self.generation_tokens += em.tokens
         if em.first:
             self.prompt_tokens += prompt_tokens
-            self.ttft.observe(em.time_s - arrived_s)
+            if em.tokens:  # a pooling request (embeddings) ends without a first token
+                self.ttft.observe(em.time_s - arrived_s)
         elif last_token_s is not None:
             self.itl.observe(em.time_s - last_token_s)
         if em.done:

@@ -19,6 +19,7 @@ from engines.sim.catalog import deployment
 from engines.sim.detok import TOKEN_TEXT, TokenTexts, empty_share, non_ascii_fraction
 from engines.sim.embeddings import embedding_body, parse_embedding_request
 from engines.sim.fixed import FixedTimingCore
+from engines.sim.metrics import ServingStats
 from engines.sim.perf import kernel_profile
 from engines.sim.protocol import CHAT, COMPLETION, ApiError, ChunkMaker, parse_request
 from engines.sim.scheduler import BatchingCore
@@ -151,3 +152,7 @@ def test_a_pooling_request_does_prefill_work_only_and_carries_its_energy(core_ki
     assert truth.prefill_energy_j > 0 and truth.decode_energy_j == 0.0
     assert truth.energy_j == pytest.approx(truth.prefill_energy_j + truth.static_energy_j)
     assert truth.finished_s is not None and truth.finished_s > 0
+    stats = ServingStats()
+    stats.observe(emissions[0], 0.0, 900, None)
+    assert (stats.prompt_tokens, stats.generation_tokens, stats.success, stats.ttft.n) == (
+        900, 0, 1, 0)
