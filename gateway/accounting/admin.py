@@ -66,5 +66,16 @@ def admin_routes(service: AccountingService, *, clock: Callable[[], float] = tim
                                        code="request_not_found"), 404)
         return _json(got)
 
+    async def energy_check(request: web.Request) -> web.Response:
+        """Per engine, the counters' growth not found in the ledger (J; 0 while nothing is
+        lost, None before the first reading) against one counter step, its tolerance."""
+        engines = {name: {"unaccounted_j": service.unaccounted_j(name),
+                          "counter_step_j": eng.counters.step_j,
+                          "alarm": (service.unaccounted_j(name) or 0.0)
+                          > max(eng.counters.step_j, 1e-6)}
+                   for name, eng in service.engines.items()}
+        return _json({"engines": engines})
+
     return [web.get("/admin/v1/usage", usage),
-            web.get("/admin/v1/requests/{request_id}", request_detail)]
+            web.get("/admin/v1/requests/{request_id}", request_detail),
+            web.get("/admin/v1/energy-check", energy_check)]

@@ -617,4 +617,5 @@ class AccountingService:
                 "finished_s": r.finished_s, "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens, "slo_met": bool(r.slo_met),
                 "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
-                "final": False, "estimated": est, "replica": r.replica}
+                "final": False, "estimated": est, "replica": r.replica,
+                "prompt_source": r.prompt_source}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime
 
@@ -16,9 +17,14 @@ def parse_time(text: str, now_s: float) -> float:
     if m:
         return now_s - float(m.group(1)) * _UNIT_S[m.group(2)]
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(value):
+            raise ValueError(f"{text!r} is not a time: use Unix seconds, ISO 8601 or a "
+                             "relative time like -2h")
+        return value
     try:
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:

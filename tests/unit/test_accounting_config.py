@@ -72,3 +72,6 @@ def test_query_times_accept_epoch_iso_and_relative() -> None:
     assert parse_time("1970-01-01T00:01:00Z", 0) == 60
     with pytest.raises(ValueError, match="relative"):
         parse_time("yesterday", 0)
+    for bad in ("nan", "inf", "-inf", "NaN"):
+        with pytest.raises(ValueError, match="not a time"):
+            parse_time(bad, 0)

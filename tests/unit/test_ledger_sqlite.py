@@ -434,3 +434,19 @@ async def test_apportioning_in_small_chunks_gives_the_same_shares(
     assert max(per_interval.values()) > 3  # the chunked run did split intervals
     assert len(whole) > 50 and chunked == whole
     assert chunked_tenants == whole_tenants and whole_tenants
+
+
+async def test_a_gateway_counted_prompt_is_flagged_in_the_ledger(tmp_path: Path) -> None:
+    run = run_engine(3, duration_s=2.0)
+    counted = dataclasses.replace(run.records[0], prompt_source="gateway")
+    plain = run.records[1]
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    for rec in (counted, plain):
+        rows = work_rows(rec, 1.0)
+        await ledger.append([RequestRow.from_record(rec, 1.0, "r1", rows)],
+                            engine_work(rec.engine, rows))
+    got, other = await ledger.request(counted.request_id), await ledger.request(plain.request_id)
+    assert got is not None and got["prompt_source"] == "gateway"
+    assert other is not None and other["prompt_source"] == "engine"
+    await ledger.close()

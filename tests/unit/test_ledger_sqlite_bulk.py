@@ -27,7 +27,7 @@ def _tables(c: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
 
 def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
     return (f"r{i:06d}", tenant, "m", "e1", "fp8", "chat", "ok", 1, i * 0.5, i * 0.5 + 0.3,
-            0, 10 + i, 20 + i, i % 2, i // 8, i // 7, "rep")
+            0, 10 + i, 20 + i, i % 2, i // 8, i // 7, "rep", "engine")
 
 
 def _work(i: int, k: int, engine: str = "e1") -> tuple[Any, ...]:

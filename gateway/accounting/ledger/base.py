@@ -51,6 +51,7 @@ class RequestRow(NamedTuple):
     last_interval: int | None  # the interval of its finish, or of its last work if later;
     # None when no engine ran it
     replica: str
+    prompt_source: str = "engine"  # "engine" (usage), "gateway" (tokenizer) or "estimate"
 
     @classmethod
     def from_record(cls, rec: RequestRecord, interval_s: float, replica: str,
@@ -70,7 +71,7 @@ class RequestRow(NamedTuple):
             rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
             rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
             math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
-            1 if rec.slo_met else 0, first, last, replica))
+            1 if rec.slo_met else 0, first, last, replica, rec.prompt_source))
 
 
 # A work row as the ledger stores it: (*WorkRow, engine), the order of its INSERT. A plain

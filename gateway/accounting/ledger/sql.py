@@ -91,6 +91,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (6, tuple(f"ALTER TABLE engine_state ADD COLUMN {column}" for column in (
         "counter_seen_s {REAL}", "counter_raw_j TEXT", "counter_offset_j TEXT",
         "counter_resets INTEGER", "metered_j {REAL}", "apportioned_j {REAL}"))),
+    # How a request's prompt tokens were counted: "engine" (its usage), "gateway" (the
+    # model's tokenizer, when the request ended before its usage came) or "estimate".
+    (7, ("ALTER TABLE requests ADD COLUMN prompt_source TEXT NOT NULL DEFAULT 'engine'",)),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -123,8 +126,8 @@ SET_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 
 INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class,
     status, stream, arrived_s, finished_s, finished_hour, prompt_tokens, completion_tokens,
-    slo_met, first_interval, last_interval, replica)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"""
+    slo_met, first_interval, last_interval, replica, prompt_source)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
     kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
 UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES (?, ?, ?)
@@ -188,10 +191,10 @@ UPDATE_COUNTER = """UPDATE engine_state SET counter_seen_s = ?, counter_raw_j = 
 
 SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
     arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, first_interval,
-    last_interval, replica FROM requests WHERE request_id = ?"""
+    last_interval, replica, prompt_source FROM requests WHERE request_id = ?"""
 REQUEST_COLUMNS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", "status",
                    "stream", "arrived_s", "finished_s", "prompt_tokens", "completion_tokens",
-                   "slo_met", "first_interval", "last_interval", "replica")
+                   "slo_met", "first_interval", "last_interval", "replica", "prompt_source")
 # One key look-up per interval of the request's work span (first, last, engine, request).
 SELECT_REQUEST_TOTALS = """WITH RECURSIVE span(k) AS (
         SELECT CAST(? AS BIGINT) UNION ALL SELECT k + 1 FROM span WHERE k < CAST(? AS BIGINT))
