@@ -95,11 +95,11 @@ async def access_log_of(path: Path, n: int, timeout_s: float = 20.0) -> list[dic
 
 # --- raw HTTP over sockets ---------------------------------------------------------------------
 
-async def read_response(reader: asyncio.StreamReader, timeout_s: float
-                        ) -> tuple[int, dict[str, str], bytes, bool]:
+async def read_response(reader: asyncio.StreamReader, timeout_s: float, *,
+                        check_close: bool = True) -> tuple[int, dict[str, str], bytes, bool]:
     """Read one response head and its Content-Length body. Returns (status, lowercased
     headers, body, closed) where `closed` says the server closed the connection after it
-    (EOF within 3 s)."""
+    (EOF within 3 s; not looked for when `check_close` is false)."""
     async with asyncio.timeout(timeout_s):
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
@@ -111,7 +111,9 @@ async def read_response(reader: asyncio.StreamReader, timeout_s: float
                 headers[k.strip().lower()] = v.strip()
         data = await reader.readexactly(int(headers.get("content-length", "0")))
     closed = False
-    with contextlib.suppress(TimeoutError):
+    if not check_close:
+        return status, headers, data, closed
+    with contextlib.suppress(TimeoutError, ConnectionError):
         async with asyncio.timeout(3.0):
             closed = (await reader.read(1)) == b""
     return status, headers, data, closed
