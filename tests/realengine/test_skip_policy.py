@@ -1,12 +1,14 @@
-"""The real-engine suite skips without vLLM, but fails instead under CI=true."""
+"""The real-engine suite skips without vLLM or GuideLLM, but fails instead under CI=true."""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.realengine import conftest
 from tests.realengine.conftest import require_vllm
 
 
@@ -32,3 +34,22 @@ def test_missing_vllm_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         require_vllm()
+
+
+def _without_guidellm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(conftest, "GUIDELLM", tmp_path / "no-such-guidellm")
+
+
+def test_missing_guidellm_skips_with_the_install_hint_outside_ci(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _without_guidellm(monkeypatch, tmp_path)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"\.ci/guidellm\.sh"):
+        conftest.require_guidellm()
+
+
+def test_missing_guidellm_fails_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _without_guidellm(monkeypatch, tmp_path)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        conftest.require_guidellm()
