@@ -1,0 +1,76 @@
+"""Every error the gateway sends is OpenAI-style JSON with a stable code, also for heads aiohttp
+refuses itself; nothing of the input is echoed; no Server header names Python or aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.faults.helpers import ADMIN, body, ep, error_of, post, read_response
+from tests.support.fault_engine import FaultEngine, fault_engine
+from tests.support.gateway import make_config, running_gateway
+
+pytestmark = pytest.mark.timeout(60)
+CANARY = b"CANARY7f3a"
+
+MALFORMED = {
+    "bad-request-line": b"GARBAGE " + CANARY + b" WHAT\r\n\r\n",
+    "bare-lf-in-header": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Note: " + CANARY
+                          + b"\nX-Evil: 1\r\n\r\n"),
+    "nul-in-header": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-"
+                      + CANARY + b"\x00\r\nContent-Length: 2\r\n\r\n{}"),
+    "http10-bad-length": (b"POST /v1/completions HTTP/1.0\r\nContent-Length: " + CANARY
+                          + b"\r\n\r\n"),
+    "unknown-version": b"GET /v1/models HTTP/7.3\r\nX-Note: " + CANARY + b"\r\n\r\n",
+    "bad-chunked-body": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                         b"chunked\r\nContent-Type: application/json\r\n\r\nzz\r\n"
+                         b'{"prompt": "' + CANARY + b'"}\r\n0\r\n\r\n'),
+}
+
+
+def _no_python_server(headers: dict[str, str]) -> None:
+    server = {k.lower(): v for k, v in headers.items()}.get("server", "")
+    assert "python" not in server.lower() and "aiohttp" not in server.lower(), server
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+async def test_malformed_requests_get_json_400_bad_request_without_echo(case: str) -> None:
+    async with fault_engine(FaultEngine()) as eng, running_gateway(make_config([ep(eng)])) as gw:
+        port = int(gw.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(MALFORMED[case])
+            status, headers, data, _ = await read_response(reader, 10, check_close=False)
+        finally:
+            writer.close()
+    assert status == 400, data
+    assert headers.get("content-type", "").startswith("application/json")
+    assert error_of(data)["code"] == "bad_request"
+    assert CANARY not in data
+    _no_python_server(headers)
+
+
+async def test_no_server_header_names_python_or_aiohttp_on_any_path(tmp_path: Path) -> None:
+    async with fault_engine(FaultEngine()) as eng, \
+            running_gateway(make_config([ep(eng)])) as gw, aiohttp.ClientSession() as s:
+        for path in ("/healthz", "/metrics", "/nope"):
+            async with s.get(gw + path) as r:
+                _no_python_server(dict(r.headers))
+        _, _, headers = await post(s, gw, body())
+        _no_python_server(headers)
+        _, _, headers = await post(s, gw, body(stream=True))
+        _no_python_server(headers)
+
+
+async def test_usage_since_nan_is_400(tmp_path: Path) -> None:
+    async with fault_engine(FaultEngine()) as eng:
+        config = make_config([ep(eng)], accounting={
+            "ledger": {"kind": "sqlite", "path": str(tmp_path / "ledger.db")}})
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
+            for query in ("since=nan", "until=nan", "since=inf", "since=-inf"):
+                async with s.get(gw + "/admin/v1/usage?" + query, headers=ADMIN) as r:
+                    assert r.status == 400, query
+                    error_of(await r.read())
