@@ -285,10 +285,10 @@ class AccountingService:
         append = self._requests.append
         extend = self._work.extend
         rates = self.prefill_rates
-        observe, rate = rates.observe, rates.rate
+        observe, rate, tpot = rates.observe, rates.rate, rates.tpot
         for rec in pending:
             observe(rec)
-            work = work_rows(rec, dt, rate(rec.engine))
+            work = work_rows(rec, dt, rate(rec.engine, rec.prompt_tokens), tpot(rec.engine))
             append(from_record(rec, dt, replica, work))
             extend(engine_work(rec.engine, work))
         if self.metrics:
@@ -599,7 +599,9 @@ class AccountingService:
         return self._is_apportioner
 
     def work_rows_of(self, rec: RequestRecord) -> list[Work]:
-        return work_rows(rec, self.config.interval_s, self.prefill_rates.rate(rec.engine))
+        rates = self.prefill_rates
+        return work_rows(rec, self.config.interval_s, rates.rate(rec.engine, rec.prompt_tokens),
+                         rates.tpot(rec.engine))
 
     def pending_request(self, request_id: str) -> dict[str, Any] | None:
         """A request recorded here but not yet written to the ledger (within one flush)."""

@@ -11,7 +11,9 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
   prefill to the engine's finish: for a non-streamed answer, the engine's response head
   (`engine_done_s`), not the gateway's read of the body, which a busy gateway makes late;
 - KV work: each decoded token times the context it attends over (prompt + tokens so far),
-  because decode reads the whole KV cache of its sequence every step;
+  because decode reads the whole KV cache of its sequence every step; plus the prefill's
+  attention, which grows with the square of the prompt (each prompt token attends over the
+  ones before it), in the same unit (`PREFILL_ATTENTION_PER_KV`);
 - residency: seconds of (prefill start)..finished inside the interval, with the offset where that
   span starts in the interval (residency is one contiguous span per interval, which lets the
   apportioner compute the engine's busy time exactly).
@@ -25,7 +27,7 @@ from bisect import bisect_left
 from itertools import accumulate
 from typing import NamedTuple
 
-from gateway.accounting.prefill import DEFAULT_TOKENS_PER_S
+from gateway.accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
 from gateway.records import RequestRecord
 
 
@@ -45,6 +47,25 @@ class WorkRow(NamedTuple):
 
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
 Work = tuple[str, int, float, float, float, float, float]
+
+# One prompt token attending over one context token in prefill, in units of one decoded
+# token's read of one context token's KV cache (the `gamma` work): compute at the tensor
+# cores' rate near TDP against 16-bit KV bytes over HBM. Fitted to the simulated H100 profile
+# (docs/simulator.md): its prefill energy of 1k-30k-token prompts is 0.0150 P + 5.6e-7 P^2/2 J
+# (15 J at 1k, 704 J at 30k), and 5.6e-7 / gamma (3.0e-5) = 0.019.
+PREFILL_ATTENTION_PER_KV = 0.019
+
+
+def prefill_attention(prefill: dict[int, float]) -> dict[int, float]:
+    """Per interval, the prefill's attention work (prompt tokens x the context before them)."""
+    out: dict[int, float] = {}
+    done = 0.0
+    for k in sorted(prefill):
+        p = prefill[k]
+        out[k] = PREFILL_ATTENTION_PER_KV * p * (done + p / 2.0)
+        done += p
+    return out
+
 
 def interval_index(t_wall_s: float, interval_s: float) -> int:
     return math.floor(t_wall_s / interval_s)
@@ -112,12 +133,15 @@ def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
 
 
 def work_rows(rec: RequestRecord, interval_s: float,
-              prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S, *,
-              shortcut: bool = True) -> list[Work]:
-    """The request's work per interval of its engine (empty when it never reached one).
-    `prefill_tokens_per_s`: the engine's prefill rate, which sizes the prefill's span.
+              prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S,
+              tpot_s: float = DEFAULT_TPOT_S, *, shortcut: bool = True) -> list[Work]:
+    """The request's work per interval of its engine (empty when it never reached one, or
+    when the engine refused it with a 4xx: it read nothing).
+    `prefill_tokens_per_s`: the engine's prefill rate for this prompt, which sizes the
+    prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
+    token events at the end of its span.
     `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
-    if not rec.engine or rec.dispatched_s is None:
+    if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
     t_disp = rec.dispatched_s + off
@@ -146,13 +170,18 @@ def work_rows(rec: RequestRecord, interval_s: float,
                 prefill[k] = prompt  # the usual case: the prefill lies in one interval
             else:
                 spread(prompt, t_disp, t_first, interval_s, prefill)
-    elif prompt:
-        t_decode = min(t_disp + prefill_s, t_end)
-        k = math.floor(t_disp / interval_s)
-        if math.floor(t_decode / interval_s) == k:
-            prefill[k] = prompt
-        else:
-            spread(prompt, t_disp, t_decode, interval_s, prefill)
+    else:
+        # No token event: the engine's span holds queueing, then the prefill, then the
+        # decode at the engine's pace, which ends the span.
+        t_decode = t_end - min(rec.completion_tokens * tpot_s, t_end - t_disp)
+        if t_decode - prefill_s > t_disp:
+            t_disp = t_decode - prefill_s
+        if prompt:
+            k = math.floor(t_disp / interval_s)
+            if math.floor(t_decode / interval_s) == k:
+                prefill[k] = prompt
+            else:
+                spread(prompt, t_disp, t_decode, interval_s, prefill)
     completion = rec.completion_tokens
     times, events = rec.read_times, rec.read_events
     k_first = math.floor(t_disp / interval_s)
@@ -187,6 +216,8 @@ def work_rows(rec: RequestRecord, interval_s: float,
         d = decode[k]
         kv[k] = d * (prompt + done + d / 2.0)
         done += d
+    for k, a in prefill_attention(prefill).items():
+        kv[k] = kv[k] + a if k in kv else a
     rows: list[Work] = []
     append = rows.append
     rid = rec.request_id
@@ -225,6 +256,9 @@ def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float
             if s_hi > s_lo:
                 d = completion * (s_hi - s_lo) / (t_end - t_decode)
     kv = d * (p + 0.0 + d / 2.0) if d else 0.0
+    if p:  # the prefill's attention, as prefill_attention() computes it for one interval
+        a = PREFILL_ATTENTION_PER_KV * p * (0.0 + p / 2.0)
+        kv = kv + a if d else a
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start
     if res > 0.0:
@@ -246,6 +280,7 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
     # One event per read (the usual case): the events before read i are i itself.
     cum = None if total == len(times) else list(accumulate(events))
     get_p = prefill.get
+    attention = prefill_attention(prefill)
     k_r0, k_rl = span if span is not None else (k_first, k_last)
     rows: list[Work] = []
     append = rows.append
@@ -267,6 +302,8 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
         if c > prev:
             d = (c - prev) * per_event
             kv = d * (prompt + done + d / 2.0)
+            if k in attention:
+                kv = kv + attention[k]
             done += d
             prev = c
             if res > 0.0:
@@ -274,7 +311,7 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
             else:
                 append((rid, k, p, d, 0.0, 0.0, kv))
         elif res > 0.0:
-            append((rid, k, p, 0.0, res, start - lo, 0.0))
+            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0)))
         elif p:
-            append((rid, k, p, 0.0, 0.0, 0.0, 0.0))
+            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0)))
     return rows

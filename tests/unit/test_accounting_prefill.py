@@ -51,3 +51,25 @@ def test_rate_follows_the_engine_when_it_changes() -> None:
     for _ in range(64):
         rates.observe(rec(8_000, 0.1))
     assert rates.rate("e") == pytest.approx(80_000.0)
+
+
+def test_each_prompt_length_has_its_own_rate_and_unlearnt_ones_take_the_nearest() -> None:
+    """Long prompts prefill slower (attention): 30k tokens are not placed at the pace of 3k."""
+    rates = PrefillRates()
+    for _ in range(MIN_SAMPLES):
+        rates.observe(rec(3_000, 3_000 / 36_000))
+        rates.observe(rec(30_000, 30_000 / 24_000))
+    assert rates.rate("e", 3_000) == pytest.approx(36_000)
+    assert rates.rate("e", 30_000) == pytest.approx(24_000)
+    assert rates.rate("e", 2_500) == pytest.approx(36_000)  # same power-of-two class
+    assert rates.rate("e", 6_000) == pytest.approx(36_000)  # nearest learnt class
+    assert rates.rate("e", 60_000) == pytest.approx(24_000)
+
+
+def test_decode_pace_is_the_median_of_recent_tpots() -> None:
+    rates = PrefillRates(default_tpot_s=0.5)
+    assert rates.tpot("e") == 0.5
+    for tpot in (0.01, 0.02, 0.03):
+        rates.observe(rec(10, 0.1, latency=latency(0.0, ((1.0, 1), (1.0 + 9 * tpot, 1)), 10,
+                                                   None)))
+    assert rates.tpot("e") == pytest.approx(0.02)

@@ -39,15 +39,16 @@ def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
     assert rows[1002].kv_tokens == pytest.approx(4 * (1000 + 2 + 2))
 
 
-def test_non_streamed_request_puts_prefill_at_dispatch_and_decode_uniform_after_it() -> None:
-    """Prefill 1000 / 2000 tok/s = 0.5 s from the dispatch (1000.5..1001.0); decode uniform
-    over the rest, to the finish (1001.0..1003.5)."""
+def test_non_streamed_request_places_decode_at_its_end_and_prefill_before_it() -> None:
+    """Dispatched at 1000.5, done at 1003.5: 8 tokens at 0.25 s each end the span
+    (1001.5..1003.5), the prefill (1000 / 2000 tok/s = 0.5 s) comes just before them
+    (1001.0..1001.5), and the half second before that was queueing: not resident."""
     rec = record(stream=False, first_token_s=None, read_times=(), read_events=())
-    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 2000.0)]
-    assert rows[0].prefill_tokens == 1000 and rows[1].prefill_tokens == 0
-    assert math.fsum(r.decode_tokens for r in rows) == pytest.approx(8)
-    assert rows[0].decode_tokens == pytest.approx(0.0)
-    assert rows[1].decode_tokens == pytest.approx(8 / 2.5)
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 2000.0, 0.25))}
+    assert sorted(rows) == [1001, 1002, 1003]
+    assert rows[1001].prefill_tokens == 1000
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(2.5)
 
 
 def test_long_prefill_is_placed_over_its_whole_span_before_the_first_token() -> None:
@@ -75,10 +76,10 @@ def test_non_streamed_work_ends_when_the_engine_finished_not_when_the_gateway_re
     ends at the head."""
     rec = record(stream=False, first_token_s=None, read_times=(), read_events=(),
                  dispatched_s=0.1, engine_done_s=0.9, finished_s=2.9)
-    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 10_000.0, 0.05)]
     assert [r.interval_idx for r in rows] == [1000]
     assert rows[0].decode_tokens == pytest.approx(8) and rows[0].prefill_tokens == 1000
-    assert rows[0].residency_s == pytest.approx(0.8)
+    assert rows[0].residency_s == pytest.approx(0.1 + 0.4)  # prefill 0.1 s, decode 8 x 0.05
 
 
 def test_stream_ended_before_its_first_token_is_charged_its_prefill() -> None:
@@ -86,8 +87,9 @@ def test_stream_ended_before_its_first_token_is_charged_its_prefill() -> None:
                  status="client_disconnected", dispatched_s=0.2, finished_s=1.7)
     rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 1000.0)]
     assert math.fsum(r.prefill_tokens for r in rows) == pytest.approx(1000)
-    assert rows[0].prefill_tokens == pytest.approx(800)
-    assert rows[1].prefill_tokens == pytest.approx(200)
+    # the prefill (1 s) ends when the stream did (1001.7), after 0.5 s of queueing
+    assert rows[0].prefill_tokens == pytest.approx(300)
+    assert rows[1].prefill_tokens == pytest.approx(700)
 
 
 def test_request_that_never_reached_an_engine_has_no_work() -> None:
@@ -183,3 +185,23 @@ def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit() -> No
         taken += (not rec.read_times and math.floor(t_disp / interval_s)
                   == math.floor(t_end / interval_s))
     assert taken > 5_000  # the shortcut was tried on many of them
+
+
+def test_long_prompt_prefill_carries_its_attention_work() -> None:
+    """Attention grows with the square of the prompt: 20,000 tokens carry 400x the attention
+    work of 1,000, placed where the prefill is (the later intervals attend over more)."""
+    from gateway.accounting.work import PREFILL_ATTENTION_PER_KV
+
+    def attention(prompt: int) -> float:
+        rec = record(prompt_tokens=prompt, completion_tokens=0, read_times=(), read_events=(),
+                     first_token_s=None, stream=False, dispatched_s=0.0, finished_s=3.0)
+        return math.fsum(WorkRow._make(r).kv_tokens for r in work_rows(rec, 1.0, 10_000.0))
+
+    assert attention(1000) == pytest.approx(PREFILL_ATTENTION_PER_KV * 1000 * 500)
+    assert attention(20_000) == pytest.approx(400 * attention(1000))
+
+
+def test_an_engine_that_refused_the_request_did_no_work() -> None:
+    rec = record(status="upstream_http_400", http_status=400, first_token_s=None,
+                 read_times=(), read_events=(), completion_tokens=0)
+    assert work_rows(rec, 1.0) == []
