@@ -54,7 +54,12 @@ def by_id(path: Path, ids: set[str], start: int = 0) -> dict[str, dict[str, Any]
     return {str(r["request_id"]): r for r in got if str(r.get("request_id")) in ids}
 
 
-def after(path: Path, start: int, count: int) -> list[dict[str, Any]]:
-    """The records written after `start`, ordered by arrival (`ts`), once there are `count`."""
-    got = wait_for(path, lambda rs: len(rs) >= count, start)
+def after(path: Path, start: int, since_s: float, count: int) -> list[dict[str, Any]]:
+    """The records written after byte `start` of requests that arrived at or after `since_s`
+    (wall clock), ordered by arrival (`ts`), once there are `count`. Both bounds: the writer
+    thread may still be writing an earlier request's line when `start` is taken."""
+    def mine(rs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rs if float(r["ts"]) >= since_s]
+
+    got = mine(wait_for(path, lambda rs: len(mine(rs)) >= count, start))
     return sorted(got, key=lambda r: float(r["ts"]))

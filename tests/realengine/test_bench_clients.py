@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,11 @@ def test_vllm_bench_serve_requests_are_recorded_as_it_measured_them(
            "--num-prompts", str(PROMPTS), "--max-concurrency", "1", "--seed", "7",
            "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(tmp_path),
            "--result-filename", result.name]
-    start = accesslog.offset(log)
+    start, since_s = accesslog.offset(log), time.time()
     _tool(cmd, tmp_path / "vllm-bench.log", {**VLLM_ENV, "OPENAI_API_KEY": logged_gateway.api_key})
     out = orjson.loads(result.read_bytes())
     assert (out["completed"], out["failed"]) == (PROMPTS, 0), out["errors"]
-    recs = accesslog.after(log, start, PROMPTS)
+    recs = accesslog.after(log, start, since_s, PROMPTS)
     assert len(recs) == PROMPTS, recs
     problems = [p for p in map(_recorded, recs) if p]
     theirs = list(zip(out["input_lens"], out["output_lens"], (len(i) + 1 for i in out["itls"]),
@@ -106,13 +107,13 @@ def test_guidellm_requests_are_recorded_as_it_counted_them(
            "--data", "kind=synthetic_text,prompt_tokens=16,output_tokens=6",
            "--tokenizer", f"kind=huggingface_auto,model={tiny_model}",
            "--output", f"kind=json,path={result}", "--disable-console"]
-    start = accesslog.offset(log)
+    start, since_s = accesslog.offset(log), time.time()
     _tool(cmd, tmp_path / "guidellm.log", {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     bench = orjson.loads(result.read_bytes())["benchmarks"][0]
     totals = bench["metrics"]["request_totals"]
     assert (totals["successful"], totals["errored"], totals["incomplete"]) == (PROMPTS, 0, 0)
     theirs = sorted(bench["requests"]["successful"], key=lambda r: r["request_start_time"])
-    recs = accesslog.after(log, start, PROMPTS)
+    recs = accesslog.after(log, start, since_s, PROMPTS)
     assert len(recs) == PROMPTS, recs
     problems = [p for p in map(_recorded, recs) if p]
     for i, (r, t) in enumerate(zip(recs, theirs, strict=True)):
