@@ -36,25 +36,27 @@ class TtftPair:
         return self.client_s - self.gateway_s
 
 
-def ttft_problems(pairs: Sequence[TtftPair], slack_s: float = TTFT_SLACK_S) -> list[str]:
+def ttft_problems(pairs: Sequence[TtftPair], slack_s: float | None = TTFT_SLACK_S,
+                  what: str = "TTFT") -> list[str]:
     """Failure lines: each request whose gateway TTFT exceeds the client's, and a summary line
-    when not even the closest request is within `slack_s`. Empty when all is well."""
+    when not even the closest request is within `slack_s` (None: no bar, the order alone).
+    Empty when all is well."""
     if not pairs:
         return ["no TTFT to compare"]
     ordered = sorted(pairs, key=lambda p: p.gap_s)
-    out = [f"{p.label}: gateway TTFT {p.gateway_s * 1e3:.3f} ms exceeds the client's "
+    out = [f"{p.label}: gateway {what} {p.gateway_s * 1e3:.3f} ms exceeds the client's "
            f"{p.client_s * 1e3:.3f} ms" for p in ordered if p.gap_s < -CLOCK_EPS_S]
-    if ordered[0].gap_s > slack_s:
-        out.append(summary(ordered, slack_s))
+    if slack_s is not None and ordered[0].gap_s > slack_s:
+        out.append(summary(ordered, slack_s, what))
     return out
 
 
-def summary(pairs: Sequence[TtftPair], slack_s: float = TTFT_SLACK_S) -> str:
+def summary(pairs: Sequence[TtftPair], slack_s: float = TTFT_SLACK_S, what: str = "TTFT") -> str:
     """One line: the gaps' spread, how many are within `slack_s`, and how much of the median
     gap comes before the gateway's arrival stamp (time the gateway cannot see)."""
     gaps = sorted(p.gap_s for p in pairs)
     within = sum(1 for g in gaps if g <= slack_s)
-    line = (f"client - gateway TTFT over {len(gaps)} requests: min {gaps[0] * 1e3:.3f} ms, "
+    line = (f"client - gateway {what} over {len(gaps)} requests: min {gaps[0] * 1e3:.3f} ms, "
             f"median {gaps[len(gaps) // 2] * 1e3:.3f} ms, max {gaps[-1] * 1e3:.3f} ms; "
             f"{within} within {slack_s * 1e3:g} ms")
     before = sorted(p.before_s for p in pairs if p.before_s is not None)
