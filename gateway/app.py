@@ -16,6 +16,8 @@ from gateway.accesslog import AccessLog
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.config import GatewayConfig
 from gateway.errors import AuthError, ConfigError, WattgateError, error_body
+from gateway.front.aiohttp_errors import SERVER_NAME
+from gateway.front.protocol import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
@@ -29,6 +31,7 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 PROXY = web.AppKey("proxy", Proxy)
 ACCOUNTING = web.AppKey("accounting", AccountingService)
+CONNECTIONS = web.AppKey("connections", FrontConnections)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -46,7 +49,8 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], obj
         assert isinstance(response, web.StreamResponse)
         return response
     except WattgateError as exc:
-        return web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+        return web.Response(status=exc.status, body=exc.body(), content_type="application/json",
+                            headers=exc.headers())
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -60,6 +64,28 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], obj
         return web.Response(status=500, content_type="application/json",
                             body=error_body("internal gateway error", "server_error",
                                             "internal_error"))
+
+
+@web.middleware
+async def edge_activity(request: web.Request, handler: Callable[[web.Request], object]
+                        ) -> web.StreamResponse:
+    """Tells the edge that a connection handed to aiohttp has a request in flight, so its
+    head deadline does not run meanwhile."""
+    guard = request.app[CONNECTIONS].handed.get(request.transport)
+    if guard is not None:
+        guard.request_started()
+    try:
+        response = await handler(request)  # type: ignore[misc]
+        assert isinstance(response, web.StreamResponse)
+        return response
+    finally:
+        if guard is not None:
+            guard.request_done(asyncio.get_running_loop().time())
+
+
+async def no_server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """aiohttp names itself and Python's version in `Server`; the gateway names itself."""
+    response.headers["Server"] = SERVER_NAME
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -117,12 +143,18 @@ def require_admin(request: web.Request) -> None:
 async def admin_endpoints(request: web.Request) -> web.Response:
     """Live endpoint state (health, in-flight, scraped engine load), like Envoy's /clusters."""
     require_admin(request)
+    upstreams = request.app[UPSTREAMS]
+    now = upstreams.clock()
     rows = [{"model": st.model, "name": st.endpoint.name, "url": st.endpoint.url,
              "kind": st.endpoint.kind, "precision": st.endpoint.precision,
              "healthy": st.healthy, "checked": st.checked, "inflight": st.inflight,
              "running": st.load.running, "waiting": st.load.waiting,
-             "kv_usage": st.load.kv_usage, "scrapes": st.scrapes}
-            for st in request.app[UPSTREAMS].by_name.values()]
+             "kv_usage": st.load.kv_usage, "scrapes": st.scrapes,
+             "consecutive_failures": st.consecutive_failures, "ejections": st.ejections,
+             # wall-clock seconds; null when not ejected
+             "ejected_until": (time.time() + st.ejected_until - now if st.ejected(now)
+                               else None)}
+            for st in upstreams.by_name.values()]
     return web.Response(body=orjson.dumps({"endpoints": rows}), content_type="application/json")
 
 
@@ -177,8 +209,11 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
               wall: Callable[[], float] = time.time) -> web.Application:
     """The gateway application; engine sessions and health checks start with the app."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[json_errors])
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[edge_activity, json_errors])
+    app.on_response_prepare.append(no_server_header)
     app[CONFIG] = config
+    app[CONNECTIONS] = FrontConnections()
     gateway_metrics = GatewayMetrics()
     app[METRICS] = gateway_metrics
     upstreams = Upstreams(config)

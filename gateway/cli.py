@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -31,16 +30,18 @@ def _load_or_exit(path: str) -> GatewayConfig:
 @click.option("--host", default=None, help="Listen address (overrides listen.host).")
 @click.option("--port", default=None, type=int, help="Listen port (overrides listen.port).")
 @click.option("--reuse-port", is_flag=True, help="SO_REUSEPORT: several processes share a port.")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning"]))
+@click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Overrides logging.level of the config.")
 def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool,
-          log_level: str) -> None:
+          log_level: str | None) -> None:
     """Run the gateway (aiohttp on uvloop). Exits 2 on a bad config before binding a port."""
     config = _load_or_exit(config_path)
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
     config = dataclasses.replace(config, listen=listen)
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gateway.logs import configure
+
+    configure(config.logging, log_level)
     import uvloop
 
     uvloop.run(_serve(config, reuse_port=reuse_port))

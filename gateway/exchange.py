@@ -8,12 +8,13 @@ front hands over (other routes, chunked uploads, HTTP/1.0, oversized bodies).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
 
-from gateway.errors import PayloadTooLargeError
+from gateway.errors import PayloadTooLargeError, RequestTimeoutError
 
 
 class Exchange(Protocol):
@@ -48,13 +49,14 @@ class Exchange(Protocol):
 class AiohttpExchange:
     """An aiohttp request; `response` is what the handler returns."""
 
-    __slots__ = ("_request", "content_length", "path", "response")
+    __slots__ = ("_body_deadline_s", "_request", "content_length", "path", "response")
 
-    def __init__(self, request: web.Request):
+    def __init__(self, request: web.Request, body_deadline_s: float | None = None):
         self._request = request
         self.path = request.path
         self.content_length = request.content_length
         self.response: web.StreamResponse | None = None
+        self._body_deadline_s = body_deadline_s  # the whole body must come within this
 
     def header(self, name: str) -> str | None:
         return self._request.headers.get(name)
@@ -67,9 +69,13 @@ class AiohttpExchange:
         if self.content_length is not None and self.content_length > limit:
             raise PayloadTooLargeError(f"request body exceeds {limit} bytes")
         try:
-            return await self._request.read()
+            async with asyncio.timeout(self._body_deadline_s):
+                return await self._request.read()
         except web.HTTPRequestEntityTooLarge:
             raise PayloadTooLargeError(f"request body exceeds {limit} bytes") from None
+        except TimeoutError:
+            raise RequestTimeoutError("the request body did not arrive in time "
+                                      "(listen.body_timeout_s)") from None
 
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
@@ -77,6 +83,8 @@ class AiohttpExchange:
             return  # a stream already began; it ends as it is
         self.response = web.Response(status=status, body=body, content_type=content_type,
                                      headers=headers)
+        if status == 408:  # the rest of the body may still be coming: end the connection
+            self.response.force_close()
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         response = web.StreamResponse(status=200, headers={

@@ -161,7 +161,10 @@ class Proxy:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The aiohttp handler for the completion routes (connections the front handed over)."""
-        exchange = AiohttpExchange(request)
+        listen = self.config.listen
+        length = request.content_length
+        deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
+        exchange = AiohttpExchange(request, deadline_s)
         await self.serve(exchange)
         assert exchange.response is not None
         return exchange.response
@@ -179,6 +182,9 @@ class Proxy:
             await self._serve(exchange, flight)
         except WattgateError as exc:
             flight.fail(exc)
+            if exc.status >= 500:  # the gateway's or an engine's failure: one line, its id
+                log.warning("request %s: %d %s on %s", flight.request_id, exc.status, exc.code,
+                            flight.endpoint.endpoint.name if flight.endpoint else "no engine")
             exchange.reply(exc.status, exc.body(), "application/json",
                            {REQUEST_ID_HEADER: flight.request_id, **exc.headers()})
         except asyncio.CancelledError:

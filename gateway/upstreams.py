@@ -4,8 +4,9 @@ Two signals take an endpoint out of routing, as in Envoy: active health checks (
 path), and outlier detection (its answers to real requests: `consecutive_failures` gateway-side
 failures in a row eject it for base_ejection_s x its ejections, at most max_ejection_s, whatever
 its health path says; at most max_ejection_percent of a pool at once, one always allowed).
-When every healthy endpoint of a pool is ejected, routing uses them anyway (Envoy's panic mode):
-an ejection must not turn a degraded pool into a dead one.
+The last endpoint that can serve a pool is never ejected, and when every healthy endpoint of
+a pool is ejected all the same (its others turned unhealthy since), routing uses them anyway
+(Envoy's panic mode): an ejection must not turn a degraded pool into a dead one.
 
 The health/scrape loop is the only I/O here; routing reads `snapshot()`-style candidates built
 from this state and stays pure.
@@ -132,6 +133,8 @@ class Upstreams:
         ejected = sum(1 for s in pool if s.ejected(now))
         if ejected and (ejected + 1) * 100.0 > policy.max_ejection_percent * len(pool):
             return  # too much of the pool is out already
+        if not any(s.healthy and not s.ejected(now) for s in pool if s is not state):
+            return  # never the last endpoint that can serve the pool
         state.ejections += 1
         duration_s = min(policy.base_ejection_s * state.ejections, policy.max_ejection_s)
         state.ejected_until = now + duration_s

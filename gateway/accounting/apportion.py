@@ -137,6 +137,22 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
             for lo, r in zip(starts, residencies, strict=True)]
 
 
+def _decoder_weights(own: Sequence[float], dec: Sequence[float], start: Sequence[float],
+                     res: Sequence[float], interval_s: float) -> list[float]:
+    """Instant weights of the requests that decoded with token work of their own, computed
+    over those requests only (0 for the others)."""
+    decoding = [o > 0.0 and d > 0.0 for o, d in zip(own, dec, strict=True)]
+    if all(decoding):
+        return instant_weights(start, res, interval_s)
+    idx = [i for i, flag in enumerate(decoding) if flag]
+    out = [0.0] * len(decoding)
+    if idx:
+        sub = instant_weights([start[i] for i in idx], [res[i] for i in idx], interval_s)
+        for i, w in zip(idx, sub, strict=True):
+            out[i] = w
+    return out
+
+
 def step_joules(delta: float, delta_1: float | None, half_tokens: float,
                 tokens_per_step: float) -> float:
     """Weight streaming of one step: delta_1 at one token per step, tending to delta at many
@@ -164,6 +180,21 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     decode_total = math.fsum(dec)
     own = [alpha * p + beta * d + gamma * k for p, d, k in zip(pre, dec, kv, strict=True)]
     steps = max(dec) if decode_total > 0.0 else 0.0
+    part: list[float] = []
+    if instant and steps > 0.0 and delta > 0.0:
+        # Each decoder's steps: its decode rate (tokens per resident second: one token per
+        # step) times its instant weight among the decoders (its share of each step's time).
+        # Their sum is the interval's steps, whoever ran them: a request split in two, one
+        # after the other, ran the same steps, and a resident request that decoded nothing
+        # ran none. Spans too short to weigh: the largest decode, shared by tokens.
+        weights_d = _decoder_weights(own, dec, start, res, interval_s)
+        part = [w * d / r if w > 0.0 and r > 0.0 else 0.0
+                for w, d, r in zip(weights_d, dec, res, strict=True)]
+        own_steps = math.fsum(part)
+        if own_steps > 0.0 and math.isfinite(own_steps):
+            steps = own_steps
+        else:
+            part = []
     step_j = 0.0
     if steps > 0.0 and delta > 0.0:
         # Decode steps carry `batch` tokens; the prefills ride in about one step each
@@ -195,10 +226,9 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     work = own
     if step_j > 0.0:
         # The steps go to sequences that decoded with token work of their own: with `instant`
-        # by their instant weights (spans too short to weigh: by decode tokens), else by
-        # decode tokens.
-        part = ([w if o > 0.0 and d > 0.0 else 0.0
-                 for o, d, w in zip(own, dec, weights, strict=True)] if instant else [])
+        # by their instant weights among the decoders alone (a resident request that decoded
+        # nothing was in no step, so it must not thin the decoders' weights), spans too short
+        # to weigh by decode tokens; without `instant`, by decode tokens.
         part_total = math.fsum(part)
         if part_total <= 0.0:
             part = [d if o > 0.0 else 0.0 for o, d in zip(own, dec, strict=True)]

@@ -59,34 +59,76 @@ class _DateHeader:
 _date = _DateHeader()
 
 
+class EdgeLimits:
+    """The edge's deadlines and caps (listen.* in the config)."""
+
+    __slots__ = ("body_min_bytes_per_s", "body_timeout_s", "header_timeout_s", "keepalive_s",
+                 "max_connections")
+
+    def __init__(self, *, header_timeout_s: float = 10.0, body_timeout_s: float = 30.0,
+                 body_min_bytes_per_s: float = 65536.0, keepalive_s: float = 75.0,
+                 max_connections: int = 4096):
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.body_min_bytes_per_s = body_min_bytes_per_s
+        self.keepalive_s = keepalive_s
+        self.max_connections = max_connections
+
+    def body_deadline_s(self, content_length: int) -> float:
+        """Seconds a body of this size may take after its head."""
+        return self.body_timeout_s + content_length / self.body_min_bytes_per_s
+
+
 class FrontSettings:
-    __slots__ = ("cancel_on_disconnect", "handoff", "max_body_bytes", "routes", "serve")
+    __slots__ = ("cancel_on_disconnect", "handoff", "limits", "max_body_bytes", "on_reject",
+                 "routes", "serve")
 
     def __init__(self, serve: Callable[[Exchange], object], handoff: Callable[[], asyncio.Protocol],
-                 routes: Sequence[str], max_body_bytes: int, cancel_on_disconnect: bool = True):
+                 routes: Sequence[str], max_body_bytes: int, cancel_on_disconnect: bool = True,
+                 limits: EdgeLimits | None = None,
+                 on_reject: Callable[[str], None] | None = None):
         self.serve = serve  # the proxy's `serve(exchange)` coroutine function
         self.handoff = handoff  # makes the aiohttp protocol that takes a handed-over connection
         self.routes = frozenset(r.encode() for r in routes)
         self.max_body_bytes = max_body_bytes
         self.cancel_on_disconnect = cancel_on_disconnect
+        self.limits = limits or EdgeLimits()
+        self.on_reject = on_reject  # counts connections the edge closed, by reason
 
 
 class FrontConnections:
-    """The open front connections of one listener, for keep-alive expiry and shutdown."""
+    """The open client connections of one listener (the front's and those handed to aiohttp),
+    for the edge's deadlines, the connection cap and shutdown."""
 
     def __init__(self) -> None:
         self.open: set[FrontProtocol] = set()
+        self.handed: dict[object, HandedConnection] = {}  # aiohttp's transport -> guard
         self.closing = False
 
+    def __len__(self) -> int:
+        return len(self.open) + len(self.handed)
+
     def close_idle(self, idle_for_s: float = 0.0) -> int:
-        """Close connections with no request in flight, idle at least `idle_for_s`."""
+        """Close front connections with no request in flight and no bytes of the next one,
+        idle at least `idle_for_s`."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         closed = 0
         for conn in list(self.open):
-            if conn.task is None and now - conn.last_active >= idle_for_s:
+            if (conn.task is None and not conn.reading()
+                    and now - conn.last_active >= idle_for_s):
                 conn.close()
                 closed += 1
+        return closed
+
+    def expire(self, now: float) -> int:
+        """Enforce the deadlines: a head or a body that is late gets 408 and its connection
+        closes; an idle keep-alive connection closes. Returns how many closed."""
+        closed = 0
+        for conn in list(self.open):
+            closed += conn.expire(now)
+        for guard in list(self.handed.values()):
+            closed += guard.expire(now)
         return closed
 
     def abort_all(self) -> None:
@@ -94,11 +136,14 @@ class FrontConnections:
             if conn.task is not None:
                 conn.task.cancel()
             conn.close()
+        for guard in list(self.handed.values()):
+            guard.close()
 
 
 class FrontProtocol(asyncio.Protocol):
     __slots__ = ("_buf", "_drain", "_head", "_loop", "_on_drain", "_read_paused", "_write_paused",
-                 "connections", "last_active", "lost", "settings", "task", "transport")
+                 "connections", "head_since", "last_active", "lost", "settings", "task",
+                 "transport")
 
     def __init__(self, settings: FrontSettings, connections: FrontConnections):
         self.settings = settings
@@ -113,27 +158,80 @@ class FrontProtocol(asyncio.Protocol):
         self._write_paused = False
         self._drain: asyncio.Future[None] | None = None
         self._on_drain: Callable[[], None] | None = None
-        self.last_active = 0.0
+        self.last_active = 0.0  # when the last response ended (or the connection opened)
+        # When the head being read started: a new connection's first byte is due at once, a
+        # kept-alive one's when its first byte comes. A trickled head does not move it.
+        self.head_since: float | None = None
 
     # --- asyncio callbacks -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.last_active = self.head_since = self._loop.time()
+        if len(self.connections) >= self.settings.limits.max_connections:
+            # past the cap: say so (503 + Retry-After) and close, before the fd runs out
+            self._reject(503, b"overloaded", b"the gateway has as many client connections as "
+                         b"it takes (listen.max_connections); retry shortly", retry_after=True)
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.last_active = self._loop.time()
         self.connections.open.add(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # rejected at connect, or closing: nothing more is served here
         self._buf += data
-        self.last_active = self._loop.time()
+        if self.head_since is None and self._head is None:
+            self.head_since = self._loop.time()
         if self.task is None:
             self._next()
         elif len(self._buf) > MAX_BUFFER_BYTES and not self._read_paused:
             self._read_paused = True
             assert self.transport is not None
             self.transport.pause_reading()
+
+    def reading(self) -> bool:
+        """Bytes of a request have come and its answer has not started."""
+        return self.task is None and (bool(self._buf) or self._head is not None)
+
+    def expire(self, now: float) -> int:
+        """Apply the deadlines (1 if this connection was closed)."""
+        if self.task is not None or self.lost:
+            return 0
+        limits = self.settings.limits
+        if self._head is not None:
+            late = now - self.last_active > limits.body_deadline_s(self._head.content_length)
+            if late:
+                self._reject(408, b"request_timeout", b"the request body did not arrive in "
+                             b"time (listen.body_timeout_s)", reason="body_timeout")
+            return int(late)
+        if self.head_since is not None:
+            if now - self.head_since > limits.header_timeout_s:
+                self._reject(408, b"request_timeout", b"the request head did not arrive in "
+                             b"time (listen.header_timeout_s)", reason="header_timeout")
+                return 1
+            return 0
+        if now - self.last_active > limits.keepalive_s:
+            self.close()
+            return 1
+        return 0
+
+    def _reject(self, status: int, code: bytes, message: bytes, *, retry_after: bool = False,
+                reason: str | None = None) -> None:
+        """Answer with an OpenAI-style error and close the connection."""
+        body = (b'{"error":{"message":"' + message + b'","type":"invalid_request_error",'
+                b'"param":null,"code":"' + code + b'"}}')
+        head = [_STATUS_LINES[status], b"Content-Type: application/json\r\n",
+                b"Content-Length: %d\r\n" % len(body), b"Connection: close\r\n", _date()]
+        if retry_after:
+            head.append(b"Retry-After: 1\r\n")
+        head.append(b"\r\n")
+        if self.settings.on_reject is not None:
+            self.settings.on_reject(reason or code.decode())
+        assert self.transport is not None
+        self.transport.write(b"".join(head) + body)
+        self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -162,8 +260,11 @@ class FrontProtocol(asyncio.Protocol):
         assert isinstance(head, RequestHead)
         end = head.body_start + head.content_length
         if len(buf) < end:
-            self._head = head
+            if self._head is None:  # the body's deadline runs from its head
+                self._head = head
+                self.last_active = self._loop.time()
             return
+        self.head_since = None
         body = bytes(buf[head.body_start:end])
         del buf[:end]
         self._head = None
@@ -181,6 +282,8 @@ class FrontProtocol(asyncio.Protocol):
             self.close()
             return
         self.last_active = self._loop.time()
+        if self._buf:  # the next request's bytes came already (pipelined)
+            self.head_since = self.last_active
         if self._read_paused:
             self._read_paused = False
             assert self.transport is not None
@@ -198,7 +301,8 @@ class FrontProtocol(asyncio.Protocol):
         if self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-        handler = self.settings.handoff()
+        handler = HandedConnection(self.settings.handoff(), self.connections, self.settings,
+                                   self.head_since or self._loop.time())
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if data:
@@ -323,3 +427,79 @@ class FrontExchange:
         frame = _chunk(last) + _END if last else _END
         self._conn.send(self._pending_head + frame)
         self._pending_head = b""
+
+
+class HandedConnection(asyncio.Protocol):
+    """A connection the front handed to aiohttp: aiohttp's protocol does the HTTP, this guard
+    passes every callback on and holds it to the edge's deadlines (aiohttp has no head
+    deadline, and its keep-alive is its own). The app marks its requests in flight
+    (`request_started` / `request_done`), so the guard knows when bytes belong to a new head."""
+
+    __slots__ = ("_conn", "busy", "connections", "head_since", "inner", "last_active",
+                 "settings", "transport")
+
+    def __init__(self, inner: asyncio.Protocol, connections: FrontConnections,
+                 settings: FrontSettings, head_since: float):
+        self.inner = inner
+        self.connections = connections
+        self.settings = settings
+        self.transport: asyncio.Transport | None = None
+        self.busy = 0
+        self.head_since: float | None = head_since
+        self.last_active = head_since
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.connections.handed[transport] = self
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.busy == 0 and self.head_since is None:
+            self.head_since = asyncio.get_running_loop().time()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.handed.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def request_started(self) -> None:
+        self.busy += 1
+        self.head_since = None
+
+    def request_done(self, now: float) -> None:
+        self.busy -= 1
+        self.last_active = now
+
+    def expire(self, now: float) -> int:
+        limits = self.settings.limits
+        if self.busy or self.transport is None or self.transport.is_closing():
+            return 0
+        if self.head_since is not None and now - self.head_since > limits.header_timeout_s:
+            if self.settings.on_reject is not None:
+                self.settings.on_reject("header_timeout")
+            self.transport.write(
+                _STATUS_LINES[408] + b"Content-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(_TIMEOUT_BODY) + _TIMEOUT_BODY)
+            self.close()
+            return 1
+        if self.head_since is None and now - self.last_active > limits.keepalive_s:
+            self.close()
+            return 1
+        return 0
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+_TIMEOUT_BODY = (b'{"error":{"message":"the request head did not arrive in time",'
+                 b'"type":"invalid_request_error","param":null,"code":"request_timeout"}}')

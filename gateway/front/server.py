@@ -15,12 +15,14 @@ import contextlib
 
 from aiohttp import web
 
-from gateway.app import PROXY
+from gateway.app import CONNECTIONS, METRICS, PROXY
 from gateway.config import GatewayConfig
-from gateway.front.protocol import FrontConnections, FrontProtocol, FrontSettings
+from gateway.front.aiohttp_errors import safe_handler_factory
+from gateway.front.protocol import EdgeLimits, FrontConnections, FrontProtocol, FrontSettings
 
 COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-SWEEP_S = 5.0  # the most an idle connection outlives listen.keepalive_s
+SWEEP_S = 1.0  # how late past a deadline (head, body, keep-alive) a connection may close
+LINGER_S = 1.0
 
 
 class RunningGateway:
@@ -35,10 +37,10 @@ class RunningGateway:
         self._sweeper = asyncio.create_task(self._sweep(), name="wattgate-keepalive")
 
     async def _sweep(self) -> None:
-        keepalive_s = self.config.listen.keepalive_s
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(SWEEP_S, keepalive_s / 2))
-            self.connections.close_idle(keepalive_s)
+            await asyncio.sleep(SWEEP_S)
+            self.connections.expire(loop.time())
 
     async def stop(self) -> None:
         """Stop accepting, answer new requests 503 while in-flight ones finish (bounded by
@@ -61,16 +63,27 @@ class RunningGateway:
 async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool = False,
                 cancel_on_disconnect: bool = True) -> RunningGateway:
     """Set up `app` and listen on config.listen (port 0: any free port)."""
+    listen = config.listen
     runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            shutdown_timeout=config.drain_timeout_s,
-                           handler_cancellation=cancel_on_disconnect)
+                           handler_cancellation=cancel_on_disconnect,
+                           keepalive_timeout=listen.keepalive_s,
+                           # after an early answer (408, 413) aiohttp reads what the client
+                           # still sends, so it can read the answer; not for 10 s
+                           lingering_time=LINGER_S)
     await runner.setup()
     aiohttp_server = runner.server
     assert aiohttp_server is not None
-    settings = FrontSettings(serve=app[PROXY].serve, handoff=aiohttp_server,
+    rejected = app[METRICS].client_errors
+    limits = EdgeLimits(header_timeout_s=listen.header_timeout_s,
+                        body_timeout_s=listen.body_timeout_s,
+                        body_min_bytes_per_s=listen.body_min_bytes_per_s,
+                        keepalive_s=listen.keepalive_s, max_connections=listen.max_connections)
+    settings = FrontSettings(serve=app[PROXY].serve, handoff=safe_handler_factory(aiohttp_server),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
-                             cancel_on_disconnect=cancel_on_disconnect)
-    connections = FrontConnections()
+                             cancel_on_disconnect=cancel_on_disconnect, limits=limits,
+                             on_reject=lambda reason: rejected.labels(reason).inc())
+    connections = app[CONNECTIONS]
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(lambda: FrontProtocol(settings, connections),

@@ -53,13 +53,15 @@ class ResponseParser:
     them must not be reused) and are dropped. Raises `MalformedResponse`.
     """
 
-    __slots__ = ("_body", "_headers", "_parser", "_seen", "done", "extra", "head", "until_close")
+    __slots__ = ("_body", "_head_bytes", "_headers", "_parser", "_seen", "done", "extra", "head",
+                 "until_close")
 
     def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self._body: list[bytes] = []
         self._headers: list[tuple[bytes, bytes]] = []
         self._seen = 0  # bytes fed before the head completed
+        self._head_bytes = 0  # the header lines' size, once the head is complete
         self.head: ResponseHead | None = None
         self.done = False
         self.extra = False
@@ -70,7 +72,7 @@ class ResponseParser:
         one: llhttp then sits at a message boundary). Cheaper than a new parser."""
         self._body = []
         self._headers = []
-        self._seen = 0
+        self._seen = self._head_bytes = 0
         self.head = None
         self.done = self.extra = self.until_close = False
 
@@ -89,6 +91,8 @@ class ResponseParser:
             self._seen += len(data)
             if self._seen > MAX_HEAD_BYTES:
                 raise MalformedResponse("response head too large")
+        elif self._head_bytes > MAX_HEAD_BYTES:
+            raise MalformedResponse("response head too large")
         body = self._body
         if not body:
             return b""
@@ -120,6 +124,11 @@ class ResponseParser:
             return
         content_type = te = b""
         content_length = None
+        self._head_bytes = sum(len(n) + len(v) + 4 for n, v in self._headers)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            # a large head that came in one read: refused like one that came in many (llhttp
+            # turns this into a parser error, so no head is ever handed out)
+            raise MalformedResponse("response head too large")
         for name, value in self._headers:
             n = len(name)  # lower-case only the names that can match
             if n == 12:
