@@ -11,11 +11,15 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   second than one that left when it was full.
 - dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
   (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
-  delta(tokens per step) for each step. Steps are estimated as the most tokens any request
-  decoded in the interval; each carries decode/steps tokens, and one per request prefilling
-  in the interval also carries that prompt. Without `instant` the steps' energy is shared by
-  decode tokens; with it, by the instant weights of the requests that decoded in the
-  interval (every sequence in a step shares that step's weight reads). A request that
+  delta(tokens per step) for each step. With `instant` (the service), each decoder's steps
+  are its decode rate (one token per step over its resident time) times its instant weight
+  among the decoders alone, i.e. its tokens x the mean of 1/batch over its span; the
+  interval's steps are their sum, and each decoder's share of the steps' energy is its own
+  steps: a request split into pieces one after another ran the same steps, and a resident
+  request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
+  are the most tokens any request decoded and their energy goes by decode tokens. Each step
+  carries decode/steps tokens, and one per request prefilling in the interval also carries
+  that prompt. A request that
   did no token work gets no dynamic share. An interval with residency but no token work sends
   its dynamic energy to the idle account, and an interval with no request sends all of dE
   there.
