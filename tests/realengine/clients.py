@@ -3,8 +3,8 @@
 The client's clock: `sent_s` is taken in an httpx request hook, just before the request goes
 out; `first_s` when the SDK hands over the first chunk with a non-empty `choices` list (the
 token event `vllm bench serve` times, the chat role chunk included). Client TTFT = first_s -
-sent_s. The gateway measures from the request's arrival to the relay of that event, so its
-TTFT is the client's minus the two transport legs and the SDK's parsing: a little smaller.
+sent_s. The gateway measures from the request's arrival to its engine read of that event, so
+its TTFT is the client's minus the two transport legs and the SDK's parsing: a little smaller.
 """
 
 from __future__ import annotations

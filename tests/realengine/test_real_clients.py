@@ -4,11 +4,12 @@ Every request is joined to its access-log line by `x-wattgate-request-id`. Per r
 gateway records it `ok` (200), its prompt and completion tokens equal the client's (usage where
 the client has it; otherwise the prompt counted with the model's tokenizer and the tokens listed
 in the chunks' logprobs), and for a stream its token events equal the client's. TTFT: the
-gateway's runs from the request's arrival to the relay of the first token event, the client's
-from its send to the SDK handing over that chunk; client - gateway >= 0 for every stream and
-<= 2 ms for the closest (tests/realengine/agreement.py says why not for each). A non-streamed
-response's whole response time (the gateway's e2e_s) must lie inside the client's too. The SDK
-closes the connection right after `[DONE]`.
+gateway's runs from the request's arrival to its engine read of the first token event, the
+client's from its send to the SDK handing over that chunk; client - gateway >= 0 for every
+stream and <= 2 ms for the closest (tests/realengine/agreement.py says why not for each). A
+non-streamed response has no TTFT to compare: the gateway stamps its end after writing the
+body, which the client may already have read. The SDK closes the connection right after
+`[DONE]`.
 """
 
 from __future__ import annotations
@@ -92,8 +93,7 @@ async def test_openai_sdk_requests_are_recorded_as_the_client_saw_them(
         logged_gateway: Gateway, tiny_model: Path) -> None:
     """120 SDK requests (completions and chat; non-streamed, streamed with and without
     include_usage; 20 each, 4 at a time): each recorded ok with the client's prompt and
-    completion tokens and a stream's token events; TTFT (a stream's) and response time (the
-    others') as in agreement.py."""
+    completion tokens and a stream's token events; a stream's TTFT as in agreement.py."""
     gw, log = logged_gateway, logged_gateway.access_log
     assert log is not None
     counter = PromptCounter(tiny_model)
@@ -116,14 +116,6 @@ async def test_openai_sdk_requests_are_recorded_as_the_client_saw_them(
     timed = ttft_pairs([(s, recs[s.request_id]) for s in seen])
     print(f"\n[realengine] SDK: {summary(timed)}")
     problems += ttft_problems(timed)
-    # Non-streamed: the whole response (the gateway's e2e_s) inside the client's span. No 2 ms
-    # bar: the SDK's parsing of a whole body alone takes close to 2 ms here.
-    whole = [TtftPair(f"{s.kind} {s.request_id}", s.done_s - s.sent_s,
-                      float(recs[s.request_id]["e2e_s"]),
-                      float(recs[s.request_id]["ts"]) - s.sent_wall_s)
-             for s in seen if s.first_s is None]
-    print(f"[realengine] SDK: {summary(whole, what='response time')}")
-    problems += ttft_problems(whole, slack_s=None, what="response time")
     streams = [s for s in seen if s.first_s is not None]
     assert len(streams) == 4 * PER_KIND
     assert all(s.completion_tokens > 0 for s in seen)
