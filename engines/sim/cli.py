@@ -46,12 +46,14 @@ def _run(configs: list[SimConfig]) -> None:
               help="Share of tokens whose text is empty (split UTF-8 character, special token).")
 @click.option("--empty-text-share-non-ascii", type=float, default=0.25, show_default=True,
               help="The same share for a prompt without ASCII text (CJK, emoji).")
+@click.option("--done-gap-ms", type=float, default=2.0, show_default=True,
+              help="Pause between [DONE] and the end of a stream (a busy server's).")
 @click.pass_context
 def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str | None,
         dialect: str, port: int | None, host: str, tp: int, served_model_name: str | None,
         time_scale: float, seed: int, max_batch: int, fixed_ttft_ms: float | None,
         fixed_itl_ms: float | None, tokens_per_event: int, empty_text_share: float,
-        empty_text_share_non_ascii: float) -> None:
+        empty_text_share_non_ascii: float, done_gap_ms: float) -> None:
     """Run a simulated vLLM / trtllm-serve engine (roofline timing, power model, energy counter)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -64,7 +66,8 @@ def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str |
     cfg = SimConfig(gpu, model, precision, dialect, port, host, tp, served_model_name,
                     time_scale, seed, max_batch, fixed_ttft_ms, fixed_itl_ms, tokens_per_event,
                     empty_text_share=empty_text_share,
-                    empty_text_share_non_ascii=empty_text_share_non_ascii)
+                    empty_text_share_non_ascii=empty_text_share_non_ascii,
+                    done_gap_ms=done_gap_ms)
     try:
         cfg.resolve()
     except SimConfigError as exc:

@@ -36,6 +36,9 @@ class SimConfig:
     # prompts fall in between. A few percent is what byte-level BPE models show on English.
     empty_text_share: float = 0.02
     empty_text_share_non_ascii: float = 0.25
+    # Pause between `data: [DONE]` and the end of a stream (the last HTTP chunk), as a busy
+    # vLLM server shows; clients that close at [DONE] (the openai SDK) close within it.
+    done_gap_ms: float = 2.0
 
     @property
     def model_name(self) -> str:
@@ -61,6 +64,8 @@ class SimConfig:
             raise SimConfigError(f"max_batch: must be >= 1, got {self.max_batch}")
         if self.tokens_per_event < 1:
             raise SimConfigError(f"tokens_per_event: must be >= 1, got {self.tokens_per_event}")
+        if not 0.0 <= self.done_gap_ms <= 10_000.0:
+            raise SimConfigError(f"done_gap_ms: must be in 0..10000, got {self.done_gap_ms}")
         for name in ("empty_text_share", "empty_text_share_non_ascii"):
             share = getattr(self, name)
             if not 0.0 <= share <= 1.0:
@@ -79,7 +84,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "port": (int,), "tp": (int,), "seed": (int,), "max_batch": (int,),
     "tokens_per_event": (int,), "time_scale": (int, float), "fixed_ttft_ms": (int, float),
     "fixed_itl_ms": (int, float), "empty_text_share": (int, float),
-    "empty_text_share_non_ascii": (int, float),
+    "empty_text_share_non_ascii": (int, float), "done_gap_ms": (int, float),
 }
 
 

@@ -230,17 +230,21 @@ async def _stream(request: web.Request, ch: Channel, maker: ChunkMaker, texts: T
                 return _abort(request, resp)
         if ch.done and not held:
             break
-    return await _finish_stream(resp, maker, sent_tokens)
+    return await _finish_stream(resp, maker, sent_tokens,
+                                request.app[STATE].cfg.done_gap_ms / 1000.0)
 
 
 async def _finish_stream(resp: web.StreamResponse, maker: ChunkMaker,
-                         completion_tokens: int) -> web.StreamResponse:
+                         completion_tokens: int, done_gap_s: float) -> web.StreamResponse:
     try:
         if maker.req.include_usage:
             await asyncio.sleep(0)
             await resp.write(maker.usage_event(completion_tokens))
         await asyncio.sleep(0)
         await resp.write(DONE_EVENT)
+        # A busy vLLM API server ends the response a moment after [DONE] (its engine and API
+        # server share the cores): clients that hang up at [DONE] do it in that moment.
+        await asyncio.sleep(done_gap_s)
         await resp.write_eof()
     except ConnectionResetError:
         pass  # the client read what it needed ([DONE], or the usage chunk) and closed

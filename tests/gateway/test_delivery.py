@@ -12,7 +12,6 @@ import asyncio
 import math
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from gateway.records import RequestRecord
 from gateway.tokenizer import load_tokenizer
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, make_config, raw_config, running_gateway
+from tests.support.hangup import raw_stream
 from tests.support.tokenizer import train_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,27 +31,6 @@ PROMPT = "the energy of a token per joule and the carbon of a batch"
 
 def ep(engine: FakeEngine) -> dict[str, Any]:
     return {"name": "e1", "url": engine.url, "precision": "bf16", "kind": "vllm"}
-
-
-async def raw_stream(url: str, path: str, body: dict[str, Any], stop_at: bytes) -> bytes:
-    """POST with a raw socket, read until `stop_at` has arrived, then close at once, as the
-    openai SDK does after `[DONE]`. Returns what was read."""
-    parts = urlsplit(url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    data = orjson.dumps(body)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-                 .encode() + data)
-    got = b""
-    try:
-        while stop_at not in got:
-            chunk = await asyncio.wait_for(reader.read(65536), 10)
-            if not chunk:
-                break
-            got += chunk
-    finally:
-        writer.close()
-    return got
 
 
 async def wait_for(records: list[RequestRecord], n: int) -> None:
