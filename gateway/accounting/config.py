@@ -7,6 +7,9 @@
       hold_s: 60              # and once no request in flight over it is still being served,
                               # waiting at most this long (0: do not wait)
       ledger: {kind: sqlite, path: wattgate-ledger.db}   # or {kind: postgres, dsn_env: PGDSN}
+      journal: {enabled: true, path: <ledger path>.journal, fsync_ms: 20}   # write-ahead
+                              # journal of finished requests (journal.py); with postgres the
+                              # default path is ./wattgate-journal, on each replica's local disk
       region: DE              # built-in grid intensity; or intensity: 381 | {csv: file}
       pue: 1.1
       price_usd_per_kwh: 0.08 # or {csv: file}
@@ -50,6 +53,21 @@ class LedgerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalConfig:
+    """The write-ahead request journal (journal.py). Off in a config built in code (tests);
+    `parse_accounting` turns it on unless the section says otherwise."""
+
+    enabled: bool = False
+    path: str = ""  # a directory; "": `<ledger path>.journal`, or ./wattgate-journal (postgres)
+    fsync_s: float = 0.02  # group-commit window: a SIGKILL loses about this much
+
+    def directory(self, ledger: LedgerConfig) -> str:
+        if self.path:
+            return self.path
+        return f"{ledger.path}.journal" if ledger.kind == "sqlite" else "wattgate-journal"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineMeterConfig:
     meter: MeterSpec
     idle_power_w: float | None = None  # None: the meter's own value, else the model default
@@ -73,6 +91,7 @@ class AccountingConfig:
     max_lag_s: float = 10.0
     hold_s: float = 60.0
     ledger: LedgerConfig = LedgerConfig()
+    journal: JournalConfig = JournalConfig()
     region: str = "WORLD"
     pricing: Pricing = field(default_factory=Pricing)
     fit: FitConfig = FitConfig()
@@ -121,6 +140,18 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
         if not isinstance(dsn, str):
             raise ConfigError(r.at("dsn"), "must be a string")
         cfg = LedgerConfig(kind=kind, dsn=dsn)
+    r.finish()
+    return cfg
+
+
+def _journal(r: _Reader, base: Path) -> JournalConfig:
+    path = r.get("path")
+    if path is not None and (not isinstance(path, str) or not path):
+        raise ConfigError(r.at("path"), "must be a non-empty string (a directory)")
+    if path and not Path(path).is_absolute():
+        path = str(base / path)
+    cfg = JournalConfig(enabled=r.flag("enabled", True), path=path or "",
+                        fsync_s=r.number("fsync_ms", 20.0) / 1000.0)
     r.finish()
     return cfg
 
@@ -200,6 +231,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         max_lag_s=r.number("max_lag_s", 10.0),
         hold_s=r.number("hold_s", 60.0, inclusive=True),
         ledger=_ledger(r.sub("ledger"), env),
+        journal=_journal(r.sub("journal"), base),
         region=region,
         pricing=pricing,
         fit=fit,

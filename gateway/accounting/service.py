@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
+from pathlib import Path
 from typing import Any
 
 from engines.meters.base import Meter, MeterError
@@ -29,6 +30,7 @@ from gateway.accounting.coefficients import Coefficients, default_for, fit_inter
 from gateway.accounting.config import AccountingConfig, LedgerConfig
 from gateway.accounting.counters import EngineCounters, begin_check, unaccounted_j
 from gateway.accounting.energy import Boundary, EnergyTrack
+from gateway.accounting.journal import Journal, recover
 from gateway.accounting.ledger.base import (
     EngineState,
     EngineWork,
@@ -135,6 +137,10 @@ class AccountingService:
                 estimated=meter.estimated,
                 samples=deque(maxlen=config.fit.window))
         self._started_s = clock()
+        jc = config.journal
+        self.journal = (Journal(Path(jc.directory(config.ledger)), jc.fsync_s)
+                        if jc.enabled else None)
+        self._journal_ingested = 0  # records of journal segments below this are ingested
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """Where to learn the wall-clock arrival of the oldest request still being served
@@ -148,11 +154,15 @@ class AccountingService:
     def record(self, rec: RequestRecord) -> None:
         """Queue a finished request for the ledger (O(1), no I/O)."""
         self._pending.append(rec)
+        if self.journal is not None:
+            self.journal.append(rec)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.ledger.open()
+        if self.journal is not None:
+            await self._replay_journal(self.journal)
         self._stopping.clear()
         self._task = asyncio.create_task(self._run(), name="wattgate-accounting")
 
@@ -171,10 +181,32 @@ class AccountingService:
             log.error("stopping with %d request records not written to the ledger: %s",
                       len(self._requests), exc)
         await self._store_counters()
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.close)
         await self.ledger.close()
         for eng in self.engines.values():
             with contextlib.suppress(MeterError):
                 await eng.meter.close()
+
+    async def _replay_journal(self, journal: Journal) -> None:
+        """Write to the ledger the journalled records of gateway processes that are gone (a
+        crash), then start this process's journal."""
+        found = await asyncio.to_thread(recover, journal.directory, journal.owner)
+        if found.files:
+            log.warning("replaying %d request records (%d torn lines skipped) from %d journal "
+                        "files in %s", len(found.records), found.skipped_lines,
+                        len(found.files), journal.directory)
+            self._pending[:0] = found.records
+            self.ingest()
+            try:
+                await self.flush()
+            except LedgerError as exc:
+                # The rows stay queued here and the files stay for the next start.
+                log.error("journal replay not written to the ledger yet: %s", exc)
+                found.abandon()
+            else:
+                await asyncio.to_thread(found.done)
+        await asyncio.to_thread(journal.open)
 
     async def cleanup_ctx(self, _app: object) -> AsyncIterator[None]:
         await self.start()
@@ -263,6 +295,7 @@ class AccountingService:
         milliseconds; fixed 32-record chunks then spread one step's ingest over most of a
         second, and the ledger fell seconds behind the requests (a crash would have lost them)."""
         pending, self._pending = self._pending, []
+        cut = self._journal_cut(pending)
         chunk = max(chunk, -(-len(pending) // slices))
         done = 0
         try:
@@ -272,11 +305,20 @@ class AccountingService:
         finally:
             if done < len(pending):  # cancelled (stopping): the rest waits for the last ingest
                 self._pending[:0] = pending[done:]
+        self._journal_ingested = max(self._journal_ingested, cut)
 
     def ingest(self) -> None:
         """Turn every queued record into ledger rows now."""
         pending, self._pending = self._pending, []
+        cut = self._journal_cut(pending)
         self._rows_from(pending)
+        self._journal_ingested = max(self._journal_ingested, cut)
+
+    def _journal_cut(self, pending: Sequence[RequestRecord]) -> int:
+        """Cut the journal where `pending` ends (0: nothing to cut)."""
+        if self.journal is None or not pending:
+            return 0
+        return self.journal.cut()
 
     def _rows_from(self, pending: Sequence[RequestRecord]) -> None:
         dt = self.config.interval_s
@@ -308,6 +350,8 @@ class AccountingService:
             self._work[:0] = work
             raise
         self._published = (since, now)
+        if self.journal is not None:
+            self.journal.release(self._journal_ingested)
 
     def _watermark(self) -> float | None:
         """The earliest wall-clock time this replica may still record work at: the arrival of
