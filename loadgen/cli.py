@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -101,6 +103,7 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
 def build_workload(p: dict[str, Any]) -> Workload:
     """The workload the options describe, with its prompt synthesiser; warns (once) when
     prompt lengths are words rather than the target's tokens."""
+    check_target(p["target"])
     try:
         w = _workload(p)
         if p.get("tokenizer"):
@@ -177,12 +180,34 @@ def loadgen() -> None:
 @loadgen.command()
 @common
 def run(**p: Any) -> None:
-    """One run against --target (the gateway or an engine)."""
+    """One run against --target (the gateway or an engine). Exits 1 when no request succeeded
+    (an unreachable or wrong target), naming the commonest failure."""
     w = build_workload(p)
     target = Target(p["target"], w.model, w.api)
     o = _run(run_workload(w, target, run_options(p), label="run"))
     _print_outcome(o)
     write_outputs(p["out_dir"], "run", [o])
+    fail_if_nothing_succeeded([o])
+
+
+def check_target(url: str, param: str = "--target") -> None:
+    """A base URL the client can send to: http(s)://host[:port][/path]."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(f"{url!r} is not an http:// or https:// URL with a host",
+                                 param_hint=param)
+
+
+def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
+    """Exit 1 with the commonest failure of any run in which no request succeeded."""
+    for o in outcomes:
+        results = [m.result for m in o.requests]
+        if results and not any(r.ok for r in results):
+            worst = Counter(f"{r.status}: {r.error}" if r.error else r.status
+                            for r in results).most_common(1)[0]
+            _err(f"error: no request of {o.label or 'the run'} succeeded against "
+                 f"{o.target.base_url} ({worst[1]} of {len(results)}: {worst[0]})")
+            sys.exit(1)
 
 
 def _parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
@@ -244,6 +269,7 @@ def compare(**p: Any) -> None:
     click.echo(report.delta_table(deltas))
     write_outputs(p["out_dir"], "compare", outcomes, deltas=deltas, arm_precisions=arm_prec,
                   quality=quality, title="wattgate loadgen compare")
+    fail_if_nothing_succeeded(outcomes)
 
 
 async def sweep_rates(w: Workload, targets: dict[str, Target], rates: Sequence[float],
@@ -280,6 +306,8 @@ def sweep(**p: Any) -> None:
     sw = sweep_result(points, p["target_attainment"])
     click.echo(report.sweep_table(sw))
     write_outputs(p["out_dir"], "sweep", outcomes, sweep=sw, title="wattgate loadgen sweep")
+    if not any(m.result.ok for o in outcomes for m in o.requests):
+        fail_if_nothing_succeeded(outcomes)
 
 
 @loadgen.command()
@@ -303,6 +331,7 @@ def preset(scenario: str, **p: Any) -> None:
                    f"{s.throughput_rps:.2f} req/s, {s.output_tokens_per_s:.1f} output tokens/s")
         _print_outcome(o)
         write_outputs(p["out_dir"], "offline", [o])
+        fail_if_nothing_succeeded([o])
         return
     rates = ([float(x) for x in p["rates"].split(",") if x.strip()] or
              [p["rate"] * f for f in (0.5, 0.75, 1.0, 1.5, 2.0)])
@@ -316,6 +345,8 @@ def preset(scenario: str, **p: Any) -> None:
                f"{p['slo_tpot_ms']:g} ms for {p['target_attainment']:.0%} of requests: "
                + (f"{best.rate_rps:g} req/s" if best else "none of the rates tried"))
     write_outputs(p["out_dir"], "server", outcomes, sweep=sw, title="wattgate loadgen server")
+    if not any(m.result.ok for o in outcomes for m in o.requests):
+        fail_if_nothing_succeeded(outcomes)
 
 
 @loadgen.command("trace-sample")
