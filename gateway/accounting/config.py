@@ -58,7 +58,7 @@ class JournalConfig:
     `parse_accounting` turns it on unless the section says otherwise."""
 
     enabled: bool = False
-    path: str = ""  # a directory; "": `<ledger path>.journal`, or ./wattgate-journal (postgres)
+    path: str = ""  # a directory; "": `<ledger path>.journal` (sqlite), ./wattgate-journal
     fsync_s: float = 0.02  # group-commit window: a SIGKILL loses about this much
 
     def directory(self, ledger: LedgerConfig) -> str:
@@ -144,10 +144,12 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
     return cfg
 
 
-def _journal(r: _Reader, base: Path) -> JournalConfig:
+def _journal(r: _Reader, base: Path, ledger: LedgerConfig) -> JournalConfig:
     path = r.get("path")
     if path is not None and (not isinstance(path, str) or not path):
         raise ConfigError(r.at("path"), "must be a non-empty string (a directory)")
+    if not path and ledger.kind == "postgres":
+        path = "wattgate-journal"  # on this replica's own disk, next to its config
     if path and not Path(path).is_absolute():
         path = str(base / path)
     cfg = JournalConfig(enabled=r.flag("enabled", True), path=path or "",
@@ -222,6 +224,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         raise ConfigError(r.at("meters"), "must be a mapping of endpoint name -> meter")
     meters = tuple((str(name), _meter(_Reader(m, f"{r.at('meters')}.{name}")))
                    for name, m in meters_raw.items())
+    ledger = _ledger(r.sub("ledger"), env)
     cfg = AccountingConfig(
         enabled=r.flag("enabled", True),
         interval_s=interval_s,
@@ -230,8 +233,8 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         settle_s=r.number("settle_s", 2.0, inclusive=True),
         max_lag_s=r.number("max_lag_s", 10.0),
         hold_s=r.number("hold_s", 60.0, inclusive=True),
-        ledger=_ledger(r.sub("ledger"), env),
-        journal=_journal(r.sub("journal"), base),
+        ledger=ledger,
+        journal=_journal(r.sub("journal"), base, ledger),
         region=region,
         pricing=pricing,
         fit=fit,

@@ -191,7 +191,11 @@ class AccountingService:
     async def _replay_journal(self, journal: Journal) -> None:
         """Write to the ledger the journalled records of gateway processes that are gone (a
         crash), then start this process's journal."""
-        found = await asyncio.to_thread(recover, journal.directory, journal.owner)
+        try:
+            found = await asyncio.to_thread(recover, journal.directory, journal.owner)
+        except OSError as exc:
+            self._no_journal(exc)
+            return
         if found.files:
             log.warning("replaying %d request records (%d torn lines skipped) from %d journal "
                         "files in %s", len(found.records), found.skipped_lines,
@@ -206,7 +210,16 @@ class AccountingService:
                 found.abandon()
             else:
                 await asyncio.to_thread(found.done)
-        await asyncio.to_thread(journal.open)
+        try:
+            await asyncio.to_thread(journal.open)
+        except OSError as exc:
+            self._no_journal(exc)
+
+    def _no_journal(self, exc: OSError) -> None:
+        # A read-only or missing disk must not keep the gateway down: the ledger's own
+        # batching still holds, with its longer crash window.
+        log.error("request journal unavailable, running without it: %s", exc)
+        self.journal = None
 
     async def cleanup_ctx(self, _app: object) -> AsyncIterator[None]:
         await self.start()
