@@ -55,7 +55,7 @@ async def _drive(s: aiohttp.ClientSession, gw: str, until: list[bool],
                 rid = r.headers.get("x-wattgate-request-id")
                 if r.status == 200 and rid and (not stream or data.endswith(b"[DONE]\n\n")):
                     log.append((rid, time.time()))
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             await asyncio.sleep(0.05)  # the gateway is gone: the drivers stop soon
 
 
