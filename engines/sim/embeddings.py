@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from engines.sim.protocol import ApiError, count_words
+from engines.sim.protocol import ApiError, count_words, json_object
 
 ENCODINGS = ("float", "base64")
 
@@ -74,12 +74,7 @@ def _dimensions(body: dict[str, Any], hidden: int) -> int:
 def parse_embedding_request(raw: bytes, served_model: str, max_model_len: int,
                             hidden: int) -> EmbedRequest:
     """Validate an embeddings body the way vLLM does; raises ApiError (400/404)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model", served_model)
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")

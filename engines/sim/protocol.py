@@ -114,14 +114,20 @@ def _int_field(body: dict[str, Any], name: str, minimum: int) -> int | None:
     return value
 
 
-def parse_request(raw: bytes, kind: str, served_model: str, max_model_len: int) -> GenRequest:
-    """Validate a request body the way vLLM does; raises ApiError (400/404)."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object; raises ApiError (400) as vLLM answers."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, kind: str, served_model: str, max_model_len: int) -> GenRequest:
+    """Validate a request body the way vLLM does; raises ApiError (400/404)."""
+    body = json_object(raw)
     model = body.get("model")
     if model is None:
         model = served_model  # vLLM serves the only model when the field is absent
