@@ -14,6 +14,7 @@ class Authenticator:
         self.required = config.auth_required
         self.by_digest = {t.key_sha256: t for t in config.tenants}
         self.admin_digest = config.admin_key_sha256
+        self.metrics_digest = config.metrics_key_sha256
         self.anonymous = Tenant(name="anonymous", key_sha256="", slo_class=config.default_slo_class)
 
     @staticmethod
@@ -39,6 +40,17 @@ class Authenticator:
                 return self.anonymous
             raise AuthError("incorrect API key provided")
         return tenant
+
+    def may_scrape(self, header: str | None) -> bool:
+        """`/metrics` is open unless a metrics key is configured; then that key (or the
+        admin key) is needed."""
+        if not self.metrics_digest:
+            return True
+        key = self._bearer(header)
+        if key is None:
+            return False
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return hmac.compare_digest(digest, self.metrics_digest) or self.is_admin(header)
 
     def is_admin(self, header: str | None) -> bool:
         key = self._bearer(header)

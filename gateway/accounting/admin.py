@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -29,29 +30,35 @@ def _error(err: WattgateError, status: int | None = None) -> web.Response:
                         content_type="application/json")
 
 
+async def usage_response(service: AccountingService, q: Mapping[str, str], now: float,
+                         tenant: str | None, extra: Mapping[str, Any] | None = None
+                         ) -> web.Response:
+    """The usage report of `/admin/v1/usage` (query: since, until, tenant, group_by); with
+    `tenant` given, restricted to it whatever the query says (`/v1/usage`)."""
+    try:
+        until = parse_time(q["until"], now) if "until" in q else now
+        since = parse_time(q["since"], now) if "since" in q else until - DEFAULT_WINDOW_S
+        group_by = [g for g in q.get("group_by", "tenant").split(",") if g]
+        bad = [g for g in group_by if g not in GROUP_KEYS]
+        if bad:
+            raise ValueError(f"group_by {bad[0]!r} is not one of {', '.join(GROUP_KEYS)}")
+        if until <= since:
+            raise ValueError("until must be after since")
+    except ValueError as exc:
+        return _error(RequestError(str(exc), code="invalid_query"))
+    try:
+        data = await service.ledger.usage(since, until, tenant or q.get("tenant") or None)
+    except LedgerError as exc:
+        return _error(exc, 503)
+    report = build_report(data, group_by, since, until)
+    return _json({"since_s": since, "until_s": until, "group_by": group_by,
+                  "rows": report.rows, "total": report.total, **(extra or {})})
+
+
 def admin_routes(service: AccountingService, *, clock: Callable[[], float] = time.time
                  ) -> list[web.RouteDef]:
     async def usage(request: web.Request) -> web.Response:
-        q = request.query
-        now = clock()
-        try:
-            until = parse_time(q["until"], now) if "until" in q else now
-            since = parse_time(q["since"], now) if "since" in q else until - DEFAULT_WINDOW_S
-            group_by = [g for g in q.get("group_by", "tenant").split(",") if g]
-            bad = [g for g in group_by if g not in GROUP_KEYS]
-            if bad:
-                raise ValueError(f"group_by {bad[0]!r} is not one of {', '.join(GROUP_KEYS)}")
-            if until <= since:
-                raise ValueError("until must be after since")
-        except ValueError as exc:
-            return _error(RequestError(str(exc), code="invalid_query"))
-        try:
-            data = await service.ledger.usage(since, until, q.get("tenant") or None)
-        except LedgerError as exc:
-            return _error(exc, 503)
-        report = build_report(data, group_by, since, until)
-        return _json({"since_s": since, "until_s": until, "group_by": group_by,
-                      "rows": report.rows, "total": report.total})
+        return await usage_response(service, request.query, clock(), None)
 
     async def request_detail(request: web.Request) -> web.Response:
         request_id = request.match_info["request_id"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -28,6 +28,9 @@ from gateway.accounting.ledger.base import (
 from gateway.accounting.work import WorkRow
 
 Batch = tuple[str, Sequence[Sequence[Any]]]
+Query = tuple[str, tuple[Any, ...]]
+# Given the rows of a locked transaction's queries, the writes that complete it.
+Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
@@ -79,6 +82,12 @@ class SqlLedger(ABC):
         self._tenant_cache: dict[str, str] = {}
 
     @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
 
     @abstractmethod
@@ -88,6 +97,41 @@ class SqlLedger(ABC):
 
     @abstractmethod
     async def _transaction(self, batches: Sequence[Batch]) -> None: ...
+
+    @abstractmethod
+    async def _locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
+        """One write transaction, serialised with every other holding `key` on any replica:
+        run `queries`, then the batches `decide` makes of their rows (`decide` is pure, and
+        may run on the store's worker thread)."""
+
+    # --- tenant controls (gateway/tenancy/store.py) ---------------------------------------
+
+    async def locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
+        await self._locked(key, queries, decide)
+
+    async def settle_reservations(self, settled: Sequence[Sequence[Any]],
+                                  dropped: Sequence[str]) -> None:
+        """Settle reservations (sql.SETTLE_RESERVATION rows) and drop those of requests that
+        no engine ran."""
+        await self._transaction([(sql.SETTLE_RESERVATION, settled),
+                                 (sql.DELETE_RESERVATION, [(r,) for r in dropped])])
+
+    async def tenant_hours(self, tenant: str, since_hour: int
+                           ) -> list[tuple[int, float, float, float]]:
+        rows = await self._fetch(sql.SELECT_TENANT_HOURS, (tenant, since_hour))
+        return [(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in rows]
+
+    async def live_replicas(self, seen_after_s: float) -> int:
+        rows = await self._fetch(sql.SELECT_LIVE_REPLICAS, (seen_after_s,))
+        return int(rows[0][0]) if rows else 0
+
+    async def precision_bills(self, since_s: float
+                              ) -> dict[str, tuple[float, float, float, int]]:
+        """Per precision since `since_s`: (J, gCO2e, USD) charged and tokens served."""
+        charges = await self._fetch(sql.SELECT_PRECISION_CHARGES, (since_s,))
+        tokens = dict(await self._fetch(sql.SELECT_PRECISION_TOKENS, (since_s,)))
+        return {str(p): (float(e or 0), float(c or 0), float(u or 0), int(tokens.get(p) or 0))
+                for p, e, c, u in charges}
 
     async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
                      watermark: Watermark | None = None) -> None:
@@ -165,10 +209,15 @@ class SqlLedger(ABC):
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
                      shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
                      state: EngineState | None) -> None:
+        # The tenants' hourly charges move with the shares, in one transaction.
+        minus = [(-1.0, -1.0, -1.0, engine, i.interval_idx) for i in intervals]
+        plus = [(1.0, 1.0, 1.0, engine, i.interval_idx) for i in intervals]
         batches: list[Batch] = [
             (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
+            (sql.TENANT_HOURS_ADD, minus),
             (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
             (sql.INSERT_SHARE, shares),
+            (sql.TENANT_HOURS_ADD, plus),
             (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
         ]
         if state is not None:

@@ -14,7 +14,7 @@ import asyncpg
 
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.ledger.common import Batch, SqlLedger
+from gateway.accounting.ledger.common import Batch, Decide, SqlLedger
 
 APPORTIONER_LOCK = 0x7761_7474_6761_7465  # "wattgate" as a bigint key
 MIGRATION_LOCK = APPORTIONER_LOCK - 1
@@ -87,6 +87,20 @@ class PostgresLedger(SqlLedger):
                 for statement, rows in batches:
                     if rows:
                         await conn.executemany(self._q(statement), rows)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+
+    async def _locked(self, key: int, queries: Sequence[tuple[str, tuple[Any, ...]]],
+                      decide: Decide) -> None:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Released at the end of the transaction: admissions of one key take turns
+                # across every replica.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+                rows = [[tuple(r) for r in await conn.fetch(self._q(q), *p)] for q, p in queries]
+                for statement, params in decide(rows):
+                    if params:
+                        await conn.executemany(self._q(statement), params)
         except (OSError, asyncpg.PostgresError) as exc:
             raise LedgerError(f"postgres ledger: {exc}") from exc
 

@@ -94,6 +94,25 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     # How a request's prompt tokens were counted: "engine" (its usage), "gateway" (the
     # model's tokenizer, when the request ended before its usage came) or "estimate".
     (7, ("ALTER TABLE requests ADD COLUMN prompt_source TEXT NOT NULL DEFAULT 'engine'",)),
+    # Tenant controls. Each tenant's charges per hour, kept by the apportioner's commit in the
+    # transaction that writes the shares, so a budget check reads a few rows, not the shares;
+    # and the budget reservations of requests admitted but not yet charged (see
+    # gateway/tenancy/store.py for their life).
+    (8, (
+        """CREATE TABLE tenant_hours (
+            tenant TEXT NOT NULL, hour_idx {BIGINT} NOT NULL, energy_j {REAL} NOT NULL,
+            carbon_g {REAL} NOT NULL, cost_usd {REAL} NOT NULL, PRIMARY KEY (tenant, hour_idx))""",
+        """INSERT INTO tenant_hours (tenant, hour_idx, energy_j, carbon_g, cost_usd)
+            SELECT r.tenant, s.hour_idx, SUM(s.energy_j), SUM(s.carbon_g), SUM(s.cost_usd)
+            FROM shares s JOIN requests r ON r.request_id = s.request_id
+            GROUP BY r.tenant, s.hour_idx""",
+        """CREATE TABLE reservations (
+            request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, replica TEXT NOT NULL,
+            created_s {REAL} NOT NULL, energy_j {REAL} NOT NULL, carbon_g {REAL} NOT NULL,
+            cost_usd {REAL} NOT NULL, open INTEGER NOT NULL, engine TEXT,
+            last_interval {BIGINT})""",
+        "CREATE INDEX reservations_tenant ON reservations (tenant)",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -174,6 +193,44 @@ UPSERT_INTERVAL = f"""INSERT INTO intervals ({INTERVAL_COLUMNS}, hour_idx)
     idle_cost_usd = excluded.idle_cost_usd, estimated = excluded.estimated,
     alpha = excluded.alpha, beta = excluded.beta, gamma = excluded.gamma"""
 DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
+# An interval's shares added to (sign 1) or taken from (sign -1, before they are replaced)
+# their tenants' hourly charges.
+TENANT_HOURS_ADD = """INSERT INTO tenant_hours (tenant, hour_idx, energy_j, carbon_g, cost_usd)
+    SELECT r.tenant, s.hour_idx, ? * SUM(s.energy_j), ? * SUM(s.carbon_g), ? * SUM(s.cost_usd)
+    FROM shares s JOIN requests r ON r.request_id = s.request_id
+    WHERE s.engine = ? AND s.interval_idx = ? GROUP BY r.tenant, s.hour_idx
+    ON CONFLICT (tenant, hour_idx) DO UPDATE SET
+    energy_j = tenant_hours.energy_j + excluded.energy_j,
+    carbon_g = tenant_hours.carbon_g + excluded.carbon_g,
+    cost_usd = tenant_hours.cost_usd + excluded.cost_usd"""
+SELECT_TENANT_HOURS = """SELECT hour_idx, energy_j, carbon_g, cost_usd FROM tenant_hours
+    WHERE tenant = ? AND hour_idx >= ?"""
+# Reservations that hold nothing any more: expired (never settled: a replica died), or of a
+# request whose shares are final (the interval after its last one is apportioned).
+PURGE_RESERVATIONS = """DELETE FROM reservations WHERE tenant = ? AND (created_s < ?
+    OR last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
+                             WHERE e.engine = reservations.engine))"""
+# What a tenant's reservations hold, and its requests in flight (open) on live replicas: a
+# replica with requests open re-publishes its watermark every second; one just started may
+# not have published yet.
+SELECT_HELD = """SELECT COALESCE(SUM(energy_j), 0), COALESCE(SUM(carbon_g), 0),
+    COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN open = 1 AND (created_s >= ?
+    OR replica IN (SELECT replica FROM replicas WHERE seen_s >= ?)) THEN 1 ELSE 0 END), 0)
+    FROM reservations WHERE tenant = ?"""
+INSERT_RESERVATION = """INSERT INTO reservations (request_id, tenant, replica, created_s,
+    energy_j, carbon_g, cost_usd, open, engine, last_interval)
+    VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL) ON CONFLICT (request_id) DO NOTHING"""
+SETTLE_RESERVATION = """UPDATE reservations SET open = 0, energy_j = ?, carbon_g = ?,
+    cost_usd = ?, engine = ?, last_interval = ? WHERE request_id = ?"""
+DELETE_RESERVATION = "DELETE FROM reservations WHERE request_id = ?"
+SELECT_LIVE_REPLICAS = "SELECT COUNT(*) FROM replicas WHERE seen_s >= ?"
+# Recent bills per precision: charges of shares since a time, tokens of requests since then.
+SELECT_PRECISION_CHARGES = """SELECT r.precision, SUM(s.energy_j), SUM(s.carbon_g),
+    SUM(s.cost_usd) FROM shares s JOIN requests r ON r.request_id = s.request_id
+    WHERE s.start_s >= ? GROUP BY r.precision"""
+SELECT_PRECISION_TOKENS = """SELECT precision,
+    CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM requests
+    WHERE arrived_s >= ? AND last_interval IS NOT NULL GROUP BY precision"""
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.ledger.common import Batch, SqlLedger
+from gateway.accounting.ledger.common import Batch, Decide, SqlLedger
 
 T = TypeVar("T")
 
@@ -93,6 +93,22 @@ class SqliteLedger(SqlLedger):
                 for statement, rows in batches:
                     if rows:
                         execute_rows(c, statement, rows)
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+        await self._run(tx)
+
+    async def _locked(self, key: int, queries: Sequence[tuple[str, tuple[Any, ...]]],
+                      decide: Decide) -> None:
+        def tx(c: sqlite3.Connection) -> None:
+            c.execute("BEGIN IMMEDIATE")  # one writer at a time: the lock is the database's
+            try:
+                rows = [c.execute(q, p).fetchall() for q, p in queries]
+                for statement, params in decide(rows):
+                    if params:
+                        c.executemany(statement, params)
             except BaseException:
                 c.execute("ROLLBACK")
                 raise

@@ -1,0 +1,87 @@
+"""Tenant controls wired for one gateway process: metrics, the admission, the ledger store
+and its background loop, and what `/v1/usage` tells a tenant about its limits."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.accounting.ledger.base import LedgerError
+from gateway.accounting.ledger.common import SqlLedger
+from gateway.config import GatewayConfig, Tenant
+from gateway.tenancy.admission import Admission
+from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.store import TenancyStore
+
+
+class TenantControls:
+    def __init__(self, config: GatewayConfig, registry: CollectorRegistry, *,
+                 clock: Callable[[], float], replica: str | None = None,
+                 wall: Callable[[], float] = time.time):
+        self.config = config
+        self.metrics = TenancyMetrics(registry)
+        self.store: TenancyStore | None = None
+        acct = config.accounting
+        if acct is not None and acct.enabled and replica is not None and any(
+                t.limits.any or t.budgets.budgets for t in config.tenants):
+            from gateway.accounting.service import make_ledger
+
+            ledger = make_ledger(acct.ledger)  # its own connections: admissions do not queue
+            assert isinstance(ledger, SqlLedger)  # behind the apportioner's commits
+            self.store = TenancyStore(ledger, replica, config.tenant_controls, acct.pricing,
+                                      wall)
+        self.admission = Admission(config, self.metrics, clock=clock, store=self.store)
+        for t in config.tenants:
+            if t.budgets.budgets:
+                self.metrics.budget_soft.labels(t.name).set(t.budgets.soft_percent / 100.0)
+            for b in t.budgets.budgets:
+                self.metrics.budget_limit.labels(t.name, b.period, b.unit).set(b.limit)
+
+    async def cleanup_ctx(self, _app: object) -> AsyncIterator[None]:
+        store = self.store
+        if store is None:
+            yield
+            return
+        await store.ledger.open()
+        store.start(self.refresh)
+        yield
+        await store.stop()
+        await store.ledger.close()
+
+    async def refresh(self) -> None:
+        """After the store's refresh: rate-limit shares and the budget gauges."""
+        assert self.store is not None
+        self.admission.set_replicas(self.store.replicas)
+        for t in self.config.tenants:
+            for s in await self.store.standing(t) if t.budgets.budgets else ():
+                labels = (t.name, s.budget.period, s.budget.unit)
+                self.metrics.budget_spent.labels(*labels).set(s.spent + s.held)
+                self.metrics.budget_used.labels(*labels).set(s.used_ratio)
+
+    async def status(self, tenant: Tenant) -> dict[str, Any]:
+        """A tenant's limits and what remains of them, for `/v1/usage`."""
+        limiter = self.admission.limiters.get(tenant.name)
+        budgets: list[dict[str, Any]] = []
+        if self.store is not None and tenant.budgets.budgets:
+            try:
+                standing = await self.store.standing(tenant)
+            except LedgerError:
+                standing = []
+            budgets = [{"period": s.budget.period, "unit": s.budget.unit,
+                        "limit": s.budget.limit, "spent": s.spent, "held": s.held,
+                        "remaining": s.remaining, "used_ratio": s.used_ratio}
+                       for s in standing]
+        return {
+            "tenant": tenant.name,
+            "limits": {k: v for k, v in dataclasses.asdict(tenant.limits).items()
+                       if v is not None},
+            "rate_limits": limiter.headers(self.admission.clock()) if limiter else {},
+            "requests_in_flight": self.admission.active.get(tenant.name, 0),
+            "budgets": budgets, "on_budget": tenant.budgets.on_budget,
+            "budget_soft_percent": tenant.budgets.soft_percent,
+            "replicas": self.store.replicas if self.store is not None else 1,
+        }

@@ -1,0 +1,190 @@
+"""Budget reservations and concurrency caps in the shared ledger, so they hold across replicas.
+
+A budgeted (or concurrency-capped) tenant's admission is one short write transaction,
+serialised per tenant on every replica (a PostgreSQL transaction-level advisory lock; SQLite's
+one writer): purge what no longer holds, read the tenant's hourly charges since its longest
+period began and what its live reservations hold, then insert this request's reservation if
+every budget still has room for it (and the cap is not reached).
+
+A reservation's life: inserted at admission with the estimate (open: it counts against the
+concurrency cap); settled when the request ends to the estimate of what it really used
+(prompt + completion tokens; no longer open), or dropped if no engine ran it; deleted in a
+later admission once the request is final (the interval after its last one is apportioned),
+when its shares are in `tenant_hours`, written in the same transaction as the shares. Between
+its first share and its finality a request counts twice (reservation and charges): budgets
+err on the side of holding. Reservations nobody settled (a replica killed) expire after
+`reservation_ttl_s`; their open flag counts only while their replica is live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.base import LedgerError
+from gateway.accounting.ledger.common import Batch, SqlLedger
+from gateway.accounting.pricing import Pricing
+from gateway.config import Tenant
+from gateway.tenancy.budget import (
+    DEFAULT_J_PER_TOKEN,
+    Cost,
+    Spend,
+    choose_precision,
+    per_token_default,
+    period_start_hour,
+    spends,
+)
+from gateway.tenancy.config import TenantControlsConfig
+
+log = logging.getLogger("wattgate.tenancy")
+
+REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
+NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
+RATE_WINDOW_S = 600.0  # per-token rates from the bills of the last ten minutes
+RATE_MIN_TOKENS = 2000  # fewer tokens than this: the default rate
+SETTLE_EVERY_S = 0.05
+
+
+def lock_key(tenant: str) -> int:
+    """A stable signed 64-bit advisory-lock key per tenant."""
+    return int.from_bytes(hashlib.sha256(f"wattgate-tenant:{tenant}".encode()).digest()[:8],
+                          "big", signed=True)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreVerdict:
+    allowed: bool
+    reason: str = ""  # "budget" or "concurrency" when refused
+    precision: str = ""  # the precision the estimate fits at
+    cost: Cost = field(default_factory=Cost)
+    standing: tuple[Spend, ...] = ()
+
+
+@dataclass(slots=True)
+class _Settlements:
+    settled: list[tuple[Any, ...]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+class TenancyStore:
+    def __init__(self, ledger: SqlLedger, replica: str, cfg: TenantControlsConfig,
+                 pricing: Pricing, wall: Callable[[], float]):
+        self.ledger = ledger
+        self.replica = replica
+        self.cfg = cfg
+        self.pricing = pricing
+        self.wall = wall
+        self.replicas = 1
+        self.rates: dict[str, Cost] = {}
+        self._queue = _Settlements()
+        self._task: asyncio.Task[None] | None = None
+
+    def per_token(self, precision: str, now_s: float) -> Cost:
+        return self.rates.get(precision) or per_token_default(precision, self.pricing, now_s)
+
+    async def admit(self, tenant: Tenant, request_id: str, tokens: int, first: str,
+                    cheaper: Sequence[str]) -> StoreVerdict:
+        now = self.wall()
+        budgets = tenant.budgets.budgets
+        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
+        per_token = {p: self.per_token(p, now) for p in (first, *cheaper)}
+        result: list[StoreVerdict] = []
+        cap = tenant.limits.max_concurrent
+
+        def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
+            energy, carbon, cost, open_now = rows[2][0]
+            standing = tuple(spends(budgets, rows[1], Cost(float(energy), float(carbon),
+                                                           float(cost)), now))
+            if cap is not None and int(open_now) >= cap:
+                result.append(StoreVerdict(False, "concurrency", standing=standing))
+                return ()
+            chosen = choose_precision(standing, tokens, first, cheaper, per_token)
+            if chosen is None:
+                result.append(StoreVerdict(False, "budget", standing=standing))
+                return ()
+            precision, c = chosen
+            result.append(StoreVerdict(True, precision=precision, cost=c, standing=standing))
+            return [(sql.INSERT_RESERVATION, [(request_id, tenant.name, self.replica, now, c.j,
+                                               c.gco2e, c.usd)])]
+
+        await self.ledger.locked(lock_key(tenant.name), [
+            (sql.PURGE_RESERVATIONS, (tenant.name, now - self.cfg.reservation_ttl_s)),
+            (sql.SELECT_TENANT_HOURS, (tenant.name, since)),
+            (sql.SELECT_HELD, (now - NEW_REPLICA_S, now - REPLICA_LIVE_S, tenant.name)),
+        ], decide)
+        return result[0]
+
+    def settle(self, request_id: str, cost: Cost | None, engine: str,
+               last_interval: int | None) -> None:
+        """Queue a reservation's settlement (None cost: no engine ran it, drop it)."""
+        if cost is None or not engine or last_interval is None:
+            self._queue.dropped.append(request_id)
+        else:
+            self._queue.settled.append((cost.j, cost.gco2e, cost.usd, engine, last_interval,
+                                        request_id))
+
+    async def flush(self) -> None:
+        queue, self._queue = self._queue, _Settlements()
+        if not queue.settled and not queue.dropped:
+            return
+        try:
+            await self.ledger.settle_reservations(queue.settled, queue.dropped)
+        except LedgerError:
+            self._queue.settled[:0] = queue.settled
+            self._queue.dropped[:0] = queue.dropped
+            raise
+
+    async def standing(self, tenant: Tenant) -> list[Spend]:
+        """A budgeted tenant's spend per budget, as admission sees it (read only)."""
+        now = self.wall()
+        budgets = tenant.budgets.budgets
+        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
+        hours = await self.ledger.tenant_hours(tenant.name, since)
+        rows = await self.ledger._fetch(sql.SELECT_HELD, (now - NEW_REPLICA_S,
+                                                          now - REPLICA_LIVE_S, tenant.name))
+        energy, carbon, cost, _ = rows[0]
+        return spends(budgets, hours, Cost(float(energy), float(carbon), float(cost)), now)
+
+    async def refresh(self) -> None:
+        """Live replicas (this one at least) and per-precision rates from recent bills."""
+        now = self.wall()
+        self.replicas = max(1, await self.ledger.live_replicas(now - REPLICA_LIVE_S))
+        rates: dict[str, Cost] = {}
+        for precision, (energy, carbon, cost, tokens) in (
+                await self.ledger.precision_bills(now - RATE_WINDOW_S)).items():
+            if tokens >= RATE_MIN_TOKENS and precision in DEFAULT_J_PER_TOKEN and energy > 0:
+                rates[precision] = Cost(energy / tokens, carbon / tokens, cost / tokens)
+        self.rates = rates
+
+    async def run(self, on_refresh: Callable[[], Any]) -> None:
+        """Settle every SETTLE_EVERY_S, refresh every refresh_s, until cancelled."""
+        last = -math.inf
+        while True:
+            try:
+                await self.flush()
+                if self.wall() - last >= self.cfg.refresh_s:
+                    last = self.wall()
+                    await self.refresh()
+                    await on_refresh()
+            except LedgerError as exc:
+                log.warning("tenant controls: ledger: %s", exc)
+            await asyncio.sleep(SETTLE_EVERY_S)
+
+    def start(self, on_refresh: Callable[[], Any]) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(on_refresh))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(LedgerError):
+            await self.flush()
