@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import uvloop
 
-from bench.truth import fleet, join, summary, workload
+from loadgen.truth import fleet, join, summary, workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from bench.truth import join
-from bench.truth.client import Shape
-from bench.truth.fleet import EngineSpec, Fleet, running_fleet
-from bench.truth.workload import Planned, drive, poisson
+from loadgen.truth import join
+from loadgen.truth.client import Shape
+from loadgen.truth.fleet import EngineSpec, Fleet, running_fleet
+from loadgen.truth.workload import Planned, drive, poisson
 
 FAIR = 0.02  # the most of its energy a strategist may move onto others
 # Run-to-run spread of a tenant's total error on this shared 2-core machine: the adversarial

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from bench.truth.fleet import MODEL, api_key
+from loadgen.truth.fleet import MODEL, api_key
 
 ID_HEADER = "x-wattgate-request-id"
 TOKEN_MARK = b'"finish_reason"'  # one per choice in every token-bearing chunk (vLLM shapes)

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.truth.client import Sent
-from bench.truth.fleet import ADMIN_KEY
+from loadgen.truth.client import Sent
+from loadgen.truth.fleet import ADMIN_KEY
 
 
 @dataclass(frozen=True, slots=True)

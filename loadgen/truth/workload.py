@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from bench.truth.client import Sent, Shape, send, session
+from loadgen.truth.client import Sent, Shape, send, session
 
 TENANTS = ("acme", "globex", "initech", "mallory")
 ADVERSARY = "mallory"

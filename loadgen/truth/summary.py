@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.truth.join import EngineBalance, Joined
-from bench.truth.workload import ADVERSARY
+from loadgen.truth.join import EngineBalance, Joined
+from loadgen.truth.workload import ADVERSARY
 
 # The targets (#18).
 MEDIAN_MAX = 0.05
