@@ -117,7 +117,8 @@ class TenancyStore:
         await self.ledger.locked(lock_key(tenant.name), [
             (sql.PURGE_RESERVATIONS, (tenant.name, now - self.cfg.reservation_ttl_s)),
             (sql.SELECT_TENANT_HOURS, (tenant.name, since)),
-            (sql.SELECT_HELD, (now - NEW_REPLICA_S, now - REPLICA_LIVE_S, tenant.name)),
+            (sql.SELECT_HELD, (now - NEW_REPLICA_S, now - REPLICA_LIVE_S, tenant.name,
+                               now - self.cfg.reservation_ttl_s)),
         ], decide)
         return result[0]
 
@@ -147,9 +148,9 @@ class TenancyStore:
         budgets = tenant.budgets.budgets
         since = min((period_start_hour(b.period, now) for b in budgets), default=0)
         hours = await self.ledger.tenant_hours(tenant.name, since)
-        rows = await self.ledger._fetch(sql.SELECT_HELD, (now - NEW_REPLICA_S,
-                                                          now - REPLICA_LIVE_S, tenant.name))
-        energy, carbon, cost, _ = rows[0]
+        energy, carbon, cost, _ = await self.ledger.reservations_held(
+            tenant.name, now - NEW_REPLICA_S, now - REPLICA_LIVE_S,
+            now - self.cfg.reservation_ttl_s)
         return spends(budgets, hours, Cost(float(energy), float(carbon), float(cost)), now)
 
     async def refresh(self) -> None:

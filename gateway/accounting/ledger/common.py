@@ -121,6 +121,13 @@ class SqlLedger(ABC):
         rows = await self._fetch(sql.SELECT_TENANT_HOURS, (tenant, since_hour))
         return [(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in rows]
 
+    async def reservations_held(self, tenant: str, young_s: float, live_s: float,
+                                expired_s: float) -> tuple[float, float, float, int]:
+        """(J, gCO2e, USD) held by a tenant's live reservations, and how many are open."""
+        rows = await self._fetch(sql.SELECT_HELD, (young_s, live_s, tenant, expired_s))
+        energy, carbon, cost, open_now = rows[0]
+        return float(energy), float(carbon), float(cost), int(open_now)
+
     async def live_replicas(self, seen_after_s: float) -> int:
         rows = await self._fetch(sql.SELECT_LIVE_REPLICAS, (seen_after_s,))
         return int(rows[0][0]) if rows else 0

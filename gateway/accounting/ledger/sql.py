@@ -210,13 +210,15 @@ SELECT_TENANT_HOURS = """SELECT hour_idx, energy_j, carbon_g, cost_usd FROM tena
 PURGE_RESERVATIONS = """DELETE FROM reservations WHERE tenant = ? AND (created_s < ?
     OR last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
                              WHERE e.engine = reservations.engine))"""
-# What a tenant's reservations hold, and its requests in flight (open) on live replicas: a
+# What a tenant's live reservations hold (as purged), and its requests in flight (open) on live replicas: a
 # replica with requests open re-publishes its watermark every second; one just started may
 # not have published yet.
 SELECT_HELD = """SELECT COALESCE(SUM(energy_j), 0), COALESCE(SUM(carbon_g), 0),
     COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN open = 1 AND (created_s >= ?
     OR replica IN (SELECT replica FROM replicas WHERE seen_s >= ?)) THEN 1 ELSE 0 END), 0)
-    FROM reservations WHERE tenant = ?"""
+    FROM reservations WHERE tenant = ? AND created_s >= ? AND NOT COALESCE(
+    last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
+                          WHERE e.engine = reservations.engine), FALSE)"""
 INSERT_RESERVATION = """INSERT INTO reservations (request_id, tenant, replica, created_s,
     energy_j, carbon_g, cost_usd, open, engine, last_interval)
     VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL) ON CONFLICT (request_id) DO NOTHING"""
