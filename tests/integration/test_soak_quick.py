@@ -1,0 +1,36 @@
+"""bench.soak --quick kept working: a real gateway under steady load with client drops and an
+engine SIGKILLed and restarted, its RSS and fds sampled from /proc, the three result files
+written, and no error but the injected ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_quick_soak_samples_the_gateway_and_sees_only_injected_errors(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--duration-s", "30",
+                           "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "soak " in proc.stdout  # progress lines
+    res = orjson.loads((tmp_path / "soak.json").read_bytes())
+    assert res["gateway_alive"]
+    assert res["engine_kills"] >= 1 and res["client_disconnects"] > 0
+    assert res["other_errors"] == {}, res["other_errors"]
+    assert res["ok"] >= 0.7 * res["sent"]
+    samples = res["samples"]
+    assert len(samples) >= 20 and all(rss > 10 and fds > 3 for _, rss, fds in samples)
+    assert "rss_slope_mb_per_h" in res["fit"]
+    # fds are not leaking at the rate of requests (one per request would be hundreds)
+    assert res["fit"]["fd_max"] < 200
+    assert (tmp_path / "soak.md").read_text().startswith("# Soak")
+    assert (tmp_path / "soak.png").stat().st_size > 5_000
