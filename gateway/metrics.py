@@ -84,6 +84,12 @@ class GatewayMetrics:
         self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
                                       "1 when the endpoint passes health checks",
                                       ("model", "engine", "precision"), registry=r)
+        # The capacity signal for an autoscaler (docs/routing.md): engines of a pool the
+        # current load needs to meet its SLO when packed as slo_energy packs it
+        self.pool_engines_needed = Gauge(
+            "wattgate_pool_engines_needed",
+            "Engines of a (model, precision) pool the current load needs to meet its SLO",
+            ("model", "precision"), registry=r)
         self._children: dict[tuple[str, ...], tuple[Any, ...]] = {}
 
     def _request_children(self, key: tuple[str, ...]) -> tuple[Any, ...]:

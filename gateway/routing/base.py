@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.routing.models import Curves
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,16 @@ class RoutingContext:
     sequence: int  # a per-pool counter, for round robin
     prefix_key: bytes  # a prompt prefix, for affinity ("" when none)
     load_bound: float = 1.25
+    # slo_energy: the tenant's SLO class (None: no limit), the share of it predictions must
+    # stay under, the request's size, each endpoint's learnt curves, and the endpoints the
+    # hysteresis holds as full for this (model, SLO class)
+    ttft_slo_s: float | None = None
+    tpot_slo_s: float | None = None
+    slo_margin: float = 0.8
+    prompt_tokens: float = 0.0
+    output_tokens: float = 0.0
+    curves: Mapping[str, Curves] = field(default_factory=dict)
+    full: frozenset[str] = frozenset()
 
 
 class RoutingPolicy(Protocol):

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Sequence
 
 from gateway.routing.base import Candidate, RoutingContext, RoutingPolicy
+from gateway.routing.slo_energy import slo_energy
 
 
 def round_robin(candidates: Sequence[Candidate], ctx: RoutingContext) -> int:
@@ -55,6 +56,7 @@ POLICIES: dict[str, RoutingPolicy] = {
     "round_robin": round_robin,
     "least_load": least_load,
     "prefix_affinity": prefix_affinity,
+    "slo_energy": slo_energy,
 }
 
 

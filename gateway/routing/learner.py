@@ -1,0 +1,175 @@
+"""The models of every endpoint, fed by the gateway (a record sink plus the loads routing saw)
+and by the accounting service's apportioned energy; read by `slo_energy` and the admin API.
+
+The shell's only I/O is the `energy_reader` callable it is given (the accounting service's
+per-engine boundary, read in memory); everything else is plain data in, plain data out.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.records import RequestRecord
+from gateway.routing.base import Candidate, RoutingContext
+from gateway.routing.capacity import engines_needed, slo_capacity
+from gateway.routing.models import CENTRES, Curves, EndpointModel, ModelSettings
+from gateway.routing.priors import prior_for
+from gateway.routing.windows import EnergyWindows
+
+# (wall-clock end of the last apportioned interval, cumulative joules there), or None
+EnergyReader = Callable[[str], "tuple[float, float] | None"]
+MAX_LOAD_SAMPLES = 4096  # per engine; halved when full (only recent dispatches are looked up)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointInfo:
+    name: str
+    model: str
+    kind: str
+    precision: str
+
+
+class _LoadTrace:
+    """Load of one engine as routing saw it, at the times it looked (a step function)."""
+
+    __slots__ = ("loads", "times")
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.loads: list[float] = []
+
+    def add(self, t_s: float, load: float) -> None:
+        if len(self.times) >= MAX_LOAD_SAMPLES:
+            del self.times[: MAX_LOAD_SAMPLES // 2]
+            del self.loads[: MAX_LOAD_SAMPLES // 2]
+        self.times.append(t_s)
+        self.loads.append(load)
+
+    def at(self, t_s: float) -> float | None:
+        i = bisect_right(self.times, t_s + 1e-9)
+        return self.loads[i - 1] if i else None
+
+
+class RoutingModels:
+    """Per-endpoint `EndpointModel`s; call the instance with each finished record."""
+
+    def __init__(self, endpoints: Iterable[EndpointInfo], *, grid_s: float = 1.0,
+                 energy_reader: EnergyReader | None = None, poll_s: float = 0.5,
+                 settings: ModelSettings | None = None):
+        settings = settings or ModelSettings()
+        self.info = {e.name: e for e in endpoints}
+        self.models = {n: EndpointModel(prior_for(e.kind, e.precision), settings)
+                       for n, e in self.info.items()}
+        self.windows = {n: EnergyWindows(grid_s) for n in self.info}
+        self.loads = {n: _LoadTrace() for n in self.info}
+        self.energy_reader = energy_reader
+        self.poll_s = poll_s
+        self._polled_s = float("-inf")
+        # Hysteresis state of `slo_energy`: per (model, SLO class), the endpoints now full.
+        self.full: dict[tuple[str, str], frozenset[str]] = {}
+
+    @classmethod
+    def for_config(cls, config: GatewayConfig, energy_reader: EnergyReader | None = None
+                   ) -> RoutingModels:
+        grid = config.accounting.interval_s if config.accounting is not None else 1.0
+        r = config.routing
+        settings = ModelSettings(min_samples=r.min_samples)
+        return cls([EndpointInfo(ep.name, model, ep.kind, ep.precision)
+                    for model, ep in config.endpoints()], grid_s=grid,
+                   energy_reader=energy_reader, settings=settings)
+
+    def observe_loads(self, t_s: float, candidates: Iterable[Candidate]) -> None:
+        """The loads routing saw at `t_s` (monotonic), one per candidate."""
+        for c in candidates:
+            trace = self.loads.get(c.name)
+            if trace is not None:
+                trace.add(t_s, c.load)
+
+    def __call__(self, rec: RequestRecord) -> None:
+        model = self.models.get(rec.engine)
+        if model is None or rec.dispatched_s is None:
+            return
+        if rec.status == "ok":
+            load = self.loads[rec.engine].at(rec.dispatched_s)
+            if load is not None:
+                model.observe_latency(load, rec.prompt_tokens, rec.latency.ttft_s,
+                                      rec.latency.tpot_s)
+        self.windows[rec.engine].add_record(rec)
+        if self.energy_reader is not None and rec.finished_s - self._polled_s >= self.poll_s:
+            self._polled_s = rec.finished_s
+            self.poll_energy()
+
+    def poll_energy(self) -> None:
+        """Read every engine's apportioned boundary; a new one closes an energy window."""
+        if self.energy_reader is None:
+            return
+        for name, windows in self.windows.items():
+            boundary = self.energy_reader(name)
+            if boundary is None:
+                continue
+            window = windows.add_boundary(*boundary)
+            if window is not None:
+                self.models[name].observe_energy(window)
+
+    def curves(self) -> Mapping[str, Curves]:
+        return {n: m.curves() for n, m in self.models.items()}
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Per endpoint, plain data for `/admin/v1/endpoints`: the curves by load bin."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, m in self.models.items():
+            c = m.curves()
+            out[name] = {
+                "cold": c.cold, "latency_samples": c.latency_samples,
+                "energy_windows": c.energy_windows, "idle_w": round(c.idle_w, 3),
+                "prefill_s_per_token": c.prefill_s_per_token,
+                "by_load": [{"load": load, "ttft_base_s": round(c.ttft_base_s[i], 6),
+                             "tpot_s": round(c.tpot_s[i], 6), "power_w": round(c.power_w[i], 3),
+                             "j_per_prompt_token": round(c.j_prompt[i], 6),
+                             "j_per_output_token": round(c.j_out[i], 6)}
+                            for i, load in enumerate(CENTRES)],
+            }
+        return out
+
+    def pool_needs(self, ctx: RoutingContext, now_s: float, stale_s: float = 10.0
+                   ) -> dict[tuple[str, str], PoolNeed]:
+        """Per pool (model, precision): its load as routing last saw it (samples older than
+        `stale_s` count as idle), each engine's SLO capacity under `ctx`'s SLO and margin,
+        and the engines needed (gateway.routing.capacity)."""
+        pools: dict[tuple[str, str], list[str]] = {}
+        for name, e in self.info.items():
+            pools.setdefault((e.model, e.precision), []).append(name)
+        out = {}
+        for pool, names in pools.items():
+            load = 0.0
+            for n in names:
+                trace = self.loads[n]
+                if trace.times and now_s - trace.times[-1] <= stale_s:
+                    load += trace.loads[-1]
+            caps = [slo_capacity(self.models[n].curves(), ctx) for n in names]
+            out[pool] = PoolNeed(load, tuple(caps), engines_needed(load, caps), len(names))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PoolNeed:
+    load: float  # requests resident on the pool's engines
+    capacities: tuple[float, ...]  # each engine's SLO capacity (requests resident)
+    needed: int
+    engines: int
+
+
+def capacity_context(config: GatewayConfig) -> RoutingContext:
+    """The SLO the capacity signal sizes pools for: the strictest limits among the SLO classes
+    the tenants use (the default class without tenants), at the routing margin."""
+    used = {t.slo_class for t in config.tenants} or {config.default_slo_class}
+    classes = [config.slo(n) for n in sorted(used)]
+    ttft = [c.ttft_s for c in classes if c.ttft_s is not None]
+    tpot = [c.tpot_s for c in classes if c.tpot_s is not None]
+    return RoutingContext(0, b"", ttft_slo_s=min(ttft) if ttft else None,
+                          tpot_slo_s=min(tpot) if tpot else None,
+                          slo_margin=config.routing.slo_margin, prompt_tokens=256.0)

@@ -1,0 +1,84 @@
+"""`slo_energy` (pure): the fewest predicted joules that still meet the tenant's SLO.
+
+Among the candidates (already limited to the precisions the tenant may use), each endpoint's
+learnt curves predict, at its current load, the request's TTFT and TPOT and the joules it
+would add (`Curves.marginal_j`: its own tokens, the slowdown of the others, none of the idle
+power the engine burns anyway). The policy takes the endpoint with the fewest marginal joules
+among those not full; when every one is full, the one with the best predicted latency
+relative to the SLO. Since J per token falls steeply with batch, the cheapest endpoint is
+usually an efficient one that is already busy: load packs onto efficient engines while
+headroom lasts and spills to the next when it runs out.
+
+Hysteresis: an endpoint becomes full when its predicted latency exceeds `slo_margin` x the
+SLO, and stays full until the prediction falls below (1 - band) x that, so an engine at the
+edge does not flip in and out of the packing order with every request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.routing.base import Candidate, RoutingContext
+from gateway.routing.models import Curves
+from gateway.tokenizer import prompt_text
+
+
+def slo_ratio(c: Candidate, curves: Curves, ctx: RoutingContext, extra_load: float = 0.0
+              ) -> float:
+    """Predicted latency over the SLO, the worse of TTFT and TPOT (1.0: exactly at it; 0 when
+    the SLO class sets no limit)."""
+    load = c.load + extra_load
+    ratio = 0.0
+    if ctx.ttft_slo_s is not None:
+        ratio = curves.ttft(load, ctx.prompt_tokens) / ctx.ttft_slo_s
+    if ctx.tpot_slo_s is not None:
+        ratio = max(ratio, curves.tpot(load) / ctx.tpot_slo_s)
+    return ratio
+
+
+def next_full(previous: frozenset[str], candidates: Sequence[Candidate], ctx: RoutingContext,
+              band: float) -> frozenset[str]:
+    """The endpoints full now, given those that were: enter above the margin, leave only
+    below (1 - band) x the margin. Endpoints without curves are never full."""
+    full = set()
+    for c in candidates:
+        curves = ctx.curves.get(c.name)
+        if curves is None:
+            continue
+        r = slo_ratio(c, curves, ctx) / ctx.slo_margin
+        if r > 1.0 or (c.name in previous and r > 1.0 - band):
+            full.add(c.name)
+    return frozenset(full)
+
+
+def slo_energy(candidates: Sequence[Candidate], ctx: RoutingContext) -> int:
+    """Index of the endpoint with the fewest predicted marginal joules among those not full;
+    if all are full, the best predicted latency; without curves, the least loaded."""
+    known = [i for i, c in enumerate(candidates) if c.name in ctx.curves]
+    if not known:  # no learner wired in: the least loaded
+        return min(range(len(candidates)), key=lambda i: (candidates[i].load, i))
+    open_ = [i for i in known if candidates[i].name not in ctx.full]
+
+    def joules(i: int) -> tuple[float, float, str]:
+        c = candidates[i]
+        j = ctx.curves[c.name].marginal_j(c.load, ctx.prompt_tokens, ctx.output_tokens)
+        return (j, -c.load, c.name)
+
+    if open_:
+        return min(open_, key=joules)
+    return min(known, key=lambda i: (slo_ratio(candidates[i], ctx.curves[candidates[i].name],
+                                               ctx), joules(i)))
+
+
+def request_size(body: Mapping[str, Any], default_output_tokens: int) -> tuple[float, float]:
+    """(prompt tokens, output tokens) a request will likely cost: the prompt estimated from
+    its bytes (about 4 per token; routing must not wait for a tokenizer), the output from
+    `max_completion_tokens`/`max_tokens` or the default."""
+    text = prompt_text(body)
+    prompt = float(len(text)) if isinstance(text, list) else (
+        len(text.encode("utf-8", "surrogatepass")) / 4.0 if text else 0.0)
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    out = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0 \
+        else default_output_tokens
+    return prompt, float(out)
