@@ -56,6 +56,38 @@ async def _report(ledger: Ledger, since: float, until: float, tenant: str | None
     return build_report(data, group_by, since, until)
 
 
+def _budgets(config: Path | None, sqlite: Path | None, dsn: str | None, tenant: str | None,
+             fmt: str) -> str:
+    from gateway.accounting.ledger.common import SqlLedger
+    from gateway.tenancy.report import budgets_of, render, standing
+
+    if config is None:
+        raise click.UsageError("--budgets needs --config (the tenants' budgets are there)")
+    try:
+        raw = yaml.safe_load(config.read_text()) or {}
+        found = budgets_of(raw if isinstance(raw, dict) else {})
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.ClickException(f"{config}: {exc}") from None
+    except ConfigError as exc:
+        raise click.ClickException(exc.message) from None
+    if tenant:
+        found = {k: v for k, v in found.items() if k == tenant}
+    ledger = _ledger(config, sqlite, dsn)
+    assert isinstance(ledger, SqlLedger)
+
+    async def read() -> str:
+        await ledger.open()
+        try:
+            return render(await standing(ledger, found), fmt)
+        finally:
+            await ledger.close()
+
+    try:
+        return asyncio.run(read())
+    except LedgerError as exc:
+        raise click.ClickException(exc.message) from None
+
+
 @click.command("report")
 @click.option("--config", "config", type=click.Path(dir_okay=False, path_type=Path),
               help="gateway YAML; its accounting.ledger is read")
@@ -70,10 +102,17 @@ async def _report(ledger: Ledger, since: float, until: float, tenant: str | None
               help=f"comma-separated: {', '.join(GROUP_KEYS)}")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
+@click.option("--budgets", is_flag=True,
+              help="spend against budget per tenant and period instead (needs --config)")
 def report(config: Path | None, sqlite: Path | None, dsn: str | None, since: str,
-           until: str | None, tenant: str | None, group_by: str, fmt: str) -> None:
+           until: str | None, tenant: str | None, group_by: str, fmt: str,
+           budgets: bool) -> None:
     """Energy (J, kWh), carbon (g), cost (USD), tokens, requests, goodput, J/token and idle
-    share per group; idle accounts are shown as separate rows."""
+    share per group; idle accounts are shown as separate rows. With --budgets: each
+    tenant's spend in the current UTC period (charged + held) against its budgets."""
+    if budgets:
+        click.echo(_budgets(config, sqlite, dsn, tenant, fmt), nl=False)
+        return
     now = time.time()
     try:
         until_s = parse_time(until, now) if until else now

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+import yaml
 
 from gateway.config import parse_config
 from tests.support.fake_engine import FakeEngine, fake_engine
@@ -25,13 +26,18 @@ AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 48}
 
 
-def budget_config(eng: FakeEngine, ledger: Path, budget: dict[str, Any],
-                  precisions: tuple[str, ...] = ("bf16",), **tenant: Any) -> Any:
+def budget_raw(eng: FakeEngine, ledger: Path, budget: dict[str, Any],
+               precisions: tuple[str, ...] = ("bf16",), **tenant: Any) -> dict[str, Any]:
     raw = raw_config([{"name": f"e-{p}", "url": eng.url, "precision": p} for p in precisions],
                      accounting={"ledger": {"kind": "sqlite", "path": str(ledger)},
                                  "flush_s": 0.1, "poll_s": 0.05, "settle_s": 0.5})
     raw["tenants"][0].update(budgets=[budget], **tenant)
-    return parse_config(raw, env={})
+    return raw
+
+
+def budget_config(eng: FakeEngine, ledger: Path, budget: dict[str, Any],
+                  precisions: tuple[str, ...] = ("bf16",), **tenant: Any) -> Any:
+    return parse_config(budget_raw(eng, ledger, budget, precisions, **tenant), env={})
 
 
 async def post(s: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None
@@ -105,3 +111,29 @@ async def test_a_tenant_reads_its_own_bill_and_budget_at_v1_usage(tmp_path: Path
     assert b["remaining"] == pytest.approx(3.6e6 - b["spent"])
     assert usage["on_budget"] == "reject"
     assert anonymous == 401
+
+
+async def test_wattgate_report_budgets_shows_spend_against_budget(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gateway.accounting.report_cli import report
+
+    ledger = tmp_path / "l.db"
+    async with fake_engine(FakeEngine(model="m")) as eng:
+        config = budget_config(eng, ledger, {"period": "day", "usd": 2.0})
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
+            for _ in range(2):
+                assert (await post(s, gw + "/v1/completions"))[0] == 200
+            await asyncio.sleep(0.5)  # the settlements are written
+        raw = budget_raw(eng, ledger, {"period": "day", "usd": 2.0})
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = await asyncio.to_thread(CliRunner().invoke, report,
+                                     ["--config", str(path), "--budgets", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = orjson.loads(result.output)["budgets"]
+    assert (row["tenant"], row["period"], row["unit"], row["budget"]) == (
+        "tenant-a", "day", "usd", 2.0)
+    # two requests, each 53 tokens at the BF16 default, charged or still held
+    assert row["spent"] + row["held"] > 0
+    assert row["remaining"] == pytest.approx(2.0 - row["spent"] - row["held"])
