@@ -185,6 +185,19 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
     return tenants, arms, deltas
 
 
+def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
+    """How the demo tenant's joule budget (deploy/examples/local.yaml) held: its 429s."""
+    config = yaml.safe_load((EXAMPLES / "local.yaml").read_text())
+    budgets = next((t.get("budgets") or [] for t in config["tenants"] if t["name"] == tenant), [])
+    units = {"j": "J", "kwh": "kWh", "usd": "USD", "gco2e": "gCO2e"}
+    what = ", ".join(f"{v:g} {units.get(k, k)} per {b['period']}" for b in budgets
+                     for k, v in b.items() if k != "period") or "no budget"
+    mine = [m.result for m in tenants.requests if m.result.tenant == tenant]
+    refused = sum(1 for r in mine if r.http_status == 429)
+    return (f"budget: {tenant} has {what} (tenant controls); {refused} of its {len(mine)} "
+            "requests were refused with 429 budget_exceeded once it was spent")
+
+
 def _show(tenants: RunOutcome, arms: list[RunOutcome], deltas: list[PairedDelta], out_dir: Path
           ) -> None:
     arm_prec = {p: p for p in PRECISIONS}
@@ -196,6 +209,8 @@ def _show(tenants: RunOutcome, arms: list[RunOutcome], deltas: list[PairedDelta]
     click.echo(report.run_table(arms, arm_prec, {}))
     click.echo()
     click.echo(report.delta_table(deltas))
+    budget_note = budget_line(tenants)
+    click.echo(f"\n{budget_note}")
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes = [tenants, *arms]
     report.write_json(out_dir / "demo.json", outcomes, {"deltas": deltas})
@@ -203,7 +218,7 @@ def _show(tenants: RunOutcome, arms: list[RunOutcome], deltas: list[PairedDelta]
     report.write_html(out_dir / "demo.html", "wattgate demo", outcomes, deltas=deltas,
                       arm_precisions=arm_prec, quality={},
                       notes=["Simulated H100 fleet (roofline timing and power model); "
-                             "latencies measured from intended arrival."])
+                             "latencies measured from intended arrival.", budget_note])
     _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
 
 
