@@ -1,9 +1,10 @@
 """Three gateway processes sharing one PostgreSQL ledger hold one tenant's budget together:
 200 requests released at once, spread over the three, at a tenant whose joule budget has
-room for 20 reservations. Exactly 20 are admitted (reservations are inserted under a
-per-tenant advisory lock, so no two replicas admit against the same room), the rest get
-429 budget_exceeded, and the ledger's charges for the admitted requests are printed against
-the budget (the overshoot docs/operations.md states)."""
+room for 20 reservations (and, in the same burst, 30 at a tenant capped at 5 in flight).
+Exactly 20 are admitted (reservations are inserted under a per-tenant advisory lock, so no
+two replicas admit against the same room), the rest get 429 budget_exceeded, and the
+ledger's charges for the admitted requests are printed against the budget (the overshoot
+docs/operations.md states)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from tests.support.fake_engine import FakeEngine, fake_engine
-from tests.support.gateway import ADMIN_KEY, KEY_A, raw_config
+from tests.support.gateway import ADMIN_KEY, KEY_A, KEY_B, raw_config
 from tests.support.postgres import fresh_database, postgres_server
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
@@ -28,11 +29,12 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.postgres]
 # 25 J at the BF16 default of 0.5 J/token. 510 J has room for 20 (not 21).
 BUDGET_J = 510.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 48}
+CAP = 5
 
 
-async def one(s: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+async def one(s: aiohttp.ClientSession, url: str, key: str = KEY_A) -> tuple[int, str]:
     async with s.post(url + "/v1/completions", data=orjson.dumps(BODY),
-                      headers={"Authorization": f"Bearer {KEY_A}",
+                      headers={"Authorization": f"Bearer {key}",
                                "Content-Type": "application/json"}) as r:
         body = await r.read()
         code = orjson.loads(body)["error"]["code"] if r.status != 200 else ""
@@ -46,9 +48,12 @@ async def test_three_replicas_hold_one_budget_under_a_burst_of_200(tmp_path: Pat
             ports = [free_port() for _ in range(3)]
             with contextlib.ExitStack() as stack:
                 for i, port in enumerate(ports):
-                    raw = raw_config([{"name": "e1", "url": eng.url, "precision": "bf16"}],
+                    raw = raw_config([{"name": "e1", "url": eng.url, "precision": "bf16"},
+                                      {"name": "e2", "url": eng.url, "precision": "int4"}],
                                      listen={"host": "127.0.0.1", "port": port})
                     raw["tenants"][0]["budgets"] = [{"period": "day", "j": BUDGET_J}]
+                    raw["tenants"][0]["precisions"] = {"allowed": ["bf16"]}
+                    raw["tenants"][1]["limits"] = {"max_concurrent": CAP}
                     raw["accounting"] = {"interval_s": 1, "flush_s": 0.2, "settle_s": 1.0,
                                          "ledger": {"kind": "postgres", "dsn": dsn}}
                     cfg = tmp_path / f"gw{i}.yaml"
@@ -62,7 +67,10 @@ async def test_three_replicas_hold_one_budget_under_a_burst_of_200(tmp_path: Pat
                 connector = aiohttp.TCPConnector(limit=0, force_close=True)
                 timeout = aiohttp.ClientTimeout(total=120)
                 async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
-                    got = await asyncio.gather(*(one(s, urls[i % 3]) for i in range(200)))
+                    burst = [one(s, urls[i % 3]) for i in range(200)]
+                    burst += [one(s, urls[i % 3], KEY_B) for i in range(30)]
+                    got_all = await asyncio.gather(*burst)
+                    got, got_b = got_all[:200], got_all[200:]
                     spent = await charged(s, urls[0])
     admitted = sum(1 for status, _ in got if status == 200)
     refused = [code for status, code in got if status == 429]
@@ -70,6 +78,9 @@ async def test_three_replicas_hold_one_budget_under_a_burst_of_200(tmp_path: Pat
           f"{BUDGET_J:.0f} J budget ({100 * (spent - BUDGET_J) / BUDGET_J:+.1f} %)")
     assert admitted == 20
     assert len(refused) == 180 and set(refused) == {"budget_exceeded"}
+    # tenant-b's cap of 5 requests in flight holds over the three processes too
+    assert sorted(status for status, _ in got_b) == [200] * CAP + [429] * (30 - CAP)
+    assert {code for status, code in got_b if status == 429} == {"rate_limit_exceeded"}
 
 
 async def charged(s: aiohttp.ClientSession, url: str) -> float:
