@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.accounting.ledger.base import LedgerError
 from gateway.config import GatewayConfig, Tenant
+from gateway.errors import OverloadedError, WattgateError
 from gateway.records import RequestRecord
 from gateway.routing.precision import select_precisions
 from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
@@ -112,7 +114,7 @@ class Admission:
             ticket.tokens = tokens
         try:
             await self._hold(tenant, ticket, request_id, tokens, override, available)
-        except TenantLimitError:
+        except WattgateError:  # refused after all: the tokens go back
             if limiter is not None:
                 limiter.settle(ticket.tokens, 0)
             raise
@@ -141,7 +143,12 @@ class Admission:
             cheaper = sorted((p for p in tenant.precision.allowed
                               if p in available and rate[p] < rate.get(first, math.inf)),
                              key=lambda p: -rate[p])
-        verdict = await store.admit(tenant, request_id, tokens, first, cheaper)
+        try:
+            verdict = await store.admit(tenant, request_id, tokens, first, cheaper)
+        except LedgerError:
+            # Fail closed: without the ledger no replica can tell what the others admitted.
+            raise OverloadedError("the budget ledger is unreachable; retry shortly",
+                                  code="ledger_unavailable") from None
         if not verdict.allowed:
             if verdict.reason == "concurrency":
                 raise self._refuse(tenant.name, "concurrency", TenantLimitError(

@@ -1,0 +1,57 @@
+"""Admission without a network: a refused request gives its tokens back, and a budgeted
+tenant fails closed (503) when the ledger cannot be reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.accounting.ledger.base import LedgerError
+from gateway.accounting.pricing import Pricing
+from gateway.config import parse_config
+from gateway.errors import OverloadedError
+from gateway.tenancy.admission import Admission, request_tokens
+from gateway.tenancy.errors import TenantLimitError
+from gateway.tenancy.store import TenancyStore
+from tests.support.gateway import raw_config
+
+EP = [{"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}]
+
+
+class DownLedger:
+    async def locked(self, *args: Any) -> None:
+        raise LedgerError("connection refused")
+
+
+def config(**tenant: Any) -> Any:
+    raw = raw_config(EP, accounting={"ledger": {"kind": "sqlite", "path": "/tmp/unused.db"}})
+    raw["tenants"][0].update(tenant)
+    return parse_config(raw, env={})
+
+
+async def test_a_budgeted_tenant_fails_closed_when_the_ledger_is_down() -> None:
+    cfg = config(limits={"tokens_per_minute": 1000}, budgets=[{"period": "day", "usd": 1}])
+    store = TenancyStore(DownLedger(), "r", cfg.tenant_controls,  # type: ignore[arg-type]
+                         Pricing(), lambda: 0.0)
+    admission = Admission(cfg, None, clock=lambda: 0.0, store=store)
+    with pytest.raises(OverloadedError) as exc:
+        await admission.admit(cfg.tenants[0], "id", 10, 90, None, {"bf16"})
+    assert exc.value.status == 503 and exc.value.code == "ledger_unavailable"
+    # the 100 tokens it took went back
+    assert admission.limiters["tenant-a"].headers(0.0)["x-ratelimit-remaining-tokens"] == "1000"
+
+
+async def test_local_cap_without_a_ledger_and_token_estimates() -> None:
+    raw = raw_config(EP)
+    raw["tenants"][0]["limits"] = {"max_concurrent": 1}
+    cfg = parse_config(raw, env={})
+    admission = Admission(cfg, None, clock=lambda: 0.0)
+    ticket = await admission.admit(cfg.tenants[0], "a", 1, 4, None, {"bf16"})
+    assert ticket.local_slot
+    with pytest.raises(TenantLimitError):
+        await admission.admit(cfg.tenants[0], "b", 1, 4, None, {"bf16"})
+    assert request_tokens({"prompt": "x" * 40, "max_tokens": 7}) == (10, 7)
+    assert request_tokens({"messages": [{"role": "user", "content": "hi"}],
+                           "max_completion_tokens": 3}) == (2, 3)
+    assert request_tokens({"prompt": [1, 2, 3]}) == (3, None)
