@@ -20,6 +20,7 @@ from gateway.front.aiohttp_errors import SERVER_NAME
 from gateway.front.protocol import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
+from gateway.tenancy.controls import TenantControls
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstream import ClientSettings, UpstreamClient
 from gateway.upstreams import Upstreams
@@ -32,6 +33,7 @@ UPSTREAMS = web.AppKey("upstreams", Upstreams)
 PROXY = web.AppKey("proxy", Proxy)
 ACCOUNTING = web.AppKey("accounting", AccountingService)
 CONNECTIONS = web.AppKey("connections", FrontConnections)
+CONTROLS = web.AppKey("controls", TenantControls)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -95,11 +97,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def models(request: web.Request) -> web.Response:
     app = request.app
     config = app[CONFIG]
-    app[PROXY].auth.tenant(request.headers.get("Authorization"))
+    tenant = app[PROXY].auth.tenant(request.headers.get("Authorization"))
     upstreams = app[UPSTREAMS]
+    allowed = set(tenant.precision.allowed)  # only what this tenant may use
     data = [{"id": pool.name, "object": "model", "created": 0, "owned_by": "wattgate",
-             "precisions": sorted({s.endpoint.precision for s in upstreams.pools[pool.name]})}
-            for pool in config.models]
+             "precisions": precisions}
+            for pool in config.models
+            if (precisions := sorted({s.endpoint.precision for s in upstreams.pools[pool.name]}
+                                     & allowed))]
     return web.Response(body=orjson.dumps({"object": "list", "data": data}),
                         content_type="application/json")
 
@@ -131,8 +136,28 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    if not request.app[PROXY].auth.may_scrape(request.headers.get("Authorization")):
+        raise AuthError("/metrics needs the metrics API key", code="invalid_metrics_key")
     body = request.app[METRICS].render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def tenant_usage(request: web.Request) -> web.Response:
+    """The calling tenant's own bill (as /admin/v1/usage, restricted to it), its limits and
+    what remains of them."""
+    app = request.app
+    auth = app[PROXY].auth
+    tenant = auth.tenant(request.headers.get("Authorization"))
+    if tenant is auth.anonymous:
+        raise AuthError("usage needs a tenant's API key", code="invalid_api_key")
+    status = await app[CONTROLS].status(tenant)
+    if ACCOUNTING not in app:
+        return web.Response(body=orjson.dumps({**status, "rows": [], "total": None}),
+                            content_type="application/json")
+    from gateway.accounting.admin import usage_response
+
+    return await usage_response(app[ACCOUNTING], request.query, time.time(), tenant.name,
+                                status)
 
 
 def require_admin(request: web.Request) -> None:
@@ -248,11 +273,16 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
             assert isinstance(route, web.RouteDef)
             app.router.add_route(route.method, route.path, _admin_only(route.handler))
 
+    controls = app[CONTROLS] = TenantControls(
+        config, gateway_metrics.registry, clock=clock, wall=wall,
+        replica=app[ACCOUNTING].replica if ACCOUNTING in app else None)
+
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
         client = upstream_client(config)
         app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
-                                   clock=clock, wall=wall, counter=counter)
+                                   clock=clock, wall=wall, counter=counter,
+                                   admission=controls.admission)
         if ACCOUNTING in app:
             app[ACCOUNTING].watch(proxy.open_since)
         async with upstreams.running(session):
@@ -261,11 +291,13 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         client.close()
         await session.close()
 
+    app.cleanup_ctx.append(controls.cleanup_ctx)  # stops after the proxy drained
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/usage", tenant_usage)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/health", health)
     app.router.add_get("/readyz", readyz)

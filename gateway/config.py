@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from gateway.errors import ConfigError
+from gateway.tenancy.config import (
+    TenantBudgets,
+    TenantControlsConfig,
+    TenantLimits,
+    parse_budgets,
+    parse_limits,
+)
 
 if TYPE_CHECKING:
     from gateway.accounting.config import AccountingConfig
@@ -63,6 +70,8 @@ class Tenant:
     key_sha256: str = field(repr=False)
     slo_class: str
     precision: PrecisionPolicy = PrecisionPolicy()
+    limits: TenantLimits = field(default_factory=TenantLimits)
+    budgets: TenantBudgets = field(default_factory=TenantBudgets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,8 @@ class GatewayConfig:
     auth_required: bool = True
     accounting: AccountingConfig | None = None  # None: no energy accounting
     access_log: str = ""  # JSON lines, one per finished request: a file path, "-" (stderr), "" off
+    tenant_controls: TenantControlsConfig = field(default_factory=TenantControlsConfig)
+    metrics_key_sha256: str = field(default="", repr=False)  # "": /metrics needs no key
 
     def endpoints(self) -> tuple[tuple[str, Endpoint], ...]:
         """(model alias, endpoint) for every endpoint of every pool."""
@@ -374,6 +385,7 @@ def _tenants(root: FieldReader, env: Mapping[str, str], slo_names: set[str], def
         tenant = Tenant(
             name=name, key_sha256=_secret_hash(r, env, "api_key", required=True), slo_class=slo,
             precision=PrecisionPolicy(allowed=allowed, preferred=preferred),
+            limits=parse_limits(r.sub("limits")), budgets=parse_budgets(r),
         )
         r.finish()
         if any(t.key_sha256 == tenant.key_sha256 for t in tenants):
@@ -483,6 +495,10 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
     ar = root.sub("admin")
     admin_hash = _secret_hash(ar, env, "api_key", required=False)
     ar.finish()
+    mr = root.sub("metrics")
+    metrics_hash = _secret_hash(mr, env, "api_key", required=False)
+    mr.finish()
+    controls = section(root.sub("tenant_controls"), TenantControlsConfig)
     models = _models(root)
     config = GatewayConfig(
         listen=listen,
@@ -502,7 +518,13 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         auth_required=root.flag("auth_required", True),
         accounting=_accounting(root, env, base_dir, models),
         access_log=_access_log(root, base_dir),
+        tenant_controls=controls,
+        metrics_key_sha256=metrics_hash,
     )
+    budgeted = [i for i, t in enumerate(tenants) if t.budgets.budgets]
+    if budgeted and (config.accounting is None or not config.accounting.enabled):
+        raise ConfigError(f"tenants[{budgeted[0]}].budgets",
+                          "budgets are kept in the ledger: configure accounting")
     if config.auth_required and not tenants:
         raise ConfigError("tenants", "at least one tenant is required when auth_required is true")
     root.finish()
@@ -531,6 +553,7 @@ def normalised(config: GatewayConfig) -> dict[str, Any]:
     for tenant in data["tenants"]:
         tenant["key_sha256"] = "<set>"
     data["admin_key_sha256"] = "<set>" if config.admin_key_sha256 else "<unset>"
+    data["metrics_key_sha256"] = "<set>" if config.metrics_key_sha256 else "<unset>"
     if config.accounting is not None:
         ledger = data["accounting"]["ledger"]
         ledger["dsn"] = "<set>" if ledger.get("dsn") else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -42,6 +43,7 @@ from gateway.requests import (
 )
 from gateway.routing import RoutingContext, policy_for, select_precisions
 from gateway.sse import SseScanner, usage_of_body
+from gateway.tenancy.admission import Admission, Ticket, request_tokens
 from gateway.timing import latency_of, slo_met
 from gateway.tokenizer import PromptCounter
 from gateway.upstream import (
@@ -71,7 +73,7 @@ class Flight:
                  "first_byte_s",
                  "first_token_s", "http_status", "model", "prompt_source", "prompt_tokens",
                  "read_events", "read_times", "request_id", "slo_class", "status", "stream",
-                 "tenant", "upstream_status", "usage_known")
+                 "tenant", "ticket", "upstream_status", "usage_known")
 
     def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
         self.request_id = request_id
@@ -101,6 +103,7 @@ class Flight:
         self.attempts = 0
         self.status = "ok"
         self.http_status = 200
+        self.ticket: Ticket | None = None  # what tenant controls hold for it
 
     def take_usage(self, usage: dict[str, Any]) -> None:
         self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -128,8 +131,10 @@ class Flight:
 class Proxy:
     def __init__(self, config: GatewayConfig, upstreams: Upstreams, client: UpstreamClient,
                  metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
-                 wall: Callable[[], float], counter: PromptCounter | None = None):
+                 wall: Callable[[], float], counter: PromptCounter | None = None,
+                 admission: Admission | None = None):
         self.config = config
+        self.admission = admission or Admission(config, None, clock=clock)
         self.counter = counter or PromptCounter({})
         self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
         self._retrying = 0  # retry attempts in flight (the retry budget)
@@ -250,7 +255,22 @@ class Proxy:
             raise ModelNotFoundError(f"the model {parsed.model!r} does not exist",
                                      param="model")
         flight.model = parsed.model
+        parsed = await self._admit(flight, tenant, parsed)
         await self._dispatch(exchange, flight, tenant, parsed, raw)
+
+    async def _admit(self, flight: Flight, tenant: Tenant, parsed: ParsedRequest
+                     ) -> ParsedRequest:
+        """Tenant controls (gateway/tenancy): 429 past a limit; a budget downgrade forces
+        a cheaper precision."""
+        if not self.admission.controlled(tenant):
+            return parsed
+        prompt, max_tokens = request_tokens(parsed.body)
+        available = {s.endpoint.precision for s in self.upstreams.healthy(parsed.model)}
+        flight.ticket = await self.admission.admit(tenant, flight.request_id, prompt,
+                                                   max_tokens, parsed.precision, available)
+        if flight.ticket.precision is not None:
+            return dataclasses.replace(parsed, precision=flight.ticket.precision)
+        return parsed
 
     # --- routing and retries ------------------------------------------------------------
 
@@ -386,6 +406,8 @@ class Proxy:
     def _response_headers(self, flight: Flight) -> dict[str, str]:
         ep = flight.endpoint
         headers = {REQUEST_ID_HEADER: flight.request_id}
+        if flight.ticket is not None:
+            headers.update(flight.ticket.headers)
         if ep is not None:
             headers["x-wattgate-endpoint"] = ep.endpoint.name
             headers["x-wattgate-precision"] = ep.endpoint.precision
@@ -545,6 +567,8 @@ class Proxy:
             slo_met=slo_met(slo, lat, ok), prompt_source=flight.prompt_source,
             engine_done_s=flight.engine_done_s,
         )
+        if flight.ticket is not None:
+            self.admission.release(flight.ticket, record)
         for sink in self.sinks:
             try:
                 sink(record)
