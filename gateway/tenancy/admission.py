@@ -73,11 +73,14 @@ class Admission:
         self.limiters = {t.name: TenantRateLimiter(t.limits, now) for t in config.tenants
                          if t.limits.any}
         self.active: dict[str, int] = {t.name: 0 for t in config.tenants}
+        # looked up per request: a set, not the tenant's fields each time
+        self._controlled = frozenset(t.name for t in config.tenants
+                                     if t.limits.any or t.budgets.budgets)
         self.interval_s = (config.accounting.interval_s if config.accounting is not None
                            else 1.0)
 
     def controlled(self, tenant: Tenant) -> bool:
-        return tenant.limits.any or bool(tenant.budgets.budgets)
+        return tenant.name in self._controlled
 
     def set_replicas(self, replicas: int) -> None:
         """Each process enforces its share of the rate limits."""
