@@ -14,7 +14,7 @@ import click
 
 from gateway.config import SloClass
 from gateway.tokenizer import TokenizerNotFound
-from loadgen import arrivals, lengths, prompts, report, traces
+from loadgen import arrivals, lengths, prompts, report, report_html, traces
 from loadgen.client import ClientOptions, Target
 from loadgen.experiments import (
     PairedDelta,
@@ -24,8 +24,9 @@ from loadgen.experiments import (
     point,
     sweep_result,
 )
+from loadgen.precision import precision_report, slo_text
 from loadgen.runner import RunOptions, RunOutcome, run_workload
-from loadgen.workload import TenantSpec, Workload, build_plan, load_workload
+from loadgen.workload import TenantSpec, Workload, build_plan, load_workload, requested_rate_rps
 
 
 def _err(text: str) -> None:
@@ -152,10 +153,10 @@ def write_outputs(out_dir: Path | None, name: str, outcomes: Sequence[RunOutcome
     if out_dir is None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    extra = {k: v for k, v in html.items() if k in ("deltas", "sweep")}
+    extra = {k: v for k, v in html.items() if k in ("deltas", "sweep", "precision")}
     report.write_json(out_dir / f"{name}.json", outcomes, extra)
     report.write_csv(out_dir / f"{name}.csv", outcomes)
-    report.write_html(out_dir / f"{name}.html", html.pop("title", f"wattgate loadgen {name}"),
+    report_html.write_html(out_dir / f"{name}.html", html.pop("title", f"wattgate loadgen {name}"),
                       outcomes, **html)
     _err(f"wrote {out_dir}/{name}.json, .csv, .html")
 
@@ -256,19 +257,42 @@ async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
 @click.option("--by-header", is_flag=True, help="Select precision by header, not model@prec.")
 @click.option("--quality", multiple=True,
               help="PRECISION=SCORE: a quality score you measured (else 'not measured').")
+@click.option("--rates", default="", help="Comma-separated offered rates (req/s): sweep every "
+              "arm over them (one seeded schedule per rate, replayed on each arm) and report "
+              "each precision's SLO capacity and J/token along the load curve. Default: "
+              "--rate only.")
+@click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True,
+              help="Share of requests that must meet the SLO for a rate to count as met.")
 def compare(**p: Any) -> None:
-    """Replay one seeded schedule and prompt set against each precision; paired deltas."""
+    """Replay one seeded schedule and prompt set against each precision: paired deltas, and per
+    precision the highest rate meeting the SLO, J/token there, gCO2e and USD per 1M tokens,
+    and the recommended precision."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
     quality = {k: float(v) for k, v in _parse_pairs(p["quality"], "--quality").items()}
     targets = arm_targets(p, w, precisions, _parse_pairs(p["arm_target"], "--arm-target"))
-    outcomes, deltas = _run(compare_arms(w, targets, run_options(p)))
+    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
     arm_prec = {prec: prec for prec in precisions}
-    click.echo(report.run_table(outcomes, arm_prec, quality))
+    opts = run_options(p)
+    if rates:
+        outcomes, points = _run(sweep_rates(w, targets, rates, opts))
+        # paired deltas at the highest rate every arm ran
+        top = [o for o in outcomes if o.label.endswith(f"@{max(rates):g}")]
+        deltas = [paired_delta(top[0].label, top[0].requests, o.label, o.requests,
+                               top[0].energy_overall, o.energy_overall) for o in top[1:]]
+    else:
+        outcomes, deltas = _run(compare_arms(w, targets, opts))
+        rate = requested_rate_rps(w, build_plan(w))
+        points = [point(o.label, rate, o.summary, o.energy_overall) for o in outcomes]
+    pr = precision_report(points, precisions, p["target_attainment"], slo_text(w.slo_classes),
+                          quality, "offered requests/s")
+    click.echo(report.run_table(outcomes, arm_prec if not rates else None, quality))
     click.echo()
     click.echo(report.delta_table(deltas))
+    click.echo()
+    click.echo(report.precision_table(pr))
     write_outputs(p["out_dir"], "compare", outcomes, deltas=deltas, arm_precisions=arm_prec,
-                  quality=quality, title="wattgate loadgen compare")
+                  quality=quality, precision=pr, title="wattgate loadgen compare")
     fail_if_nothing_succeeded(outcomes)
 
 

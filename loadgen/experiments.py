@@ -88,12 +88,19 @@ class SweepPoint:
     j_per_output_token: float | None
     ttft_p99_s: float
     tpot_p99_s: float
+    # per million tokens (prompt + output); None without energy, or from the simulator's
+    # ground truth (joules only)
+    carbon_g_per_1m_tokens: float | None = None
+    usd_per_1m_tokens: float | None = None
 
 
 def point(arm: str, rate_rps: float, s: Summary, e: EnergyStats | None) -> SweepPoint:
+    billed = e is not None and (e.carbon_g > 0 or e.cost_usd > 0)
     return SweepPoint(arm, rate_rps, s.achieved_rate_rps, s.graded, s.goodput_rps, s.attainment,
                       e.j_per_output_token if e else None, s.from_intended.ttft_s.p99,
-                      s.from_intended.tpot_s.p99)
+                      s.from_intended.tpot_s.p99,
+                      e.carbon_g_per_1k_tokens * 1e3 if e and billed else None,
+                      e.usd_per_1k_tokens * 1e3 if e and billed else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,10 @@
-"""Outputs: terminal tables, JSON (summary + per request), CSV, and a self-contained HTML report
-with plots rendered by matplotlib to inline SVG (latency CDFs, goodput vs rate, and the
-goodput-vs-J/token Pareto frontier across precisions)."""
+"""Outputs: terminal tables (and their rows, for the HTML tables), JSON (summary + per
+request), CSV. The HTML page is built by loadgen/report_html.py."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import html
 import io
 import math
 from collections.abc import Sequence
@@ -20,8 +18,8 @@ from loadgen.experiments import (
     SweepResult,
     accuracy_condition,
     numeric_format,
-    pareto_front,
 )
+from loadgen.precision import PRECISION_HEADER, PrecisionReport, headline, precision_rows
 from loadgen.runner import RunOutcome
 
 
@@ -43,12 +41,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
-              quality: dict[str, float] | None = None) -> str:
-    """One row per run (arm): latency from intended arrival, goodput, energy."""
-    header = ["arm", "sent", "ok", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+RUN_HEADER = ("arm", "sent", "ok", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
               "E2E p50", "lag p99", "goodput", "attain", "J/req", "J/out-tok", "gCO2e/1M tok",
-              "USD/1M tok"]
+              "USD/1M tok")
+
+
+def run_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
+    """One row per run (arm): latency (ms) from intended arrival, goodput, energy."""
     rows = []
     for o in outcomes:
         s, e = o.summary, o.energy_overall
@@ -61,7 +60,11 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
                      _num(e.j_per_output_token if e else None, "{:.3f}"),
                      _num(e.carbon_g_per_1k_tokens * 1e3 if e else None, "{:.1f}"),
                      _num(e.usd_per_1k_tokens * 1e3 if e else None, "{:.3f}")])
-    text = "latency in ms, measured from intended arrival\n" + _table(header, rows)
+    return rows
+
+
+def run_notes(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
+              quality: dict[str, float] | None = None) -> list[str]:
     notes = [f"{o.label or 'run'}: {o.summary.grading_note}" for o in outcomes]
     notes += [f"{o.label or 'run'}: energy {o.energy_note}" for o in outcomes if o.energy_note]
     # One plan usually feeds every arm: say once what its prompt lengths count.
@@ -69,7 +72,21 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
     if arm_precisions:
         notes += [f"{label}: {numeric_format(p)}; {accuracy_condition(p, quality or {})}"
                   for label, p in arm_precisions.items()]
-    return text + "\n" + "\n".join(notes)
+    return notes
+
+
+def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
+              quality: dict[str, float] | None = None) -> str:
+    """One row per run (arm): latency from intended arrival, goodput, energy."""
+    text = ("latency in ms, measured from intended arrival\n"
+            + _table(RUN_HEADER, run_rows(outcomes)))
+    return text + "\n" + "\n".join(run_notes(outcomes, arm_precisions, quality))
+
+
+def precision_table(r: PrecisionReport) -> str:
+    """The precision report for a terminal: the answer, then one row per precision."""
+    return (headline(r) + "\n" + f"SLO: {r.slo} for {r.target_attainment:.0%} of requests; "
+            f"rates: {r.rate_note}\n" + _table(PRECISION_HEADER, precision_rows(r)))
 
 
 def send_vs_intended(o: RunOutcome) -> str:
@@ -85,7 +102,12 @@ def send_vs_intended(o: RunOutcome) -> str:
                                  "intended p99"], rows)
 
 
-def tenant_table(o: RunOutcome) -> str:
+TENANT_HEADER = ("tenant", "slo class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50",
+                 "goodput", "attain", "energy J", "gCO2e", "USD", "J/out-tok")
+
+
+def tenant_rows(o: RunOutcome) -> list[list[str]]:
+    """Each tenant's latency (ms), goodput and bill (J, gCO2e, USD) in one run."""
     energy = {e.name: e for e in o.energy_by_tenant}
     rows = []
     for g in o.summary.per_tenant:
@@ -96,8 +118,11 @@ def tenant_table(o: RunOutcome) -> str:
                      _num(e.carbon_g if e else None, "{:.4f}"),
                      _num(e.cost_usd if e else None, "{:.6f}"),
                      _num(e.j_per_output_token if e else None, "{:.3f}")])
-    return _table(["tenant", "slo class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50",
-                   "goodput", "attain", "energy J", "gCO2e", "USD", "J/out-tok"], rows)
+    return rows
+
+
+def tenant_table(o: RunOutcome) -> str:
+    return _table(TENANT_HEADER, tenant_rows(o))
 
 
 def class_table(o: RunOutcome) -> str:
@@ -106,13 +131,19 @@ def class_table(o: RunOutcome) -> str:
     return _table(["slo class", "sent", "ok", "goodput req/s", "attainment"], rows)
 
 
-def delta_table(deltas: Sequence[PairedDelta]) -> str:
-    rows = [[d.arm, d.baseline, str(d.pairs), _ms(d.ttft_median_delta_s),
+DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
+                "dJ/token")
+
+
+def delta_rows(deltas: Sequence[PairedDelta]) -> list[list[str]]:
+    return [[d.arm, d.baseline, str(d.pairs), _ms(d.ttft_median_delta_s),
              _ms(d.tpot_median_delta_s), _ms(d.e2e_median_delta_s),
              _num(d.ttft_faster_share, "{:.0%}"), _num(d.j_per_token_delta_pct, "{:+.1f}%")]
             for d in deltas]
-    return _table(["arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
-                   "dJ/token"], rows)
+
+
+def delta_table(deltas: Sequence[PairedDelta]) -> str:
+    return _table(DELTA_HEADER, delta_rows(deltas))
 
 
 def sweep_table(sw: SweepResult) -> str:
@@ -199,101 +230,14 @@ def write_csv(path: Path, outcomes: Sequence[RunOutcome]) -> None:
     path.write_text(buf.getvalue())
 
 
-# --- HTML ----------------------------------------------------------------------------------
+# --- HTML (loadgen/report_html.py builds the page) -------------------------------------------
 
 
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
+def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], **kw: Any) -> None:
+    """See loadgen.report_html.write_html."""
+    from loadgen import report_html
 
-
-def _cdf_plot(outcomes: Sequence[RunOutcome]) -> str:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(10, 3.2))
-    axes = fig.subplots(1, 3)
-    for ax, (name, pick) in zip(axes, (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")),
-                                strict=True):
-        for o in outcomes:
-            vals = sorted(v * 1e3 for m in o.requests if m.result.ok
-                          and (v := getattr(m.from_intended, pick)) is not None)
-            if vals:
-                ys = [(i + 1) / len(vals) for i in range(len(vals))]
-                ax.step(vals, ys, where="post", label=o.label or "run")
-        ax.set_xlabel(f"{name} from intended arrival (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    return _svg(fig)
-
-
-def _goodput_plot(sw: SweepResult) -> str:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 3.2))
-    ax = fig.subplots()
-    for arm in sorted({p.arm for p in sw.points}):
-        pts = sorted((p for p in sw.points if p.arm == arm), key=lambda p: p.rate_rps)
-        ax.plot([p.rate_rps for p in pts], [p.goodput_rps or 0.0 for p in pts], marker="o",
-                label=arm)
-    ax.set_xlabel("offered rate (req/s)")
-    ax.set_ylabel("goodput (req/s meeting SLO)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _svg(fig)
-
-
-def _pareto_plot(points: Sequence[tuple[str, float, float]]) -> str:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5, 3.2))
-    ax = fig.subplots()
-    for lab, g, e in points:
-        ax.scatter([e], [g], label=lab)
-        ax.annotate(lab, (e, g), fontsize=8, xytext=(3, 3), textcoords="offset points")
-    front = pareto_front(points)
-    if len(front) > 1:
-        ax.plot([p[2] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
-    ax.set_xlabel("energy (J per output token)")
-    ax.set_ylabel("goodput (req/s meeting SLO)")
-    ax.grid(alpha=0.3)
-    return _svg(fig)
-
-
-def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
-               deltas: Sequence[PairedDelta] = (), sweep: SweepResult | None = None,
-               arm_precisions: dict[str, str] | None = None,
-               quality: dict[str, float] | None = None, notes: Sequence[str] = ()) -> None:
-    """One self-contained HTML file: tables as <pre>, plots as inline SVG."""
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    parts += [f"<p>{html.escape(n)}</p>" for n in notes]
-    parts.append("<h2>Runs</h2><pre>" + html.escape(run_table(outcomes, arm_precisions, quality))
-                 + "</pre>")
-    for o in outcomes:
-        parts.append(f"<h3>{html.escape(o.label or 'run')}</h3><pre>"
-                     + html.escape(send_vs_intended(o) + "\n\n" + class_table(o) + "\n\n"
-                                   + tenant_table(o)) + "</pre>")
-    if deltas:
-        parts.append("<h2>Paired deltas (same requests, arm minus baseline)</h2><pre>"
-                     + html.escape(delta_table(deltas)) + "</pre>")
-    parts.append("<h2>Latency CDFs</h2>" + _cdf_plot(outcomes))
-    if sweep is not None:
-        parts.append("<h2>Goodput vs offered rate</h2>" + _goodput_plot(sweep))
-        parts.append("<pre>" + html.escape(sweep_table(sweep)) + "</pre>")
-    pareto = pareto_points(outcomes, sweep)
-    if pareto:
-        parts.append("<h2>Goodput vs energy per token (Pareto frontier across precisions)</h2>"
-                     + _pareto_plot(pareto))
-    else:
-        parts.append("<h2>Goodput vs energy per token</h2><p>n/a: no run has both graded "
-                     "goodput and energy data.</p>")
-    doc = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title)
-           + "</title><style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
-           "pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}</style></head>"
-           "<body>" + "\n".join(parts) + "</body></html>")
-    path.write_text(doc)
+    report_html.write_html(path, title, outcomes, **kw)
 
 
 def pareto_points(outcomes: Sequence[RunOutcome], sweep: SweepResult | None
