@@ -20,6 +20,7 @@ from gateway.front.aiohttp_errors import SERVER_NAME
 from gateway.front.protocol import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
+from gateway.routing.learner import RoutingModels, capacity_context
 from gateway.tenancy.controls import TenantControls
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstream import ClientSettings, UpstreamClient
@@ -33,6 +34,7 @@ UPSTREAMS = web.AppKey("upstreams", Upstreams)
 PROXY = web.AppKey("proxy", Proxy)
 ACCOUNTING = web.AppKey("accounting", AccountingService)
 CONNECTIONS = web.AppKey("connections", FrontConnections)
+ROUTING_MODELS = web.AppKey("routing_models", RoutingModels)
 CONTROLS = web.AppKey("controls", TenantControls)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -170,7 +172,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     require_admin(request)
     upstreams = request.app[UPSTREAMS]
     now = upstreams.clock()
-    rows = [{"model": st.model, "name": st.endpoint.name, "url": st.endpoint.url,
+    rows: list[dict[str, object]] = [
+            {"model": st.model, "name": st.endpoint.name, "url": st.endpoint.url,
              "kind": st.endpoint.kind, "precision": st.endpoint.precision,
              "healthy": st.healthy, "checked": st.checked, "inflight": st.inflight,
              "running": st.load.running, "waiting": st.load.waiting,
@@ -180,6 +183,10 @@ async def admin_endpoints(request: web.Request) -> web.Response:
              "ejected_until": (time.time() + st.ejected_until - now if st.ejected(now)
                                else None)}
             for st in upstreams.by_name.values()]
+    # The learnt models (read-only): TTFT/TPOT/power/J per token by load, cold until sampled
+    learnt = request.app[ROUTING_MODELS].snapshot()
+    for row in rows:
+        row["model_curves"] = learnt.get(str(row["name"]))
     return web.Response(body=orjson.dumps({"endpoints": rows}), content_type="application/json")
 
 
@@ -197,6 +204,27 @@ def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics
     engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus)
                for model, ep in config.endpoints()]
     return AccountingService(config.accounting, engines, registry=gateway_metrics.registry)
+
+
+def _routing_models(config: GatewayConfig, accounting: AccountingService | None,
+                    gateway_metrics: GatewayMetrics) -> RoutingModels:
+    """The learnt endpoint models (a record sink), fed with the energy the accounting service
+    has apportioned (its per-engine boundary, read in memory), and the capacity gauge."""
+
+    def boundary(name: str) -> tuple[float, float] | None:
+        eng = accounting.engines.get(name) if accounting is not None else None
+        st = eng.state if eng is not None else None
+        return None if st is None else (st.boundary_s, st.boundary_j)
+
+    models = RoutingModels.for_config(config, boundary if accounting is not None else None)
+    ctx = capacity_context(config)
+    for model, precision in {(m, ep.precision) for m, ep in config.endpoints()}:
+        def needed(pool: tuple[str, str] = (model, precision)) -> float:
+            need = models.pool_needs(ctx, time.monotonic()).get(pool)
+            return float(need.needed) if need is not None else 0.0
+
+        gateway_metrics.pool_engines_needed.labels(model, precision).set_function(needed)
+    return models
 
 
 def upstream_client(config: GatewayConfig) -> UpstreamClient:
@@ -276,6 +304,10 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     controls = app[CONTROLS] = TenantControls(
         config, gateway_metrics.registry, clock=clock, wall=wall,
         replica=app[ACCOUNTING].replica if ACCOUNTING in app else None)
+
+    routing_models = _routing_models(config, app.get(ACCOUNTING), gateway_metrics)
+    app[ROUTING_MODELS] = routing_models
+    all_sinks.append(routing_models)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
 ENGINE_KINDS: tuple[str, ...] = ("vllm", "trtllm", "openai")
-ROUTING_POLICIES: tuple[str, ...] = ("round_robin", "least_load", "prefix_affinity")
+ROUTING_POLICIES: tuple[str, ...] = ("round_robin", "least_load", "prefix_affinity", "slo_energy")
 LOG_FORMATS: tuple[str, ...] = ("text", "json")
 LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
 
@@ -127,6 +127,17 @@ class Routing:
     policy: str = "least_load"
     prefix_chars: int = 256
     load_bound: float = 1.25  # prefix_affinity: skip endpoints above bound x mean load
+    # slo_energy: predicted TTFT/TPOT must stay under slo_margin x the SLO class's limits; an
+    # endpoint found full stays so until its prediction falls below (1 - hysteresis) x that
+    slo_margin: float = 0.8
+    hysteresis: float = 0.15
+    min_samples: int = 20  # latency samples before an endpoint's models are no longer cold
+    # assumed output tokens of a request that sets no max_tokens
+    default_output_tokens: int = 256
+    # quality score per precision (e.g. an eval's accuracy relative to BF16) and the least
+    # score each SLO class accepts; precisions below it are not routed to for that class
+    quality: tuple[tuple[str, float], ...] = ()
+    min_quality: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +360,22 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
     return tuple(pools)
 
 
+def _scores(r: FieldReader, key: str, names: set[str]) -> tuple[tuple[str, float], ...]:
+    """A mapping name -> score in [0, 1] whose names are among `names` (routing.quality,
+    routing.min_quality)."""
+    raw = r.get(key) or {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(r.at(key), "must be a mapping of name -> score")
+    out = []
+    for name, value in raw.items():
+        if name not in names:
+            raise ConfigError(f"{r.at(key)}.{name}", f"not one of {', '.join(sorted(names))}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
+            raise ConfigError(f"{r.at(key)}.{name}", "must be a number from 0 to 1")
+        out.append((str(name), float(value)))
+    return tuple(out)
+
+
 def _slo_classes(root: FieldReader) -> tuple[SloClass, ...]:
     raw = root.get("slo_classes") or {"default": {}}
     if not isinstance(raw, Mapping):
@@ -473,8 +500,17 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         policy=rr.choice("policy", ROUTING_POLICIES, "least_load"),
         prefix_chars=rr.integer("prefix_chars", 256),
         load_bound=rr.number("load_bound", 1.25, minimum=1.0, inclusive=True),
+        slo_margin=rr.number("slo_margin", 0.8),
+        hysteresis=rr.number("hysteresis", 0.15, minimum=0.0, inclusive=True),
+        min_samples=rr.integer("min_samples", 20),
+        default_output_tokens=rr.integer("default_output_tokens", 256),
+        quality=_scores(rr, "quality", set(PRECISIONS)),
+        min_quality=_scores(rr, "min_quality", slo_names),
     )
     rr.finish()
+    if routing.slo_margin > 1.0 or routing.hysteresis >= 1.0:
+        raise ConfigError("routing.slo_margin" if routing.slo_margin > 1.0
+                          else "routing.hysteresis", "must be at most 1 (a share)")
     tr = root.sub("timeouts")
     timeouts = Timeouts(
         connect_s=tr.number("connect_s", 2.0), first_byte_s=tr.number("first_byte_s", 60.0),

@@ -42,6 +42,8 @@ from gateway.requests import (
     upstream_body,
 )
 from gateway.routing import RoutingContext, policy_for, select_precisions
+from gateway.routing.learner import RoutingModels
+from gateway.routing.slo_energy import next_full, request_size
 from gateway.sse import SseScanner, usage_of_body
 from gateway.tenancy.admission import Admission, Ticket, request_tokens
 from gateway.timing import latency_of, slo_met
@@ -282,13 +284,37 @@ class Proxy:
         if not states:
             wanted = f" at precision {parsed.precision}" if parsed.precision else ""
             raise RoutingError(f"no healthy endpoint can serve model {parsed.model!r}{wanted}")
+        routing = self.config.routing
+        floor = dict(routing.min_quality).get(tenant.slo_class)
+        if floor is not None and parsed.precision is None:
+            quality = dict(routing.quality)
+            states = [s for s in states if quality.get(s.endpoint.precision, 1.0) >= floor]
+            if not states:
+                raise RoutingError(f"no healthy endpoint of model {parsed.model!r} meets the "
+                                   f"quality floor {floor:g} of SLO class {tenant.slo_class!r}")
+        candidates = [s.candidate() for s in states]
+        # The learnt models are one of the sinks (gateway/routing/learner.py); they see the
+        # loads routing saw, to pair each record with the load it was dispatched at.
+        models = next((k for k in self.sinks if isinstance(k, RoutingModels)), None)
+        if models is not None:
+            models.observe_loads(self.clock(), candidates)
         if len(states) == 1:
             return states[0]
-        routing = self.config.routing
         key = (prefix_key(parsed.body, routing.prefix_chars)
                if routing.policy == "prefix_affinity" else b"")
         ctx = RoutingContext(self.upstreams.next_sequence(parsed.model), key, routing.load_bound)
-        return states[self.policy([s.candidate() for s in states], ctx)]
+        if routing.policy == "slo_energy" and models is not None:
+            slo = self.config.slo(tenant.slo_class)
+            prompt, output = request_size(parsed.body, routing.default_output_tokens)
+            ctx = dataclasses.replace(ctx, ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s,
+                                      slo_margin=routing.slo_margin, prompt_tokens=prompt,
+                                      output_tokens=output, curves=models.curves())
+            pool = (parsed.model, tenant.slo_class)
+            full = next_full(models.full.get(pool, frozenset()), candidates, ctx,
+                             routing.hysteresis)
+            models.full[pool] = full
+            ctx = dataclasses.replace(ctx, full=full)
+        return states[self.policy(candidates, ctx)]
 
     async def _dispatch(self, exchange: Exchange, flight: Flight, tenant: Tenant,
                         parsed: ParsedRequest, raw: bytes) -> None:
