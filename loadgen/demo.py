@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -29,10 +30,12 @@ import yaml
 from gateway.config import SloClass
 from loadgen import arrivals, lengths, report
 from loadgen.client import ClientOptions, Target
+from loadgen.demo_precision import ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
+from loadgen.precision import PrecisionReport, precision_report, slo_text
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
-from loadgen.workload import TenantSpec, Workload, build_plan
+from loadgen.workload import TenantSpec, Workload
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 MODEL = "llama-3.1-8b"
@@ -165,24 +168,38 @@ def finality_wait_s(gateway_config: Path) -> float:
             + 2 * float(acc.get("poll_s", 0.25)) + 1.0)
 
 
+@dataclass(frozen=True, slots=True)
+class DemoResults:
+    tenants: RunOutcome
+    sweep: list[RunOutcome]  # every precision at every rate, on the scaled fleet
+    precision: PrecisionReport
+    deltas: list[PairedDelta]  # paired, at the highest rate of the sweep
+    routing: list[RunOutcome]  # least_load, slo_energy
+
+
 async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int,
-                  energy_wait_s: float = 5.5
-                  ) -> tuple[RunOutcome, list[RunOutcome], list[PairedDelta]]:
+                  stack: ScaledStack, energy_wait_s: float = 5.5) -> DemoResults:
+    from loadgen import demo_precision as dp
+
     opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=energy_wait_s, client=ClientOptions(),
                       sim_engines=tuple(engine_urls))
     _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
     tw = tenant_workload(duration_s / 2, seed)
     tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
-    cw = compare_workload(max(4.0, duration_s / 8), seed)
-    plan = build_plan(cw)
-    arms: list[RunOutcome] = []
-    for prec in PRECISIONS:
-        _say(f"phase 2: precision {prec} ({len(plan)} identical requests, {MODEL}@{prec})")
-        arms.append(await run_workload(cw, Target(base_url, f"{MODEL}@{prec}"), opts,
-                                       label=prec, plan=plan))
-    deltas = [paired_delta(arms[0].label, arms[0].requests, a.label, a.requests,
-                           arms[0].energy_overall, a.energy_overall) for a in arms[1:]]
-    return tenants, arms, deltas
+    sweep_s, routing_s = max(3.0, duration_s / 16), max(3.0, duration_s / 10)
+    _say(f"phase 2: precisions {', '.join(dp.PRECISIONS)} at "
+         f"{', '.join(f'{r:g}' for r in dp.RATES_RPS)} req/s (engine time), {sweep_s:.0f} s each")
+    sweep, points = await dp.precision_sweep(stack, sweep_s, seed, ADMIN_KEY, energy_wait_s)
+    pr = precision_report(points, dp.PRECISIONS, 0.9, slo_text(
+        (SloClass("interactive", ttft_s=dp.SLO_TTFT_S, tpot_s=dp.SLO_TPOT_S),)), {},
+        f"engine-time requests/s (simulator time_scale {dp.TIME_SCALE:g})")
+    top = [o for o in sweep if o.label.endswith(f"@{max(dp.RATES_RPS):g}")]
+    deltas = [paired_delta(top[0].label, top[0].requests, o.label, o.requests,
+                           top[0].energy_overall, o.energy_overall) for o in top[1:]]
+    _say(f"phase 3: routing least_load vs slo_energy, {dp.ROUTING_RATE_RPS:g} req/s "
+         f"(engine time), {routing_s:.0f} s each")
+    routing = await dp.routing_runs(stack, routing_s, seed, ADMIN_KEY, energy_wait_s)
+    return DemoResults(tenants, sweep, pr, deltas, routing)
 
 
 def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
@@ -198,32 +215,49 @@ def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
             "requests were refused with 429 budget_exceeded once it was spent")
 
 
-def _show(tenants: RunOutcome, arms: list[RunOutcome], deltas: list[PairedDelta], out_dir: Path
-          ) -> None:
-    arm_prec = {p: p for p in PRECISIONS}
+def _show(r: DemoResults, out_dir: Path) -> None:
+    from loadgen import demo_precision as dp
+    from loadgen import report_html as rh
+
     click.echo("\n== tenants (gateway picks the precision by tenant policy) ==")
-    click.echo(report.run_table([tenants]))
+    click.echo(report.run_table([r.tenants]))
     click.echo()
-    click.echo(report.tenant_table(tenants))
-    click.echo("\n== precisions (one seeded schedule and prompt set per arm) ==")
-    click.echo(report.run_table(arms, arm_prec, {}))
+    click.echo(report.tenant_table(r.tenants))
+    click.echo("\n== precisions: SLO capacity and J/token along the load curve ==")
+    click.echo(report.precision_table(r.precision))
+    click.echo("\n" + report.run_table(r.sweep, None, {}))
     click.echo()
-    click.echo(report.delta_table(deltas))
-    budget_note = budget_line(tenants)
+    click.echo(report.delta_table(r.deltas))
+    click.echo("\n== routing: the same load, least_load vs slo_energy ==")
+    click.echo(report.text_table(dp.ROUTING_HEADER, dp.routing_rows(r.routing)))
+    budget_note = budget_line(r.tenants)
     click.echo(f"\n{budget_note}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = [tenants, *arms]
-    report.write_json(out_dir / "demo.json", outcomes, {"deltas": deltas})
+    outcomes = [r.tenants, *r.sweep, *r.routing]
+    report.write_json(out_dir / "demo.json", outcomes,
+                      {"deltas": r.deltas, "precision": r.precision})
     report.write_csv(out_dir / "demo.csv", outcomes)
-    report.write_html(out_dir / "demo.html", "wattgate demo", outcomes, deltas=deltas,
-                      arm_precisions=arm_prec, quality={},
-                      notes=["Simulated H100 fleet (roofline timing and power model); "
-                             "latencies measured from intended arrival.", budget_note])
+    bills = "; ".join(f"{e.name} {e.energy_j:.0f} J, {e.carbon_g:.3f} gCO2e, "
+                      f"{e.cost_usd:.4f} USD" for e in r.tenants.energy_by_tenant)
+    sections = [
+        "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, report.tenant_rows(r.tenants),
+                                             "latency in ms from intended arrival"),
+        "<h2>Routing: least_load vs slo_energy (same seeded load)</h2>"
+        + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing))]
+    rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants, *r.routing],
+                  deltas=r.deltas, precision=r.precision, rate_label="req/s, engine time",
+                  quality={}, answer=[f"Tenants' bills: {bills or 'n/a'}."],
+                  sections=sections, notes=["Simulated H100 fleet (roofline timing and power "
+                                            "model); latencies measured from intended "
+                                            "arrival.", *dp.notes(), budget_note],
+                  raw=[("precision sweep runs (wall time)", report.run_table(r.sweep, None, {}))])
     _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
 
 
 def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int) -> int:
     import uvloop
+
+    from loadgen import demo_precision as dp
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _interrupt_on_sigterm()
@@ -244,8 +278,9 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
                                  glog) as gateway:
                         _say(f"starting gateway on {base_url}")
                         wait_http(f"{base_url}/readyz", gateway, 60)
-                        _show(*uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
-                                                  finality_wait_s(gw_file))), out_dir)
+                        with dp.scaled_stack(tmp, gw_file, flog) as stack:
+                            _show(uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
+                                                     stack, finality_wait_s(gw_file))), out_dir)
                         if keep_running:
                             _keep(base_url, engine_urls, out_dir)
             except KeyboardInterrupt:

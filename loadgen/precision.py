@@ -70,8 +70,8 @@ def recommend(arms: Sequence[PrecisionArm], target_attainment: float, slo: str
     j = best.capacity.j_per_output_token if best.capacity else None
     parts = [f"{best.precision} meets {slo} for {target_attainment:.0%} of requests up to "
              f"{top:g} req/s, the highest rate any precision met"]
-    parts.append(f"at {j:.3f} J per output token there" if j is not None
-                 else "(no energy data)")
+    parts.append(f", at {j:.3f} J per output token there" if j is not None
+                 else " (no energy data)")
     others = [a for a in at_top if a is not best]
     if others:
         parts.append("; also meeting it there: " + ", ".join(

@@ -78,10 +78,10 @@ def load_curve_plot(r: PrecisionReport, rate_label: str) -> str:
         if arm.capacity is not None and arm.capacity.j_per_output_token is not None:
             ax_e.scatter([arm.capacity.rate_rps], [arm.capacity.j_per_output_token], s=120,
                          facecolors="none", edgecolors="k")
-    ax_g.set_title(f"Goodput vs offered rate (SLO: {r.slo})")
+    ax_g.set_title("Goodput vs offered rate")
     ax_g.set_xlabel(f"offered rate ({rate_label})")
     ax_g.set_ylabel(f"goodput ({rate_label} meeting the SLO)")
-    ax_e.set_title("Energy per output token vs offered rate (circle: SLO capacity)")
+    ax_e.set_title("J per output token vs offered rate (circle: SLO capacity)")
     ax_e.set_xlabel(f"offered rate ({rate_label})")
     ax_e.set_ylabel("energy (J per output token)")
     for ax in (ax_g, ax_e):

@@ -3,6 +3,8 @@ and leaves no process behind."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import urllib.request
@@ -20,26 +22,80 @@ def demo_processes(out_dir: Path) -> list[str]:
             if f"{out_dir}/wattgate-demo-" in line]
 
 
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str],
+                                                                 Path]:
+    out = tmp_path_factory.mktemp("demo")
+    proc = subprocess.run(wattgate_cmd("demo", "--duration", "8", "--out", str(out)),
+                          cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
+    return proc, out
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_demo_runs_tenants_and_precisions_then_stops_everything(tmp_path: Path) -> None:
-    proc = subprocess.run(wattgate_cmd("demo", "--duration", "8", "--out", str(tmp_path)),
-                          cwd=REPO, capture_output=True, text=True, timeout=140, check=False)
+@pytest.mark.timeout(180)
+def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
+        demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, out = demo_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("acme", "globex", "initech"):
         assert f"\n{name} " in proc.stdout
+    # one row per precision in the precision table (the recommended one is marked)
     for prec in ("bf16", "fp8", "int8", "int4"):
-        assert f"\n{prec} " in proc.stdout
-    assert "accuracy not measured" in proc.stdout
-    # Energy per precision is shown: gateway accounting when it has records, else the
-    # simulated engines' ground truth, labelled as such.
+        assert f"\n{prec} " in proc.stdout or f"\n{prec} (recommended)" in proc.stdout
+    assert "Recommended precision at the SLO" in proc.stdout or "No recommended" in proc.stdout
+    assert "SLO capacity (req/s)" in proc.stdout
+    assert "\nleast_load " in proc.stdout and "\nslo_energy " in proc.stdout
+    # Energy is shown: gateway accounting when it has records, else the simulated engines'
+    # ground truth, labelled as such.
     assert "gateway accounting" in proc.stdout or "simulator ground truth" in proc.stdout
     # The demo waits for its requests' energy to be final (interval after the finish settled
     # and apportioned) before it reports it.
     assert "not final yet" not in proc.stdout + proc.stderr
-    html = (tmp_path / "demo.html").read_text()
+    html = (out / "demo.html").read_text()
     assert "<svg" in html and "Paired deltas" in html and "Pareto frontier" in html
-    assert demo_processes(tmp_path) == []
+    assert "<table>" in html and "<details>" in html and "time_scale" in html
+    assert "Routing: least_load vs slo_energy" in html
+    assert demo_processes(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_demo_html_opens_with_the_answer_and_renders_in_a_browser(
+        demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    """Checked as a person would: headless Chromium renders the page to a non-blank PNG, and
+    the answer (recommended precision, tenants' bills) comes before any table."""
+    proc, out = demo_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (out / "demo.html").read_text()
+    answer = html.index("class='answer'")
+    assert answer < html.index("<table>")
+    assert ("Recommended precision at the SLO" in html[answer:html.index("<table>")]
+            or "No recommended precision" in html)
+    assert "Tenants&#x27; bills" in html or "Tenants' bills" in html
+    png = screenshot(out / "demo.html", out / "demo.png")
+    assert png.stat().st_size > 50_000  # a page of text, tables and plots, not a blank page
+    assert distinct_colours(png) > 50
+
+
+def screenshot(page: Path, png: Path) -> Path:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        reason = "chromium is not installed (apt-get install -y chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                    f"--screenshot={png}", "--window-size=1400,3000", page.as_uri()],
+                   capture_output=True, timeout=60, check=True)
+    return png
+
+
+def distinct_colours(png: Path) -> int:
+    from matplotlib import image
+
+    pixels = image.imread(str(png))
+    flat = (pixels[..., :3] * 255).astype("uint8").reshape(-1, 3)
+    return len({tuple(p) for p in flat[:: max(1, len(flat) // 200_000)]})
 
 
 @pytest.mark.slow

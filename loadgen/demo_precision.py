@@ -1,0 +1,201 @@
+"""The demo's precision sweep and routing comparison, on a second simulated fleet that runs
+slower than real time.
+
+Why slower: the question is each precision's highest rate within the SLO, and an H100 holds
+tens of requests in its batch there. At real time that is hundreds of token events per second
+per engine, more than two CPU cores can relay and time. With `time_scale` 0.1 engine time runs at
+a tenth of wall time: the same batch arrives at a tenth of the rate, the client's and gateway's
+own delays shrink tenfold in engine time, and the SLO graded on wall time is the engine SLO
+divided by 0.1. Rates and latencies are reported in engine time; joules are engine joules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from gateway.config import SloClass
+from loadgen import arrivals, energy, lengths
+from loadgen.client import ClientOptions, Target, make_session
+from loadgen.experiments import SweepPoint, point
+from loadgen.prompts import WordPrompts
+from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.workload import TenantSpec, Workload, build_plan
+
+TIME_SCALE = 0.1
+PRECISIONS = ("bf16", "fp8", "int8", "int4")
+# engine-time SLO for the sweep: a tight interactive TPOT, so capacities differ by precision
+SLO_TTFT_S, SLO_TPOT_S = 0.5, 0.009
+RATES_RPS = (25.0, 50.0, 100.0, 150.0)  # engine time
+ROUTING_RATE_RPS = 60.0  # engine time, across the whole fleet
+PROMPT_TOKENS, OUTPUT_TOKENS = 256, 32
+POLICIES = ("least_load", "slo_energy")
+MODEL = "llama-3.1-8b"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ScaledStack:
+    engine_urls: dict[str, str]  # precision -> engine URL
+    gateways: dict[str, str]  # routing policy -> gateway base URL
+
+
+def fleet_doc(ports: dict[str, int]) -> dict[str, Any]:
+    return {"defaults": {"gpu": "h100", "model": MODEL, "served_model_name": MODEL,
+                         "host": "127.0.0.1", "time_scale": TIME_SCALE, "tokens_per_event": 4},
+            "engines": [{"name": f"h100-{p}", "precision": p, "dialect": "vllm", "port": port}
+                        for p, port in ports.items()]}
+
+
+def gateway_doc(base: dict[str, Any], urls: dict[str, str], policy: str, port: int,
+                ledger: Path) -> dict[str, Any]:
+    """The example gateway's tenants' keys and accounting prices, this fleet's engines, the
+    routing policy, and the SLO classes divided by the time scale (wall time)."""
+    acc = dict(base.get("accounting") or {})
+    acc["ledger"] = {"kind": "sqlite", "path": str(ledger.resolve())}
+    acc["meters"] = {f"h100-{p}": {"kind": "sim", "url": u} for p, u in urls.items()}
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "routing": {"policy": policy},
+        "slo_classes": {"interactive": {"ttft_s": SLO_TTFT_S / TIME_SCALE,
+                                        "tpot_s": SLO_TPOT_S / TIME_SCALE}},
+        "default_slo_class": "interactive",
+        "tenants": [{"name": "acme", "api_key_sha256": _digest("sk-demo-acme"),
+                     "slo_class": "interactive"}],
+        "admin": base["admin"],
+        "models": [{"name": MODEL, "endpoints": [
+            {"name": f"h100-{p}", "url": u, "kind": "vllm", "precision": p}
+            for p, u in urls.items()]}],
+        "health": {"interval_s": 1, "timeout_s": 2},
+        "accounting": acc,
+    }
+
+
+@contextlib.contextmanager
+def scaled_stack(tmp: Path, base_gateway: Path, log: TextIO) -> Iterator[ScaledStack]:
+    """Start the scaled fleet and one gateway per routing policy; stop them on exit."""
+    from loadgen.demo import free_port, started, wait_http
+
+    ports = {p: free_port() for p in PRECISIONS}
+    urls = {p: f"http://127.0.0.1:{port}" for p, port in ports.items()}
+    (tmp / "scaled-fleet.yaml").write_text(yaml.safe_dump(fleet_doc(ports)))
+    base = yaml.safe_load(base_gateway.read_text())
+    gw_ports = {policy: free_port() for policy in POLICIES}
+    for policy, port in gw_ports.items():
+        doc = gateway_doc(base, urls, policy, port, tmp / f"ledger-{policy}.db")
+        (tmp / f"gateway-{policy}.yaml").write_text(yaml.safe_dump(doc))
+    with contextlib.ExitStack() as stack:
+        fleet = stack.enter_context(started(["sim", "fleet", str(tmp / "scaled-fleet.yaml")],
+                                            log))
+        gws = {policy: stack.enter_context(started(
+            ["serve", "--config", str(tmp / f"gateway-{policy}.yaml")], log))
+            for policy in POLICIES}
+        for url in urls.values():
+            wait_http(f"{url}/health", fleet, 60)
+        for policy, proc in gws.items():
+            wait_http(f"http://127.0.0.1:{gw_ports[policy]}/readyz", proc, 60)
+        yield ScaledStack(urls, {p: f"http://127.0.0.1:{port}" for p, port in gw_ports.items()})
+
+
+def workload(rate_rps: float, duration_s: float, seed: int) -> Workload:
+    """acme at `rate_rps` engine-time requests/s (sent at rate x time scale on the wall)."""
+    tenant = TenantSpec("acme", api_key="sk-demo-acme",
+                        prompt_tokens=lengths.fixed(PROMPT_TOKENS),
+                        output_tokens=lengths.fixed(OUTPUT_TOKENS), slo_class="interactive")
+    slo = SloClass("interactive", ttft_s=SLO_TTFT_S / TIME_SCALE, tpot_s=SLO_TPOT_S / TIME_SCALE)
+    return Workload(model=MODEL, tenants=(tenant,),
+                    arrival=arrivals.Poisson(rate_rps * TIME_SCALE), duration_s=duration_s,
+                    seed=seed, slo_classes=(slo,), prompts=WordPrompts(chosen=True))
+
+
+async def with_energy(o: RunOutcome, admin_key: str, wait_s: float) -> RunOutcome:
+    """The run's per-request energy from its gateway's ledger (fetched after all runs, so the
+    wait for final records is paid once)."""
+    results = [m.result for m in o.requests]
+    session = make_session(ClientOptions())
+    try:
+        fetch = await energy.fetch_energy(session, o.target.base_url, admin_key, results,
+                                          wait_final_s=wait_s)
+    finally:
+        await session.close()
+    return replace(o, energy_fetch=fetch,
+                   energy_overall=energy.overall_energy(fetch, results, o.label),
+                   energy_by_tenant=energy.group_energy(fetch, results, "tenant"),
+                   energy_by_precision=energy.group_energy(fetch, results, "precision"))
+
+
+def _opts() -> RunOptions:
+    return RunOptions(fetch_energy=False, progress=False, client=ClientOptions())
+
+
+async def precision_sweep(stack: ScaledStack, duration_s: float, seed: int, admin_key: str,
+                          wait_s: float) -> tuple[list[RunOutcome], list[SweepPoint]]:
+    """Every precision at every rate; at one rate the arms run at once (one engine each) on
+    one seeded plan. Points carry engine-time rates."""
+    base = stack.gateways["least_load"]
+    runs: list[tuple[float, RunOutcome]] = []
+    for rate in RATES_RPS:
+        w = workload(rate, duration_s, seed)
+        plan = build_plan(w)
+        outs = await asyncio.gather(*(
+            run_workload(w, Target(base, f"{MODEL}@{p}"), _opts(), label=f"{p}@{rate:g}",
+                         plan=plan) for p in PRECISIONS))
+        runs += [(rate, o) for o in outs]
+    done = [await with_energy(o, admin_key, wait_s) for _, o in runs]
+    points = [engine_point(o.label.split("@")[0], rate, o)
+              for (rate, _), o in zip(runs, done, strict=True)]
+    return done, points
+
+
+def engine_point(arm: str, rate_rps: float, o: RunOutcome) -> SweepPoint:
+    """The sweep point in engine time: rates and goodput x 1/time scale, latency x time scale."""
+    p = point(arm, rate_rps, o.summary, o.energy_overall)
+    k = 1 / TIME_SCALE
+    return replace(p, achieved_rate_rps=p.achieved_rate_rps * k,
+                   goodput_rps=None if p.goodput_rps is None else p.goodput_rps * k,
+                   ttft_p99_s=p.ttft_p99_s * TIME_SCALE, tpot_p99_s=p.tpot_p99_s * TIME_SCALE)
+
+
+async def routing_runs(stack: ScaledStack, duration_s: float, seed: int, admin_key: str,
+                       wait_s: float) -> list[RunOutcome]:
+    """The same seeded load through a least_load gateway, then a slo_energy one."""
+    w = workload(ROUTING_RATE_RPS, duration_s, seed)
+    plan = build_plan(w)
+    outs = [await run_workload(w, Target(stack.gateways[policy], MODEL), _opts(), label=policy,
+                               plan=plan) for policy in POLICIES]
+    return [await with_energy(o, admin_key, wait_s) for o in outs]
+
+
+ROUTING_HEADER = ("routing policy", "requests", "SLO attainment", "J/out-tok",
+                  "precisions served (requests)")
+
+
+def routing_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
+    rows = []
+    for o in outcomes:
+        e, s = o.energy_overall, o.summary
+        served = ", ".join(f"{x.name} ({x.requests})" for x in o.energy_by_precision)
+        rows.append([o.label, str(s.requests),
+                     "n/a" if s.attainment is None else f"{s.attainment:.1%}",
+                     "n/a" if e is None else f"{e.j_per_output_token:.3f}", served or "n/a"])
+    return rows
+
+
+def notes() -> list[str]:
+    return [f"Precision sweep and routing comparison: a second simulated H100 fleet (vLLM "
+            f"BF16/FP8/INT8/INT4) with time_scale {TIME_SCALE:g}: engine time runs at "
+            f"{TIME_SCALE:g} x wall time, so two CPU cores can carry the batch sizes an H100 "
+            "holds at its SLO capacity. Rates, goodput and the SLO are in engine time (the "
+            f"client sent at {TIME_SCALE:g} x these rates and graded wall latency against the "
+            f"SLO / {TIME_SCALE:g}); joules are the engines' own. Requests: {PROMPT_TOKENS} "
+            f"prompt words, {OUTPUT_TOKENS} output tokens, Poisson arrivals."]
