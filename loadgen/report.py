@@ -31,7 +31,7 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(header)]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
@@ -79,14 +79,14 @@ def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
               quality: dict[str, float] | None = None) -> str:
     """One row per run (arm): latency from intended arrival, goodput, energy."""
     text = ("latency in ms, measured from intended arrival\n"
-            + _table(RUN_HEADER, run_rows(outcomes)))
+            + text_table(RUN_HEADER, run_rows(outcomes)))
     return text + "\n" + "\n".join(run_notes(outcomes, arm_precisions, quality))
 
 
 def precision_table(r: PrecisionReport) -> str:
     """The precision report for a terminal: the answer, then one row per precision."""
     return (headline(r) + "\n" + f"SLO: {r.slo} for {r.target_attainment:.0%} of requests; "
-            f"rates: {r.rate_note}\n" + _table(PRECISION_HEADER, precision_rows(r)))
+            f"rates: {r.rate_note}\n" + text_table(PRECISION_HEADER, precision_rows(r)))
 
 
 def send_vs_intended(o: RunOutcome) -> str:
@@ -98,7 +98,7 @@ def send_vs_intended(o: RunOutcome) -> str:
     head = (f"requested {_num(s.requested_rate_rps)} req/s, achieved {_num(s.achieved_rate_rps)}"
             f" req/s; schedule lag p50 {_ms(s.lag_s.p50)} ms, p99 {_ms(s.lag_s.p99)} ms, "
             f"max {_ms(s.lag_s.max)} ms")
-    return head + "\n" + _table(["metric (ms)", "send p50", "send p99", "intended p50",
+    return head + "\n" + text_table(["metric (ms)", "send p50", "send p99", "intended p50",
                                  "intended p99"], rows)
 
 
@@ -122,13 +122,13 @@ def tenant_rows(o: RunOutcome) -> list[list[str]]:
 
 
 def tenant_table(o: RunOutcome) -> str:
-    return _table(TENANT_HEADER, tenant_rows(o))
+    return text_table(TENANT_HEADER, tenant_rows(o))
 
 
 def class_table(o: RunOutcome) -> str:
     rows = [[g.slo, str(g.sent), str(g.ok), _num(g.goodput_rps), _num(g.attainment, "{:.1%}")]
             for g in o.summary.per_class]
-    return _table(["slo class", "sent", "ok", "goodput req/s", "attainment"], rows)
+    return text_table(["slo class", "sent", "ok", "goodput req/s", "attainment"], rows)
 
 
 DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
@@ -143,7 +143,7 @@ def delta_rows(deltas: Sequence[PairedDelta]) -> list[list[str]]:
 
 
 def delta_table(deltas: Sequence[PairedDelta]) -> str:
-    return _table(DELTA_HEADER, delta_rows(deltas))
+    return text_table(DELTA_HEADER, delta_rows(deltas))
 
 
 def sweep_table(sw: SweepResult) -> str:
@@ -151,7 +151,7 @@ def sweep_table(sw: SweepResult) -> str:
              _num(p.attainment, "{:.1%}"), _ms(p.ttft_p99_s), _ms(p.tpot_p99_s),
              _num(p.j_per_output_token, "{:.3f}"), "yes" if p.graded else "no"]
             for p in sw.points]
-    text = _table(["arm", "rate", "achieved", "goodput", "attain", "TTFT p99", "TPOT p99",
+    text = text_table(["arm", "rate", "achieved", "goodput", "attain", "TTFT p99", "TPOT p99",
                    "J/out-tok", "graded"], rows)
     lines = [text]
     for arm, p in sw.best_goodput.items():
