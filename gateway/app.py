@@ -201,7 +201,8 @@ def _admin_only(handler: Handler) -> Handler:
 def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics
                         ) -> AccountingService:
     assert config.accounting is not None
-    engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus)
+    engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
+                          kind=ep.kind)
                for model, ep in config.endpoints()]
     return AccountingService(config.accounting, engines, registry=gateway_metrics.registry)
 

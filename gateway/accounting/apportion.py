@@ -141,11 +141,18 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
             for lo, r in zip(starts, residencies, strict=True)]
 
 
-def _decoder_weights(own: Sequence[float], dec: Sequence[float], start: Sequence[float],
-                     res: Sequence[float], interval_s: float) -> list[float]:
-    """Instant weights of the requests that decoded with token work of their own, computed
-    over those requests only (0 for the others)."""
-    decoding = [o > 0.0 and d > 0.0 for o, d in zip(own, dec, strict=True)]
+# Prompt tokens one engine step takes at most (vLLM V1's max_num_batched_tokens for online
+# serving, which the simulator models): a long prompt is prefilled in chunks of this many,
+# one step each.
+CHUNK_TOKENS = 8192.0
+
+
+def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
+                      interval_s: float) -> list[float]:
+    """Instant weights of the requests with token work of their own in the interval (a
+    decode or a prompt chunk: they were in steps), computed over those requests only (0 for
+    the others, which were in no step and must not thin anyone's weight)."""
+    decoding = [o > 0.0 for o in own]
     if all(decoding):
         return instant_weights(start, res, interval_s)
     idx = [i for i, flag in enumerate(decoding) if flag]
@@ -186,14 +193,17 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     steps = max(dec) if decode_total > 0.0 else 0.0
     part: list[float] = []
     if instant and steps > 0.0 and delta > 0.0:
-        # Each decoder's steps: its decode rate (tokens per resident second: one token per
-        # step) times its instant weight among the decoders (its share of each step's time).
-        # Their sum is the interval's steps, whoever ran them: a request split in two, one
-        # after the other, ran the same steps, and a resident request that decoded nothing
-        # ran none. Spans too short to weigh: the largest decode, shared by tokens.
-        weights_d = _decoder_weights(own, dec, start, res, interval_s)
-        part = [w * d / r if w > 0.0 and r > 0.0 else 0.0
-                for w, d, r in zip(weights_d, dec, res, strict=True)]
+        # Each sequence's share of the steps: the steps it was in (a decoder one per token,
+        # a prompt one per chunk of the engine's token budget) times the mean of 1/batch
+        # over its span (its instant weight among the sequences with token work, over its
+        # resident time). Every sequence in a step shares that step's weight reads and host
+        # work equally, the prompt chunk included. The sum is the interval's steps, whoever
+        # ran them: a request split in two, one after the other, ran the same steps, and a
+        # resident request with no token work ran none. Spans too short to weigh: the
+        # largest decode, shared by decode tokens.
+        weights_d = _stepping_weights(own, start, res, interval_s)
+        part = [w * (d + p / CHUNK_TOKENS) / r if w > 0.0 and r > 0.0 else 0.0
+                for w, d, p, r in zip(weights_d, dec, pre, res, strict=True)]
         own_steps = math.fsum(part)
         if own_steps > 0.0 and math.isfinite(own_steps):
             steps = own_steps
@@ -201,11 +211,11 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
             part = []
     step_j = 0.0
     if steps > 0.0 and delta > 0.0:
-        # Decode steps carry `batch` tokens; the prefills ride in about one step each
-        # (rows with prompt tokens, at most `steps`), which their tokens make cheaper per
-        # token for kernels that stream weights better with more tokens per step.
+        # Decode steps carry `batch` tokens; the prompts ride in one step per chunk (at
+        # least one each, at most `steps` in all), which their tokens make cheaper per token
+        # for kernels that stream weights better with more tokens per step.
         batch = decode_total / steps
-        n_pf = min(float(len(pre) - pre.count(0.0)), steps)  # token counts are >= 0
+        n_pf = min(math.fsum(max(1.0, p / CHUNK_TOKENS) for p in pre if p > 0.0), steps)
         step_j = (steps - n_pf) * step_joules(delta, delta_1, delta_half_tokens, batch)
         if n_pf:
             step_j += n_pf * step_joules(delta, delta_1, delta_half_tokens,
@@ -229,10 +239,8 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         busy = static_per_w = busy_per_w = 0.0
     work = own
     if step_j > 0.0:
-        # The steps go to sequences that decoded with token work of their own: with `instant`
-        # by their instant weights among the decoders alone (a resident request that decoded
-        # nothing was in no step, so it must not thin the decoders' weights), spans too short
-        # to weigh by decode tokens; without `instant`, by decode tokens.
+        # The steps go to the sequences in them (above); without `instant`, or spans too
+        # short to weigh, by decode tokens.
         part_total = math.fsum(part)
         if part_total <= 0.0:
             part = [d if o > 0.0 else 0.0 for o, d in zip(own, dec, strict=True)]

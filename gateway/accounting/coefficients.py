@@ -50,11 +50,27 @@ DEFAULTS: dict[str, Coefficients] = {
     "int8": Coefficients(0.0086, 0.0228, 3.0e-5, 0.92, 1.362, 21.4),
     "int4": Coefficients(0.0306, 0.0447, 3.0e-5, 0.735, 0.644, 18.8),
 }
+# TensorRT-LLM (trtllm-serve) on the same GPU and model: its kernels stream weights well at
+# small batch (no FP8/INT8 penalty at one token per step) and its host gaps are shorter, so a
+# decode step costs about a third of vLLM FP8's at batch 1. Derived the same way, from the
+# simulator's TensorRT-LLM kernel profiles (engines/sim/perf.py): with vLLM's FP8 values a
+# trtllm FP8 engine billed decoders 25 % too much beside long prefills, and prompts 24 % too
+# little.
+TRTLLM_DEFAULTS: dict[str, Coefficients] = {
+    "bf16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374),
+    "fp16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374),
+    "fp8": Coefficients(0.0079, 0.0100, 3.0e-5, 0.781, 0.804, 16.0),
+    "int8": Coefficients(0.0093, 0.0115, 3.0e-5, 0.812, 0.862, 16.0),
+    "int4": Coefficients(0.0239, 0.0263, 3.0e-5, 0.569, 0.526, 16.0),
+}
 FALLBACK = DEFAULTS["bf16"]
 
 
-def default_for(precision: str) -> Coefficients:
-    return DEFAULTS.get(precision, FALLBACK)
+def default_for(precision: str, kind: str = "vllm") -> Coefficients:
+    """The default coefficients of an engine kind (vllm, trtllm; others: vLLM's) and
+    precision."""
+    table = TRTLLM_DEFAULTS if kind == "trtllm" else DEFAULTS
+    return table.get(precision, FALLBACK)
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

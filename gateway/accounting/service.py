@@ -70,6 +70,7 @@ class EngineInfo:
     model: str
     precision: str
     gpus: int = 1
+    kind: str = "vllm"  # engine kind: its default work coefficients differ
 
 
 def make_ledger(cfg: LedgerConfig) -> Ledger:
@@ -133,7 +134,7 @@ class AccountingService:
                 idle = meter.model.idle_power_w
             self.engines[info.name] = _Engine(
                 info=info, meter=meter, idle_power_w=idle,
-                coeffs=cfg.coefficients or default_for(info.precision),
+                coeffs=cfg.coefficients or default_for(info.precision, info.kind),
                 estimated=meter.estimated,
                 samples=deque(maxlen=config.fit.window))
         self._started_s = clock()

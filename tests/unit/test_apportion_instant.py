@@ -125,12 +125,24 @@ def test_static_is_shared_equally_among_requests_resident_at_each_instant() -> N
 
 
 def test_decode_steps_go_to_the_sequences_resident_while_they_run() -> None:
-    """Two requests each decode 10 tokens; b stays alone for the second half, so it has
-    more of the steps' weight streaming than a (1/2 of the shared half plus all of its own)."""
+    """Two requests each decode 10 tokens; b stays alone for the second half. A sequence's
+    share of the steps is its tokens times the mean of 1/batch over its span: a's 10 tokens
+    all came with b beside it (10 x 1/2 = 5), b's 10 half beside a, half alone
+    (10 x (1/2 x 1/2 + 1/2 x 1) = 7.5): b has 60 % of the steps' weight streaming."""
     rows = [WorkRow("a", 0, 0.0, 10.0, 0.5, 0.0), WorkRow("b", 0, 0.0, 10.0, 1.0, 0.0)]
     c = Coefficients(0.0, 1e-12, 0.0, 1.0)
     s = {x.request_id: x for x in apportion_by(100.0, DT, 0.0, rows, c).shares}
-    assert s["b"].dynamic_j == pytest.approx(75.0) and s["a"].dynamic_j == pytest.approx(25.0)
+    assert s["b"].dynamic_j == pytest.approx(60.0) and s["a"].dynamic_j == pytest.approx(40.0)
+
+
+def test_a_prompt_chunk_shares_its_steps_weight_reads_with_the_decoders() -> None:
+    """A 16,384-token prompt (two chunks of the token budget) prefilled beside a decoder of 2
+    tokens over the same span: 4 sequence-steps of weight streaming, half of them the
+    prompt's (the decoder used to get all of them)."""
+    rows = [WorkRow("p", 0, 16_384.0, 0.0, 1.0, 0.0), WorkRow("d", 0, 0.0, 2.0, 1.0, 0.0)]
+    c = Coefficients(1e-12, 1e-12, 0.0, 1.0)  # only the steps' term weighs
+    s = {x.request_id: x for x in apportion_by(100.0, DT, 0.0, rows, c).shares}
+    assert s["p"].dynamic_j == pytest.approx(50.0) and s["d"].dynamic_j == pytest.approx(50.0)
 
 
 def test_step_cost_falls_from_one_token_per_step_to_many() -> None:
