@@ -139,7 +139,10 @@ def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else ""
     if isinstance(v, float):
-        return f"{v:.6g}"
+        # fixed point, never 1e-05 notation: more decimals for smaller magnitudes
+        digits = 1 if abs(v) >= 1000 else 3 if abs(v) >= 1 else 6
+        text = f"{v:.{digits}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return "" if v is None else str(v)
 
 

@@ -83,3 +83,10 @@ def test_report_command_prints_tenant_bills_in_each_format(tmp_path: Path) -> No
     assert "t0" not in csv_out.output
     bad = runner.invoke(report, [*base, "--group-by", "colour"])
     assert bad.exit_code != 0 and "colour" in bad.output
+
+
+def test_report_table_numbers_are_fixed_point() -> None:
+    from gateway.accounting.report import _fmt
+
+    assert [_fmt(v) for v in (7932.149, 1.45384, 0.00220337, 2.0e-7, 0.0, 12.0)] == [
+        "7932.1", "1.454", "0.002203", "0", "0", "12"]
