@@ -178,7 +178,9 @@ class DemoResults:
 
 
 async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int,
-                  stack: ScaledStack, energy_wait_s: float = 5.5) -> DemoResults:
+                  stack: ScaledStack, energy_wait_s: float = 30.0) -> DemoResults:
+    # energy_wait_s: the most to wait for bills to be final; polling stops as soon as all
+    # are, so a busy machine waits longer and an idle one no longer than before
     from loadgen import demo_precision as dp
 
     opts = RunOptions(admin_key=ADMIN_KEY, energy_wait_s=energy_wait_s, client=ClientOptions(),
