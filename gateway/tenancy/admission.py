@@ -20,7 +20,7 @@ from gateway.config import GatewayConfig, Tenant
 from gateway.errors import OverloadedError, WattgateError
 from gateway.records import RequestRecord
 from gateway.routing.precision import select_precisions
-from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
+from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate, weighted_tokens
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
@@ -116,7 +116,9 @@ class Admission:
                     retry_after_s=verdict.retry_after_s, headers=ticket.headers))
             ticket.tokens = tokens
         try:
-            await self._hold(tenant, ticket, request_id, tokens, override, available)
+            await self._hold(tenant, ticket, request_id,
+                             weighted_tokens(prompt_tokens, tokens - prompt_tokens), override,
+                             available)
         except WattgateError:  # refused after all: the tokens go back
             if limiter is not None:
                 limiter.settle(ticket.tokens, 0)
@@ -195,8 +197,8 @@ class Admission:
             last = (math.floor(rec.wall(rec.finished_s) / self.interval_s) if ran else None)
             cost: Cost | None = None
             if ran:
-                cost = estimate(used, self.store.per_token(rec.precision,
-                                                           rec.wall(rec.finished_s)))
+                cost = estimate(weighted_tokens(rec.prompt_tokens, rec.completion_tokens),
+                                self.store.per_token(rec.precision, rec.wall(rec.finished_s)))
             self.store.settle(rec.request_id, cost, rec.engine, last)
 
 

@@ -18,12 +18,23 @@ from gateway.accounting.pricing import Pricing
 from gateway.tenancy.config import Budget
 
 HOUR_S = 3600.0
-# Joules per token (prompt + completion) when the ledger has no recent bill for a precision:
-# an 8B model on one H100 at moderate batch, idle share included, rounded up (a reservation
-# that is too big refuses early; one too small lets a budget overshoot).
+# Budgets count cost-weighted tokens: a completion token is one, a prompt token
+# PROMPT_TOKEN_WEIGHT of one. A decoded token costs 20-50x a prompt token on a GPU (a decode
+# step reads every weight for a few tokens; a prefill step for thousands), so counting both
+# alike made a chat request's reservation a fraction of its bill, and a burst of them
+# overspent a budget by up to 86 %.
+PROMPT_TOKEN_WEIGHT = 0.05
+# Joules per weighted token when the ledger has no recent bill for a precision: an 8B model
+# on one H100 at light load (batch 1-8), idle share included, rounded up (a reservation that
+# is too big refuses early; one too small lets a budget overshoot). Recent bills replace it.
 DEFAULT_J_PER_TOKEN: dict[str, float] = {
-    "bf16": 0.5, "fp16": 0.5, "fp8": 0.35, "int8": 0.35, "int4": 0.3,
+    "bf16": 1.5, "fp16": 1.5, "fp8": 1.8, "int8": 1.5, "int4": 1.0,
 }
+
+
+def weighted_tokens(prompt_tokens: float, completion_tokens: float) -> int:
+    """The tokens a budget counts for a request (see PROMPT_TOKEN_WEIGHT)."""
+    return math.ceil(completion_tokens + PROMPT_TOKEN_WEIGHT * prompt_tokens)
 QUALITY_ORDER: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
 
 

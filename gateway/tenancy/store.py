@@ -40,6 +40,7 @@ from gateway.tenancy.budget import (
     per_token_default,
     period_start_hour,
     spends,
+    weighted_tokens,
 )
 from gateway.tenancy.config import TenantControlsConfig
 
@@ -158,8 +159,9 @@ class TenancyStore:
         now = self.wall()
         self.replicas = max(1, await self.ledger.live_replicas(now - REPLICA_LIVE_S))
         rates: dict[str, Cost] = {}
-        for precision, (energy, carbon, cost, tokens) in (
+        for precision, (energy, carbon, cost, prompt, completion) in (
                 await self.ledger.precision_bills(now - RATE_WINDOW_S)).items():
+            tokens = weighted_tokens(prompt, completion)
             if tokens >= RATE_MIN_TOKENS and precision in DEFAULT_J_PER_TOKEN and energy > 0:
                 rates[precision] = Cost(energy / tokens, carbon / tokens, cost / tokens)
         self.rates = rates

@@ -133,11 +133,13 @@ class SqlLedger(ABC):
         return int(rows[0][0]) if rows else 0
 
     async def precision_bills(self, since_s: float
-                              ) -> dict[str, tuple[float, float, float, int]]:
-        """Per precision since `since_s`: (J, gCO2e, USD) charged and tokens served."""
+                              ) -> dict[str, tuple[float, float, float, int, int]]:
+        """Per precision since `since_s`: (J, gCO2e, USD) charged, and the prompt and
+        completion tokens served."""
         charges = await self._fetch(sql.SELECT_PRECISION_CHARGES, (since_s,))
-        tokens = dict(await self._fetch(sql.SELECT_PRECISION_TOKENS, (since_s,)))
-        return {str(p): (float(e or 0), float(c or 0), float(u or 0), int(tokens.get(p) or 0))
+        tokens = {p: (int(pt or 0), int(ct or 0))
+                  for p, pt, ct in await self._fetch(sql.SELECT_PRECISION_TOKENS, (since_s,))}
+        return {str(p): (float(e or 0), float(c or 0), float(u or 0), *tokens.get(p, (0, 0)))
                 for p, e, c, u in charges}
 
     async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],

@@ -231,7 +231,7 @@ SELECT_PRECISION_CHARGES = """SELECT r.precision, SUM(s.energy_j), SUM(s.carbon_
     SUM(s.cost_usd) FROM shares s JOIN requests r ON r.request_id = s.request_id
     WHERE s.start_s >= ? GROUP BY r.precision"""
 SELECT_PRECISION_TOKENS = """SELECT precision,
-    CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM requests
+    CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) FROM requests
     WHERE arrived_s >= ? AND last_interval IS NOT NULL GROUP BY precision"""
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
