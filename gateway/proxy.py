@@ -64,6 +64,7 @@ log = logging.getLogger("wattgate.proxy")
 
 Sink = Callable[[RequestRecord], None]
 REQUEST_ID_HEADER = "x-wattgate-request-id"
+EMBEDDINGS_PATH = "/v1/embeddings"
 _X_PREFIXES = (b"x-", b"X-")
 
 
@@ -276,8 +277,11 @@ class Proxy:
 
     # --- routing and retries ------------------------------------------------------------
 
-    def _choose(self, tenant: Tenant, parsed: ParsedRequest, tried: Sequence[str]) -> EndpointState:
+    def _choose(self, tenant: Tenant, parsed: ParsedRequest, tried: Sequence[str],
+                path: str = "") -> EndpointState:
         healthy = self.upstreams.healthy(parsed.model, exclude=tried)
+        if path == EMBEDDINGS_PATH:  # only engine kinds that serve embeddings
+            healthy = [s for s in healthy if s.adapter.serves_embeddings]
         precisions = select_precisions(tenant.precision, parsed.precision,
                                        {s.endpoint.precision for s in healthy})
         states = [s for s in healthy if s.endpoint.precision in precisions]
@@ -324,7 +328,7 @@ class Proxy:
         last_error: WattgateError | None = None
         while flight.attempts < retries.max_attempts and (not tried or self.clock() < deadline):
             try:
-                state = self._choose(tenant, parsed, tried)
+                state = self._choose(tenant, parsed, tried, exchange.path)
             except RoutingError:
                 if last_error is not None:
                     raise last_error from None

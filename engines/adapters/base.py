@@ -23,6 +23,7 @@ class EngineAdapter(Protocol):
     kind: ClassVar[str]
     health_path: ClassVar[str]
     metrics_path: ClassVar[str | None]  # None: the engine exposes no load metrics
+    serves_embeddings: ClassVar[bool]  # POST /v1/embeddings (trtllm-serve has none)
 
     def parse_load(self, body: bytes) -> EngineLoad:
         """Parse the body of `metrics_path` into load gauges; raises MetricsParseError."""

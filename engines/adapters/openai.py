@@ -10,6 +10,7 @@ from engines.adapters.base import EngineLoad
 class OpenAIAdapter:
     kind: ClassVar[str] = "openai"
     health_path: ClassVar[str] = "/v1/models"
+    serves_embeddings: ClassVar[bool] = True
     metrics_path: ClassVar[str | None] = None
 
     def parse_load(self, body: bytes) -> EngineLoad:

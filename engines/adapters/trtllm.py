@@ -16,6 +16,7 @@ from engines.adapters.base import EngineLoad, MetricsParseError
 class TrtllmAdapter:
     kind: ClassVar[str] = "trtllm"
     health_path: ClassVar[str] = "/health"
+    serves_embeddings: ClassVar[bool] = False
     metrics_path: ClassVar[str | None] = "/metrics"
 
     def parse_load(self, body: bytes) -> EngineLoad:

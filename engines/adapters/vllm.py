@@ -17,6 +17,7 @@ WANTED = frozenset({RUNNING, WAITING, KV_USAGE, KV_USAGE_OLD})
 class VllmAdapter:
     kind: ClassVar[str] = "vllm"
     health_path: ClassVar[str] = "/health"
+    serves_embeddings: ClassVar[bool] = True
     metrics_path: ClassVar[str | None] = "/metrics"
 
     def parse_load(self, body: bytes) -> EngineLoad:

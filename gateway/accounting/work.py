@@ -170,6 +170,16 @@ def work_rows(rec: RequestRecord, interval_s: float,
                 prefill[k] = prompt  # the usual case: the prefill lies in one interval
             else:
                 spread(prompt, t_disp, t_first, interval_s, prefill)
+    elif not rec.stream and rec.engine_done_s is None and not rec.completion_tokens:
+        # A non-streamed request that never got its answer (the client left, the engine
+        # timed out): the engine read its prompt and then decoded, unseen, until the end.
+        t_decode = min(t_disp + prefill_s, t_end)
+        if prompt:
+            k = math.floor(t_disp / interval_s)
+            if math.floor(t_decode / interval_s) == k:
+                prefill[k] = prompt
+            else:
+                spread(prompt, t_disp, t_decode, interval_s, prefill)
     else:
         # No token event: the engine's span holds queueing, then the prefill, then the
         # decode at the engine's pace, which ends the span.

@@ -215,3 +215,17 @@ async def test_access_log_has_one_json_line_per_request_and_no_secrets(tmp_path:
     first = lines[0]
     assert first["completion_tokens"] == 3 and first["token_events"] == 3
     assert first["ttft_s"] == records[0].latency.ttft_s and first["endpoint"] == "e1"
+
+
+async def test_embeddings_go_only_to_engine_kinds_that_serve_them() -> None:
+    """trtllm-serve has no /v1/embeddings: a pool with both kinds sends embeddings to vLLM."""
+    async with fake_engine(FakeEngine(model="m")) as vllm, \
+            fake_engine(FakeEngine(model="m")) as trt:
+        endpoints = [{"name": "v", "url": vllm.url, "precision": "bf16", "kind": "vllm"},
+                     {"name": "t", "url": trt.url, "precision": "bf16", "kind": "trtllm"}]
+        async with running_gateway(make_config(endpoints, routing={"policy": "round_robin"})
+                                   ) as gw, aiohttp.ClientSession() as s:
+            for _ in range(6):
+                async with s.post(gw + "/v1/embeddings", headers=AUTH,
+                                  json={"model": "m", "input": "a"}) as r:
+                    assert r.status == 200 and r.headers["x-wattgate-endpoint"] == "v"

@@ -205,3 +205,14 @@ def test_an_engine_that_refused_the_request_did_no_work() -> None:
     rec = record(status="upstream_http_400", http_status=400, first_token_s=None,
                  read_times=(), read_events=(), completion_tokens=0)
     assert work_rows(rec, 1.0) == []
+
+
+def test_non_streamed_request_without_its_answer_is_resident_from_its_dispatch() -> None:
+    """The client left a non-streamed request after 1 s: the engine read the prompt and then
+    decoded, unseen, the whole time; it was resident all of it (it was 0.4 ms)."""
+    rec = record(stream=False, first_token_s=None, read_times=(), read_events=(),
+                 completion_tokens=0, prompt_tokens=8, status="client_disconnected",
+                 dispatched_s=0.0, finished_s=1.0)
+    rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
+    assert math.fsum(r.residency_s for r in rows) == pytest.approx(1.0)
+    assert math.fsum(r.prefill_tokens for r in rows) == pytest.approx(8)
