@@ -50,10 +50,14 @@ class Settings:
     duration_s: float
     loads: tuple[float, ...]
     seed: int = 7
+    # an unmeasured run first, at the first load, so that each gateway has measured every
+    # endpoint before the measured runs (slo_energy spreads load while its curves are cold,
+    # as a gateway that has served for a while would not)
+    warmup_s: float = 20.0
 
 
 DEFAULT = Settings(time_scale=0.1, duration_s=40.0, loads=(0.3, 0.6, 0.9))
-QUICK = Settings(time_scale=0.1, duration_s=10.0, loads=(0.3,))
+QUICK = Settings(time_scale=0.1, duration_s=10.0, loads=(0.3,), warmup_s=12.0)
 
 
 def fleet_capacity_rps(s: Settings) -> float:
@@ -125,21 +129,25 @@ def one_policy(work: Path, urls: dict[str, str], policy: str, s: Settings, rate_
         base = f"http://127.0.0.1:{port}"
         wait_ready(f"{base}/health", gw, 60)
         time.sleep(2.5)  # first health checks and scrapes
-        for share in s.loads:
+        plan = [(f"warmup-{s.loads[0]}", s.loads[0], s.warmup_s, s.seed + 1)]
+        plan += [(f"{share}", share, s.duration_s, s.seed) for share in s.loads]
+        for label, share, duration_s, seed in plan:
             rate = share * rate_cap
             before = sim_energy_j(urls)
-            out = work / f"{policy}-{share}"
+            out = work / f"{policy}-{label}"
             cmd = wattgate("loadgen", "run", "--target", base, "--model", MODEL,
                            "--api", "completions", "--rate", f"{rate:.3f}", "--duration",
-                           str(s.duration_s), "--seed", str(s.seed), "--prompt-tokens",
+                           str(duration_s), "--seed", str(seed), "--prompt-tokens",
                            str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
                            "--tokenizer", "words", "--api-key", API_KEY, "--admin-key",
                            ADMIN_KEY, "--slo-ttft-ms", str(1000 * TTFT_SLO_S / s.time_scale),
                            "--slo-tpot-ms", str(1000 * TPOT_SLO_S / s.time_scale),
                            "--lag-threshold-ms", "1000", "--quiet", "--out", str(out),
                            "--energy-wait", "15")
-            with open(work / f"loadgen-{policy}-{share}.log", "wb") as lg_log:
+            with open(work / f"loadgen-{policy}-{label}.log", "wb") as lg_log:
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=lg_log)
+            if label.startswith("warmup"):
+                continue
             after = sim_energy_j(urls)
             run = json.loads(next(out.glob("*.json")).read_text())["runs"][0]
             rows.append(row(policy, share, rate, run, before, after))

@@ -9,6 +9,9 @@ relative to the SLO. Since J per token falls steeply with batch, the cheapest en
 usually an efficient one that is already busy: load packs onto efficient engines while
 headroom lasts and spills to the next when it runs out.
 
+Until every candidate's curves are learnt (none `cold`), the policy spreads load as
+`least_load` does: priors say where to start, not where to pack.
+
 Hysteresis: an endpoint becomes full when its predicted latency exceeds `slo_margin` x the
 SLO, and stays full until the prediction falls below (1 - band) x that, so an engine at the
 edge does not flip in and out of the packing order with every request.
@@ -56,7 +59,10 @@ def slo_energy(candidates: Sequence[Candidate], ctx: RoutingContext) -> int:
     """Index of the endpoint with the fewest predicted marginal joules among those not full;
     if all are full, the best predicted latency; without curves, the least loaded."""
     known = [i for i, c in enumerate(candidates) if c.name in ctx.curves]
-    if not known:  # no learner wired in: the least loaded
+    if not known or any(ctx.curves[candidates[i].name].cold for i in known):
+        # No learner wired in, or an endpoint still on its cold-start prior: spread load
+        # (least loaded) so every endpoint is measured before any is packed. Packing on
+        # priors alone sent a demo's load to INT4 and met the SLO for 51-61 % of requests.
         return min(range(len(candidates)), key=lambda i: (candidates[i].load, i))
     open_ = [i for i in known if candidates[i].name not in ctx.full]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,8 +18,10 @@ from gateway.routing.priors import prior_for
 from gateway.routing.slo_energy import next_full, request_size, slo_energy
 
 
-def curves(kind: str, precision: str) -> Curves:
-    return EndpointModel(prior_for(kind, precision)).curves()
+def curves(kind: str, precision: str, cold: bool = False) -> Curves:
+    """An endpoint's curves; warm (as if learnt) unless `cold`: the policy packs on learnt
+    curves only."""
+    return dataclasses.replace(EndpointModel(prior_for(kind, precision)).curves(), cold=cold)
 
 
 CURVES = {"bf16": curves("vllm", "bf16"), "fp8": curves("trtllm", "fp8")}
@@ -108,3 +112,15 @@ def test_config_accepts_slo_energy_and_names_a_bad_quality_field() -> None:
         parse_config({**base, "routing": {"policy": "slo_energy", "quality": {"fp4": 0.9}}})
     with pytest.raises(ConfigError, match=r"routing.slo_margin"):
         parse_config({**base, "routing": {"slo_margin": 1.5}})
+
+
+def test_while_an_endpoint_is_cold_slo_energy_spreads_load_like_least_load() -> None:
+    """On priors alone the policy does not pack: the least loaded endpoint is chosen."""
+    cold = {"bf16": curves("vllm", "bf16", cold=True), "fp8": curves("trtllm", "fp8")}
+    context = dataclasses.replace(ctx(), curves=cold)
+    cands = [Candidate(name="bf16", precision="bf16", inflight=0, running=0.0, waiting=0.0,
+                       kv_usage=None),
+             Candidate(name="fp8", precision="fp8", inflight=3, running=3.0, waiting=0.0,
+                       kv_usage=None)]
+    assert slo_energy(cands, context) == 0
+    assert slo_energy(cands[::-1], context) == 1
