@@ -134,7 +134,11 @@ def launch_cmd(dry_run: bool, **params: Any) -> None:
     problem = _local_checkpoint_problem(_spec(req, "console"), req.model)
     if problem:
         raise click.UsageError(f"{req.model}: {problem}")
-    spec = _spec(req, detect_vllm_runner())
+    # A dry run prints the command for the machine that will run it: `vllm serve` where
+    # vLLM is not installed here
+    runner = ("console" if dry_run and importlib.util.find_spec("vllm") is None
+              else detect_vllm_runner())
+    spec = _spec(req, runner)
     argv = list(spec.serve.argv)
     click.echo(shlex.join(argv_with_env(spec)), err=not dry_run)
     if dry_run:

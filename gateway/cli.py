@@ -34,7 +34,8 @@ def _load_or_exit(path: str) -> GatewayConfig:
               help="Overrides logging.level of the config.")
 def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool,
           log_level: str | None) -> None:
-    """Run the gateway (aiohttp on uvloop). Exits 2 on a bad config before binding a port."""
+    """Run the gateway on uvloop: a lean HTTP/1.1 front for the completion routes, aiohttp for
+    the rest. Exits 2 on a bad config before binding a port."""
     config = _load_or_exit(config_path)
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)

@@ -406,7 +406,8 @@ def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float,
 
 @click.command()
 @click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
-              help="Seconds of load in all (half tenants, half precision arms).")
+              help="Seconds of the three-tenant load is half of it; then a precision sweep "
+                   "(16 short runs) and a routing comparison follow, about 2 minutes in all.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True)
 @click.option("--keep-running", is_flag=True, help="Leave the gateway and fleet up afterwards.")
