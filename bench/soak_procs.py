@@ -1,38 +1,20 @@
-"""Processes of the soak benchmark: free ports, the gateway's config, start and stop."""
+"""Processes of the soak benchmark: the gateway's config; ports, start and stop come from the
+accounting-truth harness (loadgen/truth/fleet.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-MODEL = "llama-3.1-8b"
+# processes are started and stopped as the accounting-truth harness does
+from loadgen.truth.fleet import MODEL, free_port, process, spawn, stop, wait_ready, wattgate
+
 TENANTS = ("t0", "t1", "t2")
 
 
 def api_key(tenant: str) -> str:
     return f"sk-soak-{tenant}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wattgate(*args: str) -> list[str]:
-    return [sys.executable, "-m", "wattgate_cli", *args]
 
 
 def gateway_config(engines: dict[str, tuple[str, str]], ledger: Path, port: int
@@ -61,48 +43,5 @@ def gateway_config(engines: dict[str, tuple[str, str]], ledger: Path, port: int
     }
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} was up")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status < 500:
-                    return
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code < 500:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Signal the process group (SIGTERM: graceful, the gateway flushes), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-
-
-def spawn(cmd: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(list(cmd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-@contextlib.contextmanager
-def process(cmd: Sequence[str], log: IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = spawn(cmd, log)
-    try:
-        yield proc
-    finally:
-        stop(proc)
+__all__ = ["MODEL", "api_key", "free_port", "gateway_config", "process", "spawn", "stop",
+           "wait_ready", "wattgate"]

@@ -102,12 +102,13 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> Non
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group (graceful: the gateway flushes its ledger), then SIGKILL."""
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Signal the process group (SIGTERM: graceful, the gateway flushes its ledger), then
+    SIGKILL."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
         proc.wait(15)
     except subprocess.TimeoutExpired:
@@ -116,11 +117,15 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
+def spawn(cmd: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start `cmd` in a process group of its own, output to `log`."""
+    return subprocess.Popen(list(cmd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 @contextlib.contextmanager
 def process(cmd: Sequence[str], log: IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(list(cmd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = spawn(cmd, log)
     try:
         yield proc
     finally:
