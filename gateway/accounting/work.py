@@ -164,34 +164,24 @@ def work_rows(rec: RequestRecord, interval_s: float,
         if t_disp > t_end:
             t_disp = t_end
         t_decode = t_disp
-        if prompt:
-            k = math.floor(t_disp / interval_s)
-            if t_first <= t_disp or math.floor(t_first / interval_s) == k:
-                prefill[k] = prompt  # the usual case: the prefill lies in one interval
-            else:
-                spread(prompt, t_disp, t_first, interval_s, prefill)
+        t_prefilled = t_first
     elif not rec.stream and rec.engine_done_s is None and not rec.completion_tokens:
         # A non-streamed request that never got its answer (the client left, the engine
         # timed out): the engine read its prompt and then decoded, unseen, until the end.
-        t_decode = min(t_disp + prefill_s, t_end)
-        if prompt:
-            k = math.floor(t_disp / interval_s)
-            if math.floor(t_decode / interval_s) == k:
-                prefill[k] = prompt
-            else:
-                spread(prompt, t_disp, t_decode, interval_s, prefill)
+        t_decode = t_prefilled = min(t_disp + prefill_s, t_end)
     else:
         # No token event: the engine's span holds queueing, then the prefill, then the
         # decode at the engine's pace, which ends the span.
         t_decode = t_end - min(rec.completion_tokens * tpot_s, t_end - t_disp)
         if t_decode - prefill_s > t_disp:
             t_disp = t_decode - prefill_s
-        if prompt:
-            k = math.floor(t_disp / interval_s)
-            if math.floor(t_decode / interval_s) == k:
-                prefill[k] = prompt
-            else:
-                spread(prompt, t_disp, t_decode, interval_s, prefill)
+        t_prefilled = t_decode
+    if prompt:
+        k = math.floor(t_disp / interval_s)
+        if t_prefilled <= t_disp or math.floor(t_prefilled / interval_s) == k:
+            prefill[k] = prompt  # the usual case: the prefill lies in one interval
+        else:
+            spread(prompt, t_disp, t_prefilled, interval_s, prefill)
     completion = rec.completion_tokens
     times, events = rec.read_times, rec.read_events
     k_first = math.floor(t_disp / interval_s)
