@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 import uvloop
 
+from bench.provenance import commit
 from loadgen.truth import fleet, join, summary, workload
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -37,16 +37,6 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(fleet.REPO), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        dirty = subprocess.run(["git", "-C", str(fleet.REPO), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.strip() + ("+dirty" if dirty else "")
 
 
 async def measure(f: fleet.Fleet, plan: list[workload.Planned], label: str,

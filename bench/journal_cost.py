@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import tempfile
 import time
 import timeit
@@ -26,6 +25,7 @@ from typing import Any
 import orjson
 
 from bench.apportion import make_records
+from bench.provenance import commit
 from gateway.accounting.config import AccountingConfig, JournalConfig, LedgerConfig
 from gateway.accounting.journal import Journal, encode
 from gateway.accounting.service import AccountingService, EngineInfo
@@ -96,12 +96,6 @@ def fsync_ms_of_disk(tmp: Path) -> float:
     return sorted(times)[len(times) // 2] * 1000
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def markdown(res: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ import asyncio
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import orjson
 import uvloop
 import yaml
 
+from bench.provenance import commit
 from bench.soak_load import Engine, Tally, churn, load, sample
 from bench.soak_procs import free_port, gateway_config, process, wait_ready, wattgate
 
@@ -39,12 +39,6 @@ SLOPE_TARGET_MB_PER_H = 1.0
 ENGINES = (("sim-bf16", "bf16"), ("sim-fp8", "fp8"))
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def fit(samples: list[tuple[float, float, int]], warmup_s: float) -> dict[str, float]:
