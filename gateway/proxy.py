@@ -145,6 +145,8 @@ class Proxy:
         self.upstreams = upstreams
         self.client = client
         self.sinks = [metrics.observe, *sinks]
+        # the learnt per-endpoint models are one of the sinks (gateway/routing/learner.py)
+        self.routing_models = next((k for k in sinks if isinstance(k, RoutingModels)), None)
         self.clock = clock
         self.wall = wall
         self.auth = Authenticator(config)
@@ -297,9 +299,9 @@ class Proxy:
                 raise RoutingError(f"no healthy endpoint of model {parsed.model!r} meets the "
                                    f"quality floor {floor:g} of SLO class {tenant.slo_class!r}")
         candidates = [s.candidate() for s in states]
-        # The learnt models are one of the sinks (gateway/routing/learner.py); they see the
-        # loads routing saw, to pair each record with the load it was dispatched at.
-        models = next((k for k in self.sinks if isinstance(k, RoutingModels)), None)
+        # The learnt models see the loads routing saw, to pair each record with the load it
+        # was dispatched at.
+        models = self.routing_models
         if models is not None:
             models.observe_loads(self.clock(), candidates)
         if len(states) == 1:
