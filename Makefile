@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/wattgate demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway engines loadgen tests bench wattgate_cli.py
+	$(BIN)/ruff check gateway engines loadgen wire tests bench wattgate_cli.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,15 +1,20 @@
 """Gateway overhead: a fast engine directly and behind wattgate, nginx and vllm-router, side by side.
 
-    python -m bench.gateway_overhead            # full: 5 interleaved runs per cell, ~15 min
-    python -m bench.gateway_overhead --quick    # smoke: 1 short run per cell, ~1 min
-    python -m bench.gateway_overhead --profile  # py-spy profile of wattgate at c=64 streaming
-                                                # (--profile-connections 1: at c=1)
+    python -m bench.gateway_overhead            # full: 5 interleaved runs per cell (wall time
+                                                # printed first, ~26 min on 2 cores)
+    python -m bench.gateway_overhead --runs 3   # fewer runs per cell
+    python -m bench.gateway_overhead --quick    # smoke: 1 short run per cell, ~2 min
+    python -m bench.gateway_overhead --profile  # py-spy profile of wattgate, c=1 and c=64 streaming
 
-The engine (bench/overhead/fast_engine.c, compiled here) and the load client (wrk) share core 0;
-the proxy under test has core 1. Cells: streaming 16 events (separate writes / one write) and
-non-streaming, at c=1, 16, 64. Runs are interleaved (run 1 of every cell, then run 2, ...) with
-the target order rotated each run, so drift on a shared machine spreads over all targets. The
-full run writes bench/results/gateway_overhead.{json,md}; see bench/README.md.
+`wattgate` is the gateway as users run it (bench/overhead/configs.py): `vllm` engines whose
+/metrics are scraped, least_load, two aliases over four endpoints, accounting on; beside it the
+same without accounting and a lean configuration. The engine (bench/overhead/fast_engine.c,
+compiled here, one process on four ports) and the load client (wrk) share core 0; the proxy
+under test has core 1. Cells: streaming 16 events (separate writes / one write) and
+non-streaming, at c=1, 16, 64; each cell's requests alternate the two aliases and, for streams,
+clients that do and that do not ask for usage. Runs are interleaved (run 1 of every cell, then
+run 2, ...) with the target order rotated each run, so drift on a shared machine spreads over
+all targets. The full run writes bench/results/gateway_overhead.{json,md}; see bench/README.md.
 """
 
 from __future__ import annotations
@@ -23,9 +28,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +36,12 @@ import orjson
 
 from bench.overhead import report
 from bench.overhead.measure import BODIES, PATH, run_wrk
+from bench.overhead.profile import profile
 from bench.overhead.targets import (
     API_KEY,
     BENCH_VENV,
-    ENGINE_CORE,
     REPO,
+    STARTERS,
     Target,
     ensure_tools,
     fleet,
@@ -45,9 +49,14 @@ from bench.overhead.targets import (
     nginx_bin,
 )
 
-PROXIES = ("wattgate", "wattgate-noacct", "nginx", "vllm-router", "aiohttp-naive")
+PROXIES = tuple(STARTERS)
 RESULTS = REPO / "bench" / "results"
 TOKEN_EVENT = b'"text":" tok"'
+USAGE_CHUNK = b'"usage":{'
+# What a wrk run costs beyond its duration (start, connect, report), and starting the fleet
+# (vllm-router takes the longest): for the wall-time estimate printed before a run.
+WRK_OVERHEAD_S = 0.2
+STARTUP_S = 15.0
 
 
 def _post(url: str, body: bytes) -> tuple[int, bytes]:
@@ -62,31 +71,42 @@ def _post(url: str, body: bytes) -> tuple[int, bytes]:
         conn.close()
 
 
+def _check_answer(name: str, mode: str, body: bytes, status: int, data: bytes) -> None:
+    """Raises unless the answer is a full one: 16 token events and [DONE] for a stream, with a
+    usage chunk exactly when the client asked for it; usage with 16 tokens otherwise."""
+    if status != 200:
+        raise RuntimeError(f"{name} {mode}: HTTP {status}: {data[:200]!r}")
+    if mode == "nonstream":
+        if orjson.loads(data).get("usage", {}).get("completion_tokens") != 16:
+            raise RuntimeError(f"{name} {mode}: unexpected body {data[:200]!r}")
+        return
+    events, usage = data.count(TOKEN_EVENT), data.count(USAGE_CHUNK)
+    wanted = 1 if b"include_usage" in body else 0
+    if events != 16 or b"data: [DONE]" not in data or usage != wanted:
+        raise RuntimeError(f"{name} {mode} {body!r}: {events} token events, {usage} usage "
+                           f"chunks (wanted {wanted}), body {data[:300]!r}")
+
+
 def preflight(targets: list[Target]) -> list[str]:
-    """Every target answers every mode correctly (16 token events, [DONE], no unasked-for usage
-    chunk); notes whether streamed bytes equal the direct path's. Raises on a wrong answer."""
+    """Every target answers every body of every mode correctly; notes whether the streamed bytes
+    equal the direct path's. Raises on a wrong answer."""
     notes = []
-    direct: dict[str, bytes] = {}
+    direct: dict[tuple[str, int], bytes] = {}
     for target in targets:
-        for mode, body in BODIES.items():
-            status, data = _post(target.url, body)
-            if status != 200:
-                raise RuntimeError(f"{target.name} {mode}: HTTP {status}: {data[:200]!r}")
-            if mode == "nonstream":
-                usage = orjson.loads(data).get("usage", {})
-                if usage.get("completion_tokens") != 16:
-                    raise RuntimeError(f"{target.name} {mode}: unexpected body {data[:200]!r}")
-                continue
-            events = data.count(TOKEN_EVENT)
-            if events != 16 or b"data: [DONE]" not in data or b'"usage"' in data:
-                raise RuntimeError(f"{target.name} {mode}: {events} token events, body "
-                                   f"{data[:300]!r}")
-            if target.name == "direct":
-                direct[mode] = data
-            else:
-                same = "byte-identical to" if data == direct[mode] else "differs from"
-                notes.append(f"{target.name} {mode}: 16 token events + [DONE], no usage chunk, "
-                             f"stream {same} the direct path")
+        for mode, bodies in BODIES.items():
+            same = []
+            for i, body in enumerate(bodies):
+                status, data = _post(target.url, body)
+                _check_answer(target.name, mode, body, status, data)
+                if target.name == "direct":
+                    direct[(mode, i)] = data
+                elif mode != "nonstream":
+                    same.append(data == direct[(mode, i)])
+            if same:
+                identical = "byte-identical to" if all(same) else "differs from"
+                notes.append(f"{target.name} {mode}: 16 token events + [DONE], a usage chunk "
+                             f"only for the clients that asked, stream {identical} the direct "
+                             "path")
     return notes
 
 
@@ -120,6 +140,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
             "aiohttp": importlib.metadata.version("aiohttp"),
             "uvloop": importlib.metadata.version("uvloop"),
+            "httptools": importlib.metadata.version("httptools"),
             "nginx": _version([nginx_bin(), "-v"]).rsplit("/", 1)[-1],
             "wrk": _version(["wrk", "-v"]).split()[1] if _version(["wrk", "-v"]) != "?" else "?",
             "vllm-router": router,
@@ -136,7 +157,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         engine_pids = targets[0].pids
         log("warm-up")
         for target, mode in itertools.product(targets, args.modes):
-            run_wrk(target.url, mode, 16, args.warmup, target.pids, engine_pids)
+            run_wrk(target.url, mode, 16, args.warmup, target.cpu_pids, engine_pids)
         raw: list[dict[str, Any]] = []
         cells = [(m, c) for m in args.modes for c in args.connections]
         total = args.runs * len(cells) * len(targets)
@@ -146,10 +167,10 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 # Rotate who goes first so slow drift on the shared machine hits all alike.
                 shift = (run + index) % len(targets)
                 for target in targets[shift:] + targets[:shift]:
-                    # Only wattgate defers work past the response (its accounting).
-                    settle = args.settle if target.name.startswith("wattgate") else 0.0
-                    res = run_wrk(target.url, mode, conns, args.duration, target.pids, engine_pids,
-                                  settle_s=settle)
+                    # Only accounting defers work past the response.
+                    settle = args.settle if target.accounting else 0.0
+                    res = run_wrk(target.url, mode, conns, args.duration, target.cpu_pids,
+                                  engine_pids, settle_s=settle)
                     raw.append({"run": run, "mode": mode, "connections": conns,
                                 "target": target.name, "requests": res.requests,
                                 "duration_s": res.duration_s, "rps": res.rps,
@@ -167,89 +188,31 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     summary = report.summarise(raw)
     info["loadavg_end"] = _loadavg()
     return {"meta": info, "preflight": notes, "summary": summary,
-            "checks": report.checks(summary), "raw": raw}
+            "checks": report.checks(summary, raw), "raw": raw}
 
 
-def profile(args: argparse.Namespace, workdir: Path) -> None:
-    """py-spy record of the gateway while wrk drives load (c=64 unless told); prints the top
-    frames."""
-    py_spy = BENCH_VENV / "bin" / "py-spy"
-    out = workdir / "wattgate.pyspy.txt"
-    with fleet(workdir, ["wattgate"]) as targets:
-        gw, engine_pids = targets[1], targets[0].pids
-        assert gw.proc is not None
-        load = threading.Thread(target=run_wrk, args=(gw.url, args.profile_mode,
-                                                      args.profile_connections,
-                                                      args.profile_seconds + 3, gw.pids,
-                                                      engine_pids))
-        load.start()
-        time.sleep(1.0)
-        log(f"py-spy recording wattgate pid {gw.pids[0]} for {args.profile_seconds:g} s")
-        subprocess.run(["taskset", "-c", ENGINE_CORE, str(py_spy), "record", "--pid",
-                        str(gw.pids[0]), "--rate", "250", "--duration",
-                        str(int(args.profile_seconds)), "--format", "raw", "--nonblocking",
-                        "--output", str(out)], check=True, timeout=args.profile_seconds + 60,
-                       stdout=subprocess.DEVNULL)
-        load.join(timeout=args.profile_seconds + 30)
-    print(summarise_profile(out.read_text(), args.top))
-
-
-def _function(frame: str) -> str:
-    """`f (path/file.py:123)` -> `f (path/file.py)`: line numbers split one function apart."""
-    name, _, where = frame.partition(" (")
-    return f"{name} ({where.rsplit(':', 1)[0]})" if where else name
-
-
-def _area(frame: str) -> str:
-    for key, area in (("gateway/", "gateway"), ("aiohttp/client", "aiohttp client"),
-                      ("aiohttp/web", "aiohttp server"), ("aiohttp/", "aiohttp other"),
-                      ("prometheus_client", "prometheus_client"), ("asyncio/runners", "event loop (C)"),
-                      ("asyncio/", "asyncio"), ("multidict", "multidict"), ("yarl", "yarl")):
-        if key in frame:
-            return area
-    return "other"
-
-
-def summarise_profile(raw: str, top: int) -> str:
-    """Self time by area and by function, inclusive time of gateway functions, from py-spy's raw
-    (collapsed) stacks."""
-    self_fn: Counter[str] = Counter()
-    self_area: Counter[str] = Counter()
-    incl_fn: Counter[str] = Counter()
-    total = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = [_function(f) for f in stack.split(";")[1:]]  # drop the process frame
-        n = int(count)
-        total += n
-        if frames:
-            self_fn[frames[-1]] += n
-            self_area[_area(stack.split(";")[-1])] += n
-        for frame in set(frames):
-            incl_fn[frame] += n
-    lines = [f"py-spy: {total} samples", "", "Self time by area"]
-    lines += [f"  {100 * n / total:5.1f}%  {a}" for a, n in self_area.most_common()]
-    lines += ["", "Top self time by function"]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in self_fn.most_common(top)]
-    lines += ["", "Inclusive time of gateway/ functions"]
-    gateway = [(f, n) for f, n in incl_fn.most_common() if "gateway/" in f]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in gateway[:top]]
-    lines += ["", "Inclusive time of aiohttp entry points"]
-    aio = [(f, n) for f, n in incl_fn.most_common() if "aiohttp/" in f]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in aio[:12]]
-    return "\n".join(lines)
+def planned_wall_s(args: argparse.Namespace) -> float:
+    """About how long the run takes: every run of every cell for every target (and the direct
+    path), the settle window after the accounting gateway's runs, the warm-up and the start."""
+    targets = len(args.targets) + 1
+    settles = sum(1 for name in args.targets if name == "wattgate")
+    cells = len(args.modes) * len(args.connections)
+    per_cell = targets * (args.duration + WRK_OVERHEAD_S) + settles * args.settle
+    warmup = targets * len(args.modes) * (args.warmup + WRK_OVERHEAD_S)
+    return float(args.runs * cells * per_cell + warmup + STARTUP_S)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.gateway_overhead", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 run of 1 s per cell (smoke check)")
-    p.add_argument("--runs", type=int, default=None, help="interleaved runs per cell (5)")
+    p.add_argument("--runs", type=int, default=None,
+                   help="interleaved runs per cell (5; --quick: 1); the spread is over these")
     p.add_argument("--duration", type=int, default=None, help="whole seconds per run (4)")
     p.add_argument("--settle", type=float, default=4.0,
-                   help="seconds after each wattgate run still counted in its CPU, so deferred "
-                        "work is charged to the run that caused it: accounting apportions an "
-                        "interval settle_s (2 s) after it ends, polling every 0.25 s")
+                   help="seconds after each run of the accounting gateway still counted in "
+                        "its CPU, so deferred work is charged to the run that caused it: "
+                        "accounting apportions an interval settle_s (2 s) after it ends")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--modes", nargs="+", default=list(report.MODES), choices=report.MODES)
     p.add_argument("--targets", nargs="+", default=list(PROXIES), choices=PROXIES)
@@ -257,15 +220,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="apt-get/pip install missing tools (wrk, nginx, vllm-router, py-spy)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="where JSON + Markdown go (bench/results; --quick: a temp dir)")
-    p.add_argument("--profile", action="store_true", help="profile wattgate with py-spy instead")
+    p.add_argument("--profile", action="store_true",
+                   help="profile wattgate with py-spy (native frames too) instead")
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--profile-mode", default="stream16", choices=report.MODES,
                    help="load shape while profiling")
-    p.add_argument("--profile-connections", type=int, default=64,
-                   help="connections while profiling")
+    p.add_argument("--profile-connections", type=int, nargs="+", default=[1, 64],
+                   help="connections while profiling, one profile each")
     p.add_argument("--top", type=int, default=25, help="frames to list in --profile")
     args = p.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 5)
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
     if args.quick:
         args.settle = min(args.settle, 0.5)
     args.duration = args.duration or (1 if args.quick else 4)
@@ -277,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
         raise SystemExit("needs at least 2 CPUs (engine+client on core 0, proxy on core 1)")
+    if not args.profile:
+        wall_s = planned_wall_s(args)
+        log(f"this run takes about {wall_s / 60:.0f} min ({wall_s:.0f} s): {args.runs} run(s) x "
+            f"{len(args.modes) * len(args.connections)} cells x {len(args.targets) + 1} targets "
+            f"x {args.duration} s, plus {args.settle:g} s settle after each accounting run")
     ensure_tools(args.install)
     workdir = Path(tempfile.mkdtemp(prefix="wattgate-bench-"))
     log(f"work dir {workdir}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.gpu_energy import Samples
+    from bench.gpu_sampling import Samples
 
 
 # ---- output -----------------------------------------------------------------------------------

@@ -24,10 +24,11 @@ from typing import Any
 
 import orjson
 
-from bench.apportion import make_records
+from bench.apportion_workload import make_records
 from bench.provenance import commit
 from gateway.accounting.config import AccountingConfig, JournalConfig, LedgerConfig
 from gateway.accounting.journal import Journal, encode
+from gateway.accounting.recorder import Recorder
 from gateway.accounting.service import AccountingService, EngineInfo
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,14 +43,15 @@ def loop_side_ns(tmp: Path, n: int) -> dict[str, float]:
         cfg = AccountingConfig(ledger=LedgerConfig(path=str(tmp / "l.db")),
                                journal=JournalConfig(enabled=on))
         svc = AccountingService(cfg, [EngineInfo(f"e{i}", "m", "bf16", 1) for i in range(4)])
+        assert svc.recorder is not None
         record = svc.record
 
-        def run(svc: AccountingService = svc, record: Any = record) -> None:
+        def run(recorder: Recorder = svc.recorder, record: Any = record) -> None:
             for r in recs:
                 record(r)
-            svc._pending.clear()
-            if svc.journal is not None:
-                svc.journal._queue.clear()
+            recorder._pending.clear()
+            if recorder.journal is not None:
+                recorder.journal._queue.clear()
 
         best = min(timeit.repeat(run, number=1, repeat=5))
         out["on" if on else "off"] = best / n * 1e9

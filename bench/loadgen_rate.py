@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from loadgen import lengths, metrics  # noqa: E402
 from loadgen.arrivals import Poisson  # noqa: E402
 from loadgen.client import ClientOptions, Target, run_plan  # noqa: E402
-from loadgen.demo import free_port  # noqa: E402
+from loadgen.procs import free_port  # noqa: E402
 from loadgen.workers import run_workers  # noqa: E402
 from loadgen.workload import TenantSpec, Workload, build_plan  # noqa: E402
 
@@ -49,7 +49,7 @@ RELAXED_LAG_P99_S = 0.010
 
 async def _timer_floor(rate: float, duration_s: float) -> list[float]:
     """Lag of a bare absolute-schedule loop (no HTTP): what the machine alone costs."""
-    from loadgen.client import _sleep_until
+    from loadgen.schedule import sleep_until as _sleep_until
 
     plan = build_plan(workload(rate, duration_s))
     t0 = time.monotonic() + 0.1

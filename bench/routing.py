@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from gateway.routing import RoutingContext
 from gateway.routing.capacity import slo_capacity
 from gateway.routing.models import EndpointModel
 from gateway.routing.priors import prior_for
+from loadgen import traces
 from loadgen.truth.fleet import ADMIN_KEY, MODEL, _digest, free_port, process, wait_ready, wattgate
 
 ENGINES = (("vllm-bf16", "vllm", "bf16"), ("vllm-fp8", "vllm", "fp8"),
@@ -42,6 +44,10 @@ TTFT_SLO_S = 0.5  # engine time
 TPOT_SLO_S = 0.012  # engine time: tight, so that the fleet's SLO capacity stays small
 PROMPT_TOKENS, OUTPUT_TOKENS = 128, 96
 API_KEY = "sk-routing-bench"
+# "poisson": Poisson arrivals, fixed lengths; "trace": a replayed Azure-format trace (bursty
+# arrivals, lognormal lengths; bench/routing_trace.py)
+SCHEDULES = ("poisson", "trace")
+TRACE_BURSTINESS = 0.2  # gamma shape of the trace's inter-arrival times
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +56,12 @@ class Settings:
     duration_s: float
     loads: tuple[float, ...]
     seed: int = 7
+    schedules: tuple[str, ...] = SCHEDULES
     # an unmeasured run first, at the first load, so that each gateway has measured every
     # endpoint before the measured runs (slo_energy spreads load while its curves are cold,
     # as a gateway that has served for a while would not)
     warmup_s: float = 20.0
+    slo_margin: float | None = None  # routing.slo_margin (None: the gateway's default)
 
 
 DEFAULT = Settings(time_scale=0.1, duration_s=40.0, loads=(0.3, 0.6, 0.9))
@@ -78,7 +86,8 @@ def gateway_doc(urls: dict[str, str], policy: str, s: Settings, port: int, ledge
     kinds = {n: (k, p) for n, k, p in ENGINES}
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "routing": {"policy": policy},
+        "routing": {"policy": policy} | ({"slo_margin": s.slo_margin}
+                                         if s.slo_margin is not None else {}),
         "slo_classes": {"interactive": {"ttft_s": TTFT_SLO_S / s.time_scale,
                                         "tpot_s": TPOT_SLO_S / s.time_scale}},
         "tenants": [{"name": "bench", "api_key_sha256": _digest(API_KEY)}],
@@ -91,6 +100,17 @@ def gateway_doc(urls: dict[str, str], policy: str, s: Settings, port: int, ledge
                        "ledger": {"kind": "sqlite", "path": str(ledger)},
                        "meters": {n: {"kind": "sim", "url": u} for n, u in urls.items()}},
     }
+
+
+def surplus_idle_j(base: str) -> float:
+    """The gateway's running total of idle joules that engines beyond what their pool's load
+    needed burnt (gateway.routing.capacity.SurplusMeter, from /admin/v1/endpoints)."""
+    req = urllib.request.Request(f"{base}/admin/v1/endpoints",
+                                 headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        doc = json.loads(resp.read())
+    return float(sum((e.get("model_curves") or {}).get("surplus_idle_j", 0.0)
+                     for e in doc["endpoints"]))
 
 
 def sim_energy_j(urls: dict[str, str]) -> dict[str, float]:
@@ -118,6 +138,50 @@ def fleet(work: Path, s: Settings) -> Iterator[dict[str, str]]:
         yield urls
 
 
+def trace_workload(work: Path, rate: float, s: Settings, seed: int, slo_scale: float) -> Path:
+    """A workload replaying an Azure-format trace at `rate` req/s (wall) for `s.duration_s`.
+
+    No public trace file ships with wattgate and none can be downloaded here, so the trace is
+    written by loadgen.traces' generator in the Azure LLM-inference CSV format: gamma
+    inter-arrivals of shape 0.2 (CV 2.2, bursty), lognormal prompt/output lengths whose means
+    are the Poisson arm's 128/96 tokens (so both arms offer the same work per request). Its
+    time is scaled so that exactly rate x duration requests arrive in the run."""
+    n = max(2, round(rate * s.duration_s))
+    # lognormal medians for the means 128/96 (sigma 0.8 and 0.9 in the generator)
+    rows = traces.synthetic_rows(n + 1, seed, rate_rps=1.0, burstiness=TRACE_BURSTINESS,
+                                 median_in=round(PROMPT_TOKENS / math.exp(0.8 ** 2 / 2)),
+                                 median_out=round(OUTPUT_TOKENS / math.exp(0.9 ** 2 / 2)))
+    path = work / f"trace-{seed}-{rate:.3f}.csv"
+    path.write_text(traces.azure_text(rows))
+    span_s = rows[-1].offset_s - rows[0].offset_s
+    doc = {"model": MODEL, "api": "completions", "seed": seed, "duration_s": s.duration_s,
+           "max_requests": n, "tokenizer": "words",
+           "slo_classes": {"default": {"ttft_s": TTFT_SLO_S * slo_scale,
+                                       "tpot_s": TPOT_SLO_S * slo_scale}},
+           "tenants": [{"name": "default", "api_key": API_KEY}],
+           "traces": [{"path": str(path), "format": "azure", "dequantize_s": 0,
+                       "speedup": span_s / s.duration_s}]}
+    out = path.with_suffix(".yaml")
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def loadgen_cmd(base: str, schedule: str, rate: float, duration_s: float, seed: int,
+                s: Settings, work: Path, out: Path) -> list[str]:
+    slo_scale = 1.0 / s.time_scale
+    common = ["--target", base, "--seed", str(seed), "--admin-key", ADMIN_KEY,
+              "--lag-threshold-ms", "1000", "--quiet", "--out", str(out), "--energy-wait", "15"]
+    if schedule == "trace":
+        wl = trace_workload(work, rate, replace(s, duration_s=duration_s), seed, slo_scale)
+        return wattgate("loadgen", "run", "--workload", str(wl), *common)
+    return wattgate("loadgen", "run", "--model", MODEL, "--api", "completions", "--rate",
+                    f"{rate:.3f}", "--duration", str(duration_s), "--prompt-tokens",
+                    str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS), "--tokenizer",
+                    "words", "--api-key", API_KEY,
+                    "--slo-ttft-ms", str(1000 * TTFT_SLO_S * slo_scale),
+                    "--slo-tpot-ms", str(1000 * TPOT_SLO_S * slo_scale), *common)
+
+
 def one_policy(work: Path, urls: dict[str, str], policy: str, s: Settings, rate_cap: float
                ) -> list[dict[str, Any]]:
     port = free_port()
@@ -129,63 +193,54 @@ def one_policy(work: Path, urls: dict[str, str], policy: str, s: Settings, rate_
         base = f"http://127.0.0.1:{port}"
         wait_ready(f"{base}/health", gw, 60)
         time.sleep(2.5)  # first health checks and scrapes
-        plan = [(f"warmup-{s.loads[0]}", s.loads[0], s.warmup_s, s.seed + 1)]
-        plan += [(f"{share}", share, s.duration_s, s.seed) for share in s.loads]
-        for label, share, duration_s, seed in plan:
+        plan = [("poisson", f"warmup-{s.loads[0]}", s.loads[0], s.warmup_s, s.seed + 1)]
+        plan += [(sched, f"{sched}-{share}", share, s.duration_s, s.seed)
+                 for sched in s.schedules for share in s.loads]
+        for schedule, label, share, duration_s, seed in plan:
             rate = share * rate_cap
-            before = sim_energy_j(urls)
+            before, surplus0 = sim_energy_j(urls), surplus_idle_j(base)
             out = work / f"{policy}-{label}"
-            cmd = wattgate("loadgen", "run", "--target", base, "--model", MODEL,
-                           "--api", "completions", "--rate", f"{rate:.3f}", "--duration",
-                           str(duration_s), "--seed", str(seed), "--prompt-tokens",
-                           str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
-                           "--tokenizer", "words", "--api-key", API_KEY, "--admin-key",
-                           ADMIN_KEY, "--slo-ttft-ms", str(1000 * TTFT_SLO_S / s.time_scale),
-                           "--slo-tpot-ms", str(1000 * TPOT_SLO_S / s.time_scale),
-                           "--lag-threshold-ms", "1000", "--quiet", "--out", str(out),
-                           "--energy-wait", "15")
+            cmd = loadgen_cmd(base, schedule, rate, duration_s, seed, s, work, out)
             with open(work / f"loadgen-{policy}-{label}.log", "wb") as lg_log:
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=lg_log)
             if label.startswith("warmup"):
                 continue
-            after = sim_energy_j(urls)
+            after, surplus1 = sim_energy_j(urls), surplus_idle_j(base)
             run = json.loads(next(out.glob("*.json")).read_text())["runs"][0]
-            rows.append(row(policy, share, rate, run, before, after))
+            rows.append(row(policy, schedule, share, rate, run, before, after)
+                        | {"surplus_idle_j": round(surplus1 - surplus0, 1)})
     return rows
 
 
-def row(policy: str, share: float, rate: float, run: dict[str, Any], before: dict[str, float],
-        after: dict[str, float]) -> dict[str, Any]:
+def row(policy: str, schedule: str, share: float, rate: float, run: dict[str, Any],
+        before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     summary, energy = run["summary"], run["energy"] or {}
-    per_engine = {}
-    out_tokens: dict[str, int] = {}
-    for r in run["requests"]:
-        eng = r.get("engine") or r.get("endpoint") or ""
-        out_tokens[eng] = out_tokens.get(eng, 0) + int(r.get("completion_tokens") or 0)
     fleet_j = sum(after[n] - before[n] for n in after)
-    for n in after:
-        per_engine[n] = {"energy_j": after[n] - before[n]}
-    tokens = energy.get("output_tokens") or sum(out_tokens.values())
+    tokens = energy.get("output_tokens") or sum(int(r.get("completion_tokens") or 0)
+                                                for r in run["requests"])
     return {
-        "policy": policy, "load_share": share, "rate_rps": round(rate, 3),
+        "policy": policy, "schedule": schedule, "load_share": share, "rate_rps": round(rate, 3),
         "attainment": summary.get("attainment"), "completed": summary.get("completed"),
         "ledger_j_per_output_token": energy.get("j_per_output_token"),
         "fleet_energy_j": round(fleet_j, 1),
         "fleet_j_per_output_token": round(fleet_j / tokens, 4) if tokens else None,
-        "output_tokens": tokens, "engines": per_engine,
+        "output_tokens": tokens,
+        "engines": {n: {"energy_j": round(after[n] - before[n], 1)} for n in after},
     }
 
 
 def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per load: slo_energy against least_load, and whether the targets are met (>= 15 %
-    fewer J per output token, attainment no more than 1 point lower)."""
+    """Per schedule and load: slo_energy against least_load, and whether the targets are met
+    (>= 15 % fewer J per output token, attainment no more than 1 point lower)."""
     out = []
-    for share in sorted({r["load_share"] for r in rows}):
-        by = {r["policy"]: r for r in rows if r["load_share"] == share}
+    for sched, share in sorted({(r["schedule"], r["load_share"]) for r in rows},
+                               key=lambda k: (SCHEDULES.index(k[0]), k[1])):
+        by = {r["policy"]: r for r in rows
+              if r["load_share"] == share and r["schedule"] == sched}
         base, new = by.get("least_load"), by.get("slo_energy")
         if not base or not new:
             continue
-        cmp: dict[str, Any] = {"load_share": share}
+        cmp: dict[str, Any] = {"schedule": sched, "load_share": share}
         for key in ("ledger_j_per_output_token", "fleet_j_per_output_token"):
             if base[key] and new[key]:
                 cmp[key + "_saving_pct"] = round(100 * (1 - new[key] / base[key]), 1)
@@ -200,21 +255,29 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f} %"
+
+
 def markdown(rows: list[dict[str, Any]], cmps: list[dict[str, Any]], s: Settings) -> str:
-    lines = [f"Settings: time_scale {s.time_scale}, {s.duration_s:g} s per run, Poisson, seed "
-             f"{s.seed}, {PROMPT_TOKENS} prompt / {OUTPUT_TOKENS} output tokens, SLO TTFT "
+    lines = [f"Settings: time_scale {s.time_scale}, {s.duration_s:g} s per run, seed {s.seed}, "
+             f"schedules {', '.join(s.schedules)} (poisson: {PROMPT_TOKENS} prompt / "
+             f"{OUTPUT_TOKENS} output tokens; trace: Azure-format, gamma shape "
+             f"{TRACE_BURSTINESS:g} arrivals, lognormal lengths of the same means), SLO TTFT "
              f"{TTFT_SLO_S * 1000:g} ms, TPOT {TPOT_SLO_S * 1000:g} ms (engine time).", "",
-             "| policy | load | rate (req/s) | attainment | J/output token (ledger) | "
-             "J/output token (fleet, idle incl.) |", "| --- | --- | --- | --- | --- | --- |"]
+             "| schedule | policy | load | rate (req/s) | attainment | J/output token (ledger) "
+             "| J/output token (fleet, idle incl.) | surplus engines' idle J |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        att = "n/a" if r["attainment"] is None else f"{100 * r['attainment']:.1f} %"
-        lines.append(f"| {r['policy']} | {100 * r['load_share']:.0f} % | {r['rate_rps']} | "
-                     f"{att} | {r['ledger_j_per_output_token']} | "
-                     f"{r['fleet_j_per_output_token']} |")
-    lines += ["", "| load | J/token saving (ledger) | J/token saving (fleet) | "
-              "attainment change | target met |", "| --- | --- | --- | --- | --- |"]
+        j = r["ledger_j_per_output_token"]
+        lines.append(f"| {r['schedule']} | {r['policy']} | {100 * r['load_share']:.0f} % | "
+                     f"{r['rate_rps']} | {_pct(r['attainment'])} | "
+                     f"{'n/a' if j is None else f'{j:.4f}'} | {r['fleet_j_per_output_token']} | "
+                     f"{r.get('surplus_idle_j')} of {r['fleet_energy_j']} |")
+    lines += ["", "| schedule | load | J/token saving (ledger) | J/token saving (fleet) | "
+              "attainment change | target met |", "| --- | --- | --- | --- | --- | --- |"]
     for c in cmps:
-        lines.append(f"| {100 * c['load_share']:.0f} % | "
+        lines.append(f"| {c['schedule']} | {100 * c['load_share']:.0f} % | "
                      f"{c.get('ledger_j_per_output_token_saving_pct')} % | "
                      f"{c.get('fleet_j_per_output_token_saving_pct')} % | "
                      f"{c['attainment_delta_points']} points | {'yes' if c['met'] else 'no'} |")
@@ -223,8 +286,9 @@ def markdown(rows: list[dict[str, Any]], cmps: list[dict[str, Any]], s: Settings
 
 def svg(rows: list[dict[str, Any]]) -> str:
     """Attainment (y) against ledger J per output token (x), one colour per policy."""
-    pts = [(r["policy"], r["ledger_j_per_output_token"], r["attainment"], r["load_share"])
-           for r in rows if r["ledger_j_per_output_token"] and r["attainment"] is not None]
+    pts = [(r["policy"], r["ledger_j_per_output_token"], r["attainment"],
+            f"{r['schedule']} {100 * r['load_share']:.0f}%") for r in rows
+           if r["ledger_j_per_output_token"] and r["attainment"] is not None]
     w, h, m = 640, 400, 60
     xmax = max((p[1] for p in pts), default=1.0) * 1.1
     colour = {"least_load": "#d62728", "slo_energy": "#2ca02c"}
@@ -236,12 +300,12 @@ def svg(rows: list[dict[str, Any]]) -> str:
             '(gateway ledger)</text>',
             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" '
             'text-anchor="middle">SLO attainment</text>']
-    for name, j, att, share in pts:
+    for name, j, att, label in pts:
         x = m + (w - m - 20) * j / xmax
         y = (h - m) - (h - m - 20) * att
         body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour.get(name, "grey")}"/>')
         body.append(f'<text x="{x + 7:.1f}" y="{y - 7:.1f}" font-size="11">{name} '
-                    f'{100 * share:.0f}%</text>')
+                    f'{label}</text>')
     body.append("</svg>")
     return "\n".join(body) + "\n"
 
@@ -249,21 +313,42 @@ def svg(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one short load level (a smoke test)")
+    ap.add_argument("--loads", type=float, nargs="+", default=None,
+                    help="load levels as shares of the fleet's SLO capacity (e.g. 0.9)")
+    ap.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=None)
+    ap.add_argument("--duration", type=float, default=None, help="seconds per measured run")
+    ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    ap.add_argument("--slo-margin", type=float, default=None,
+                    help="routing.slo_margin of the gateways (default: the gateway's)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--name", default=None, help="file stem (default routing / routing-quick)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the work folder (logs, ledgers, loadgen output) here")
     args = ap.parse_args(argv)
     s = QUICK if args.quick else DEFAULT
+    if args.loads:
+        s = replace(s, loads=tuple(args.loads))
+    if args.schedules:
+        s = replace(s, schedules=tuple(args.schedules))
+    if args.duration:
+        s = replace(s, duration_s=args.duration)
+    if args.slo_margin:
+        s = replace(s, slo_margin=args.slo_margin)
     rate_cap = fleet_capacity_rps(s)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="wattgate-routing-") as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         with fleet(work, s) as urls:
-            for policy in POLICIES:
+            for policy in args.policies:
                 rows += one_policy(work, urls, policy, s, rate_cap)
     cmps = compare(rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "routing-quick" if args.quick else "routing"
+    name = args.name or ("routing-quick" if args.quick else "routing")
     doc = {"settings": {"time_scale": s.time_scale, "duration_s": s.duration_s,
-                        "loads": s.loads, "seed": s.seed, "capacity_rps": round(rate_cap, 3)},
+                        "loads": s.loads, "schedules": s.schedules, "seed": s.seed,
+                        "trace_burstiness": TRACE_BURSTINESS, "slo_margin": s.slo_margin,
+                        "capacity_rps": round(rate_cap, 3)},
            "rows": rows, "comparison": cmps}
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=2))
     (args.out / f"{name}.md").write_text(markdown(rows, cmps, s))

@@ -168,7 +168,12 @@ def detect_vllm_runner() -> str:
 
 
 def _local_checkpoint_problem(spec: LaunchSpec, model: str) -> str | None:
-    config_path = Path(model) / "config.json"
+    path = Path(model).expanduser()
+    # A hub id is `org/name`; a path is absolute or starts with `.` or `~`. vLLM takes a missing
+    # path for a bad hub id and fails with a traceback, so say it here.
+    if model.startswith(("/", ".", "~")) and not path.is_dir():
+        return "no such model directory"
+    config_path = path / "config.json"
     if not config_path.is_file():
         return None  # a hub id, or a layout we do not know: leave it to the engine
     try:

@@ -14,17 +14,18 @@ from aiohttp import web
 
 from gateway.accesslog import AccessLog
 from gateway.accounting.service import AccountingService, EngineInfo
+from gateway.accounting.supervisor import ApportionerChild
 from gateway.config import GatewayConfig
 from gateway.errors import AuthError, ConfigError, WattgateError, error_body
 from gateway.front.aiohttp_errors import SERVER_NAME
-from gateway.front.protocol import FrontConnections
+from gateway.front.connections import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
 from gateway.routing.learner import RoutingModels, capacity_context
 from gateway.tenancy.controls import TenantControls
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
-from gateway.upstream import ClientSettings, UpstreamClient
 from gateway.upstreams import Upstreams
+from wire.client import ClientSettings, UpstreamClient
 
 log = logging.getLogger("wattgate.app")
 
@@ -33,6 +34,7 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 PROXY = web.AppKey("proxy", Proxy)
 ACCOUNTING = web.AppKey("accounting", AccountingService)
+APPORTIONER = web.AppKey("apportioner", ApportionerChild)
 CONNECTIONS = web.AppKey("connections", FrontConnections)
 ROUTING_MODELS = web.AppKey("routing_models", RoutingModels)
 CONTROLS = web.AppKey("controls", TenantControls)
@@ -128,11 +130,17 @@ async def health(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     upstreams = request.app[UPSTREAMS]
-    ready = upstreams.ready() and not proxy.draining
+    # A ledger whose file was deleted or replaced under it (sqlite) refuses every write:
+    # nothing served now could be billed, so the gateway says it is not ready, and why.
+    fault: str | None = (getattr(request.app[ACCOUNTING].ledger, "fault", None)
+                         if ACCOUNTING in request.app else None)
+    ready = upstreams.ready() and not proxy.draining and fault is None
     pools = {name: sum(1 for s in states if s.healthy and s.checked)
              for name, states in upstreams.pools.items()}
-    body = {"status": "ready" if ready else "not_ready", "draining": proxy.draining,
-            "healthy_endpoints": pools}
+    body: dict[str, object] = {"status": "ready" if ready else "not_ready",
+                               "draining": proxy.draining, "healthy_endpoints": pools}
+    if fault is not None:
+        body["reason"] = fault
     return web.Response(status=200 if ready else 503, body=orjson.dumps(body),
                         content_type="application/json")
 
@@ -141,6 +149,10 @@ async def metrics(request: web.Request) -> web.Response:
     if not request.app[PROXY].auth.may_scrape(request.headers.get("Authorization")):
         raise AuthError("/metrics needs the metrics API key", code="invalid_metrics_key")
     body = request.app[METRICS].render()
+    if APPORTIONER in request.app:
+        # The apportioner process's series (tenant/engine energy, carbon, cost), appended:
+        # one scrape target per gateway, whichever process counts them.
+        body += await request.app[APPORTIONER].metrics_text()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -198,26 +210,26 @@ def _admin_only(handler: Handler) -> Handler:
     return guarded
 
 
-def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics
-                        ) -> AccountingService:
-    assert config.accounting is not None
+def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics,
+                        child: ApportionerChild | None) -> AccountingService:
+    """Recorder only where the apportioner runs elsewhere (`child`, or `external`); inline
+    otherwise (`inline`, or `process` without a child: an app built without `wattgate serve`)."""
+    acct = config.accounting
+    assert acct is not None
     engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
                           kind=ep.kind)
                for model, ep in config.endpoints()]
-    return AccountingService(config.accounting, engines, registry=gateway_metrics.registry)
+    inline = acct.apportioner == "inline" or (acct.apportioner == "process" and child is None)
+    return AccountingService(acct, engines, registry=gateway_metrics.registry, apportion=inline)
 
 
 def _routing_models(config: GatewayConfig, accounting: AccountingService | None,
                     gateway_metrics: GatewayMetrics) -> RoutingModels:
     """The learnt endpoint models (a record sink), fed with the energy the accounting service
-    has apportioned (its per-engine boundary, read in memory), and the capacity gauge."""
-
-    def boundary(name: str) -> tuple[float, float] | None:
-        eng = accounting.engines.get(name) if accounting is not None else None
-        st = eng.state if eng is not None else None
-        return None if st is None else (st.boundary_s, st.boundary_j)
-
-    models = RoutingModels.for_config(config, boundary if accounting is not None else None)
+    has apportioned (its per-engine boundary: in memory where this process apportions, else
+    read back from the ledger), and the capacity gauge."""
+    models = RoutingModels.for_config(config,
+                                      accounting.boundary if accounting is not None else None)
     ctx = capacity_context(config)
     for model, precision in {(m, ep.precision) for m, ep in config.endpoints()}:
         def needed(pool: tuple[str, str] = (model, precision)) -> float:
@@ -261,8 +273,11 @@ def prompt_counter(config: GatewayConfig) -> PromptCounter:
 
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
-              wall: Callable[[], float] = time.time) -> web.Application:
-    """The gateway application; engine sessions and health checks start with the app."""
+              wall: Callable[[], float] = time.time,
+              apportioner: ApportionerChild | None = None) -> web.Application:
+    """The gateway application; engine sessions and health checks start with the app.
+    `apportioner`: the apportioner child `wattgate serve` started (this process then only
+    records; without one, `accounting.apportioner: process` apportions inline)."""
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[edge_activity, json_errors])
     app.on_response_prepare.append(no_server_header)
@@ -291,14 +306,18 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
 
         app.cleanup_ctx.append(access_log_ctx)
     if config.accounting is not None and config.accounting.enabled:
-        accounting = _accounting_service(config, gateway_metrics)
+        accounting = _accounting_service(config, gateway_metrics, apportioner)
         app[ACCOUNTING] = accounting
+        if apportioner is not None:
+            app[APPORTIONER] = apportioner
+            apportioner.register(gateway_metrics.registry)
         all_sinks.append(accounting.record)
         # registered before the proxy's context, so it stops after in-flight requests drained
         app.cleanup_ctx.append(accounting.cleanup_ctx)
         from gateway.accounting.admin import admin_routes
 
-        for route in admin_routes(accounting):
+        for route in admin_routes(accounting, remote_check=(
+                apportioner.energy_check if apportioner is not None else None)):
             assert isinstance(route, web.RouteDef)
             app.router.add_route(route.method, route.path, _admin_only(route.handler))
 

@@ -35,7 +35,9 @@ def _load_or_exit(path: str) -> GatewayConfig:
 def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool,
           log_level: str | None) -> None:
     """Run the gateway on uvloop: a lean HTTP/1.1 front for the completion routes, aiohttp for
-    the rest. Exits 2 on a bad config before binding a port."""
+    the rest. With accounting (`apportioner: process`, the default) it also runs the
+    apportioner as a child process, restarted if it dies and stopped with the gateway.
+    Exits 2 on a bad config before binding a port."""
     config = _load_or_exit(config_path)
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
@@ -45,22 +47,40 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
     configure(config.logging, log_level)
     import uvloop
 
-    uvloop.run(_serve(config, reuse_port=reuse_port))
+    uvloop.run(_serve(config, reuse_port=reuse_port, config_path=config_path,
+                      log_level=log_level))
 
 
-async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
+async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
+                 log_level: str | None = None) -> None:
+    from gateway.accounting.ledger.base import LedgerError
+    from gateway.accounting.supervisor import ApportionerChild
     from gateway.app import build_app
     from gateway.front.server import start
 
-    app = build_app(config)
+    acct = config.accounting
+    if acct is not None and acct.enabled:
+        await _ledger_or_exit(config)
+    child = (ApportionerChild(config_path, log_level=log_level)
+             if acct is not None and acct.enabled and acct.apportioner == "process" else None)
+    if child is not None:
+        # Started, and its meters read, before requests are taken: on a new ledger the work
+        # before an engine's first reading would get no share of its energy.
+        await child.start()
+        if not await child.wait_ready():
+            click.echo("wattgate: the apportioner child is not ready yet (see its log); "
+                       "serving anyway", err=True)
+    app = build_app(config, apportioner=child)
     try:
         running = await start(config, app, reuse_port=reuse_port)
-    except OSError as exc:
-        click.echo(f"wattgate: cannot listen on {config.listen.host}:{config.listen.port}: "
-                   f"{exc.strerror}", err=True)
+    except (OSError, LedgerError) as exc:
+        reason = (f"cannot listen on {config.listen.host}:{config.listen.port}: {exc.strerror}"
+                  if isinstance(exc, OSError) else f"ledger unavailable: {exc}")
+        click.echo(f"wattgate: {reason}", err=True)
+        if child is not None:
+            await child.stop()
         sys.exit(1)
-    click.echo(f"wattgate listening on http://{config.listen.host}:{config.listen.port}",
-               err=True)
+    click.echo(f"wattgate listening on http://{config.listen.host}:{running.port}", err=True)
     # Everything built at start-up (config, app, imports) lives as long as the process: keep
     # it out of full collections, which otherwise walk it all and stall the loop.
     gc.collect()
@@ -72,6 +92,26 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool) -> None:
     await stop.wait()
     click.echo("wattgate: draining", err=True)
     await running.stop()
+    if child is not None:
+        await child.stop()
+
+
+async def _ledger_or_exit(config: GatewayConfig) -> None:
+    """Open and close the ledger once before anything starts: a ledger that cannot be opened
+    (a bad path, a refused database) ends the process with one line, before the apportioner
+    child is started and before a port is bound."""
+    from gateway.accounting.ledger.base import LedgerError
+    from gateway.accounting.metering import make_ledger
+
+    assert config.accounting is not None
+    ledger = make_ledger(config.accounting.ledger)
+    try:
+        await ledger.open()
+    except LedgerError as exc:
+        click.echo(f"wattgate: ledger unavailable: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        await ledger.close()
 
 
 @click.group()

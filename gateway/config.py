@@ -3,39 +3,43 @@
 `load_config(path)` reads YAML and returns a `GatewayConfig` or raises `ConfigError` naming the
 field path (e.g. `models[0].endpoints[1].precision`) and the allowed values. Nothing here
 touches the network; API keys are resolved from environment variables or stored as SHA-256
-hashes and are never printed.
+hashes and are never printed. Each default is written once, in its dataclass; the parsers
+read it from there (`config_fields.section`, `default_of`). Tenants and SLO classes are read
+in `config_tenants`, the `accounting:` section in `accounting.config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import yaml
 
+from gateway.accounting.config import AccountingConfig, parse_accounting
+from gateway.config_fields import FieldReader, default_of, hash_key, secret_hash, section
+from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
 from gateway.errors import ConfigError
-from gateway.tenancy.config import (
-    TenantBudgets,
-    TenantControlsConfig,
-    TenantLimits,
-    parse_budgets,
-    parse_limits,
+from gateway.tenancy.config import TenantControlsConfig
+from gateway.vocab import (
+    PRECISIONS,
+    EngineKind,
+    LogFormat,
+    LogLevel,
+    PolicyName,
+    Precision,
+    SloClass,
 )
 
-if TYPE_CHECKING:
-    from gateway.accounting.config import AccountingConfig
-
-PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
-ENGINE_KINDS: tuple[str, ...] = ("vllm", "trtllm", "openai")
-ROUTING_POLICIES: tuple[str, ...] = ("round_robin", "least_load", "prefix_affinity", "slo_energy")
-LOG_FORMATS: tuple[str, ...] = ("text", "json")
-LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error")
+# names other modules import from here
+__all__ = [
+    "PRECISIONS", "Endpoint", "FieldReader", "GatewayConfig", "HealthCheck", "Listen", "Logging",
+    "ModelPool", "OutlierDetection", "PrecisionPolicy", "Retries", "Routing", "SloClass", "Tenant",
+    "Timeouts", "hash_key", "load_config", "normalised", "parse_config", "section",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +48,10 @@ class Endpoint:
 
     name: str
     url: str
-    kind: str
-    precision: str
+    precision: Precision
+    kind: EngineKind = "vllm"
     gpus: int = 1
-    upstream_model: str = ""  # model name the engine serves; defaults to the alias
+    upstream_model: str = ""  # model name the engine serves; the parser defaults it to the alias
     weight: float = 1.0
 
 
@@ -56,30 +60,6 @@ class ModelPool:
     name: str
     endpoints: tuple[Endpoint, ...]
     tokenizer: str = ""  # tokenizer.json, model folder or cached hub name ("": 4-byte estimate)
-
-
-@dataclass(frozen=True, slots=True)
-class PrecisionPolicy:
-    allowed: tuple[str, ...] = PRECISIONS
-    preferred: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    name: str
-    key_sha256: str = field(repr=False)
-    slo_class: str
-    precision: PrecisionPolicy = PrecisionPolicy()
-    limits: TenantLimits = field(default_factory=TenantLimits)
-    budgets: TenantBudgets = field(default_factory=TenantBudgets)
-
-
-@dataclass(frozen=True, slots=True)
-class SloClass:
-    name: str
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +104,7 @@ class HealthCheck:
 
 @dataclass(frozen=True, slots=True)
 class Routing:
-    policy: str = "least_load"
+    policy: PolicyName = "least_load"
     prefix_chars: int = 256
     load_bound: float = 1.25  # prefix_affinity: skip endpoints above bound x mean load
     # slo_energy: predicted TTFT/TPOT must stay under slo_margin x the SLO class's limits; an
@@ -154,8 +134,8 @@ class Listen:
 
 @dataclass(frozen=True, slots=True)
 class Logging:
-    format: str = "text"  # "text" or "json" (one JSON object per line)
-    level: str = "info"
+    format: LogFormat = "text"
+    level: LogLevel = "info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,128 +177,7 @@ class GatewayConfig:
         raise KeyError(name)
 
 
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-# --- validation helpers -------------------------------------------------------------------
-
-
-class FieldReader:
-    """Reads one mapping of the YAML tree, remembering its path for error messages."""
-
-    def __init__(self, data: Any, path: str):
-        if not isinstance(data, Mapping):
-            raise ConfigError(path or "<root>", f"expected a mapping, got {type(data).__name__}")
-        self.data = data
-        self.path = path
-        self.used: set[str] = set()
-
-    def at(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.used.add(key)
-        return self.data.get(key, default)
-
-    def text(self, key: str, default: str | None = None) -> str:
-        value = self.get(key, default)
-        if value is None:
-            raise ConfigError(self.at(key), "is required")
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.at(key), "must be a non-empty string")
-        return value
-
-    def choice(self, key: str, allowed: tuple[str, ...], default: str | None = None) -> str:
-        value = self.text(key, default)
-        if value not in allowed:
-            raise ConfigError(self.at(key), f"{value!r} is not one of {', '.join(allowed)}")
-        return value
-
-    def number(self, key: str, default: float | None, *, minimum: float = 0.0,
-            inclusive: bool = False) -> float:
-        """A number > minimum (>= minimum when inclusive)."""
-        value = self.get(key, default)
-        if value is None:
-            raise ConfigError(self.at(key), "is required")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(self.at(key), "must be a finite number")
-        if value < minimum or (value == minimum and not inclusive):
-            raise ConfigError(self.at(key), f"must be {'>=' if inclusive else '>'} {minimum:g}")
-        return float(value)
-
-    def opt_number(self, key: str, *, inclusive: bool = False) -> float | None:
-        if self.get(key) is None:
-            return None
-        return self.number(key, None, inclusive=inclusive)
-
-    def integer(self, key: str, default: int | None, *, minimum: int = 1) -> int:
-        value = self.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.at(key), "must be an integer")
-        if value < minimum:
-            raise ConfigError(self.at(key), f"must be >= {minimum}")
-        return value
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.get(key, default)
-        if not isinstance(value, bool):
-            raise ConfigError(self.at(key), "must be true or false")
-        return value
-
-    def sub(self, key: str) -> FieldReader:
-        return FieldReader(self.get(key) or {}, self.at(key))
-
-    def items(self, key: str, *, required: bool = True) -> list[tuple[str, Any]]:
-        value = self.get(key)
-        if value is None and not required:
-            return []
-        if not isinstance(value, list) or (required and not value):
-            raise ConfigError(self.at(key), "must be a non-empty list")
-        return [(f"{self.at(key)}[{i}]", item) for i, item in enumerate(value)]
-
-    def finish(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            raise ConfigError(self.at(str(unknown[0])), "unknown field")
-
-
-def _secret_hash(r: FieldReader, env: Mapping[str, str], prefix: str, *, required: bool) -> str:
-    """A key given as `<prefix>_env` (env var name) or `<prefix>_sha256` (hex digest)."""
-    env_name = r.get(f"{prefix}_env")
-    digest = r.get(f"{prefix}_sha256")
-    if env_name and digest:
-        raise ConfigError(r.at(f"{prefix}_env"), f"give {prefix}_env or {prefix}_sha256, not both")
-    if digest:
-        if not isinstance(digest, str) or len(digest) != 64:
-            raise ConfigError(r.at(f"{prefix}_sha256"), "must be 64 hex digits (sha256)")
-        try:
-            int(digest, 16)
-        except ValueError:
-            raise ConfigError(r.at(f"{prefix}_sha256"), "must be 64 hex digits") from None
-        return digest.lower()
-    if env_name:
-        if not isinstance(env_name, str):
-            raise ConfigError(r.at(f"{prefix}_env"), "must be an environment variable name")
-        value = env.get(env_name)
-        if not value:
-            raise ConfigError(r.at(f"{prefix}_env"), f"environment variable {env_name} is unset")
-        return hash_key(value)
-    if required:
-        raise ConfigError(r.at(f"{prefix}_env"), f"one of {prefix}_env or {prefix}_sha256 is required")
-    return ""
-
-
-def _precisions(r: FieldReader, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    value = r.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, list):
-        raise ConfigError(r.at(key), "must be a list of precisions")
-    for i, p in enumerate(value):
-        if p not in PRECISIONS:
-            raise ConfigError(f"{r.at(key)}[{i}]", f"{p!r} is not one of {', '.join(PRECISIONS)}")
-    return tuple(value)
+# --- parsing ------------------------------------------------------------------------------
 
 
 def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
@@ -326,17 +185,9 @@ def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
     url = r.text("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(r.at("url"), "must start with http:// or https://")
-    ep = Endpoint(
-        name=r.text("name", url.split("://", 1)[1]),
-        url=url,
-        kind=r.choice("kind", ENGINE_KINDS, "vllm"),
-        precision=r.choice("precision", PRECISIONS),
-        gpus=r.integer("gpus", 1),
-        upstream_model=r.text("model", alias),
-        weight=r.number("weight", 1.0),
-    )
-    r.finish()
-    return ep
+    name = r.text("name", url.split("://", 1)[1])
+    upstream_model = r.text("model", alias)
+    return section(r, Endpoint, given={"name": name, "url": url, "upstream_model": upstream_model})
 
 
 def _models(root: FieldReader) -> tuple[ModelPool, ...]:
@@ -348,7 +199,8 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
-        tokenizer = r.text("tokenizer") if r.get("tokenizer") is not None else ""
+        tokenizer = (r.text("tokenizer") if r.get("tokenizer") is not None
+                     else default_of(ModelPool, "tokenizer"))
         for i, ep in enumerate(endpoints):
             if ep.name in seen_endpoints:
                 raise ConfigError(f"{r.at('endpoints')}[{i}].name", f"duplicate endpoint {ep.name!r}")
@@ -376,49 +228,14 @@ def _scores(r: FieldReader, key: str, names: set[str]) -> tuple[tuple[str, float
     return tuple(out)
 
 
-def _slo_classes(root: FieldReader) -> tuple[SloClass, ...]:
-    raw = root.get("slo_classes") or {"default": {}}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(root.at("slo_classes"), "must be a mapping of name -> limits")
-    out = []
-    for name, limits in raw.items():
-        r = FieldReader(limits or {}, f"{root.at('slo_classes')}.{name}")
-        out.append(
-            SloClass(
-                name=str(name), ttft_s=r.opt_number("ttft_s"), tpot_s=r.opt_number("tpot_s"),
-                e2e_s=r.opt_number("e2e_s"),
-            )
-        )
-        r.finish()
-    return tuple(out)
-
-
-def _tenants(root: FieldReader, env: Mapping[str, str], slo_names: set[str], default_slo: str
-             ) -> tuple[Tenant, ...]:
-    tenants: list[Tenant] = []
-    for path, raw in root.items("tenants", required=False):
-        r = FieldReader(raw, path)
-        name = r.text("name")
-        slo = r.text("slo_class", default_slo)
-        if slo not in slo_names:
-            raise ConfigError(r.at("slo_class"), f"{slo!r} is not one of {', '.join(sorted(slo_names))}")
-        pr = r.sub("precisions")
-        allowed = _precisions(pr, "allowed", PRECISIONS)
-        preferred = _precisions(pr, "preferred", ())
-        bad = [p for p in preferred if p not in allowed]
-        if bad:
-            raise ConfigError(pr.at("preferred"), f"{bad[0]!r} is not in allowed")
-        pr.finish()
-        tenant = Tenant(
-            name=name, key_sha256=_secret_hash(r, env, "api_key", required=True), slo_class=slo,
-            precision=PrecisionPolicy(allowed=allowed, preferred=preferred),
-            limits=parse_limits(r.sub("limits")), budgets=parse_budgets(r),
-        )
-        r.finish()
-        if any(t.key_sha256 == tenant.key_sha256 for t in tenants):
-            raise ConfigError(path, "two tenants share one API key")
-        tenants.append(tenant)
-    return tuple(tenants)
+def _routing(rr: FieldReader, slo_names: set[str]) -> Routing:
+    scores = {"quality": _scores(rr, "quality", set(PRECISIONS)),
+              "min_quality": _scores(rr, "min_quality", slo_names)}
+    routing = section(rr, Routing, minimums={"load_bound": 1.0, "hysteresis": 0.0}, given=scores)
+    if routing.slo_margin > 1.0 or routing.hysteresis >= 1.0:
+        raise ConfigError("routing.slo_margin" if routing.slo_margin > 1.0
+                          else "routing.hysteresis", "must be at most 1 (a share)")
+    return routing
 
 
 def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None,
@@ -426,8 +243,6 @@ def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None
     raw = root.get("accounting")
     if raw is None:
         return None
-    from gateway.accounting.config import parse_accounting
-
     acct = parse_accounting(raw, env, base_dir)
     ledger = acct.ledger
     if ledger.kind == "sqlite" and base_dir is not None and not Path(ledger.path).is_absolute():
@@ -442,32 +257,6 @@ def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None
     return acct
 
 
-_Section = TypeVar("_Section")
-
-
-def section(r: FieldReader, cls: type[_Section], *, minimums: Mapping[str, float] | None = None,
-            choices: Mapping[str, tuple[str, ...]] | None = None) -> _Section:
-    """A flat config section read into its dataclass, each default written once (in the
-    dataclass): numbers are > 0 unless `minimums` says otherwise, integers >= 1, strings
-    one of `choices` where given. Unknown keys are refused, naming the field."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        default = f.default
-        low = (minimums or {}).get(f.name)
-        if isinstance(default, bool):
-            values[f.name] = r.flag(f.name, default)
-        elif isinstance(default, int):
-            values[f.name] = r.integer(f.name, default, minimum=int(1 if low is None else low))
-        elif isinstance(default, float):
-            values[f.name] = r.number(f.name, default, minimum=0.0 if low is None else low)
-        elif choices and f.name in choices:
-            values[f.name] = r.choice(f.name, choices[f.name], str(default))
-        else:
-            values[f.name] = r.text(f.name, str(default))
-    r.finish()
-    return cls(**values)
-
-
 def _access_log(root: FieldReader, base_dir: Path | None) -> str:
     value = root.get("access_log")
     if value is None or value == "":
@@ -479,6 +268,14 @@ def _access_log(root: FieldReader, base_dir: Path | None) -> str:
     return value
 
 
+def _key(root: FieldReader, key: str, env: Mapping[str, str]) -> str:
+    """The optional API key of section `key` (admin, metrics) as a SHA-256 digest, "" if none."""
+    r = root.sub(key)
+    digest = secret_hash(r, env, "api_key", required=False)
+    r.finish()
+    return digest
+
+
 def parse_config(data: Any, env: Mapping[str, str] | None = None,
                  base_dir: Path | None = None) -> GatewayConfig:
     """Validate a decoded YAML document into a GatewayConfig (pure; env passed in).
@@ -487,75 +284,34 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
     """
     env = os.environ if env is None else env
     root = FieldReader(data if data is not None else {}, "")
-    listen = section(root.sub("listen"), Listen, minimums={"port": 0})
-    slo_classes = _slo_classes(root)
+    slo_classes = parse_slo_classes(root)
     slo_names = {s.name for s in slo_classes}
     default_slo = root.text("default_slo_class", slo_classes[0].name)
     if default_slo not in slo_names:
         raise ConfigError("default_slo_class",
                           f"{default_slo!r} is not one of {', '.join(sorted(slo_names))}")
-    tenants = _tenants(root, env, slo_names, default_slo)
-    rr = root.sub("routing")
-    routing = Routing(
-        policy=rr.choice("policy", ROUTING_POLICIES, "least_load"),
-        prefix_chars=rr.integer("prefix_chars", 256),
-        load_bound=rr.number("load_bound", 1.25, minimum=1.0, inclusive=True),
-        slo_margin=rr.number("slo_margin", 0.8),
-        hysteresis=rr.number("hysteresis", 0.15, minimum=0.0, inclusive=True),
-        min_samples=rr.integer("min_samples", 20),
-        default_output_tokens=rr.integer("default_output_tokens", 256),
-        quality=_scores(rr, "quality", set(PRECISIONS)),
-        min_quality=_scores(rr, "min_quality", slo_names),
-    )
-    rr.finish()
-    if routing.slo_margin > 1.0 or routing.hysteresis >= 1.0:
-        raise ConfigError("routing.slo_margin" if routing.slo_margin > 1.0
-                          else "routing.hysteresis", "must be at most 1 (a share)")
-    tr = root.sub("timeouts")
-    timeouts = Timeouts(
-        connect_s=tr.number("connect_s", 2.0), first_byte_s=tr.number("first_byte_s", 60.0),
-        read_s=tr.number("read_s", 30.0), total_s=tr.number("total_s", 600.0),
-    )
-    tr.finish()
-    retries = section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0})
-    outlier = section(root.sub("outlier_detection"), OutlierDetection)
-    log_cfg = section(root.sub("logging"), Logging,
-                      choices={"format": LOG_FORMATS, "level": LOG_LEVELS})
-    hr = root.sub("health")
-    health = HealthCheck(
-        interval_s=hr.number("interval_s", 2.0), timeout_s=hr.number("timeout_s", 1.0),
-        unhealthy_after=hr.integer("unhealthy_after", 2), healthy_after=hr.integer("healthy_after", 1),
-        scrape_metrics=hr.flag("scrape_metrics", True),
-    )
-    hr.finish()
-    ar = root.sub("admin")
-    admin_hash = _secret_hash(ar, env, "api_key", required=False)
-    ar.finish()
-    mr = root.sub("metrics")
-    metrics_hash = _secret_hash(mr, env, "api_key", required=False)
-    mr.finish()
-    controls = section(root.sub("tenant_controls"), TenantControlsConfig)
+    tenants = parse_tenants(root, env, slo_names, default_slo)
     models = _models(root)
     config = GatewayConfig(
-        listen=listen,
         models=models,
         tenants=tenants,
         slo_classes=slo_classes,
         default_slo_class=default_slo,
-        routing=routing,
-        timeouts=timeouts,
-        retries=retries,
-        outlier_detection=outlier,
-        health=health,
-        logging=log_cfg,
-        max_body_bytes=root.integer("max_body_bytes", 4 * 1024 * 1024),
-        drain_timeout_s=root.number("drain_timeout_s", 30.0),
-        admin_key_sha256=admin_hash,
-        auth_required=root.flag("auth_required", True),
+        max_body_bytes=root.integer("max_body_bytes", default_of(GatewayConfig, "max_body_bytes")),
+        drain_timeout_s=root.number("drain_timeout_s", default_of(GatewayConfig, "drain_timeout_s")),
+        admin_key_sha256=_key(root, "admin", env),
+        auth_required=root.flag("auth_required", default_of(GatewayConfig, "auth_required")),
         accounting=_accounting(root, env, base_dir, models),
         access_log=_access_log(root, base_dir),
-        tenant_controls=controls,
-        metrics_key_sha256=metrics_hash,
+        metrics_key_sha256=_key(root, "metrics", env),
+        listen=section(root.sub("listen"), Listen, minimums={"port": 0}),
+        routing=_routing(root.sub("routing"), slo_names),
+        timeouts=section(root.sub("timeouts"), Timeouts),
+        retries=section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0}),
+        outlier_detection=section(root.sub("outlier_detection"), OutlierDetection),
+        health=section(root.sub("health"), HealthCheck),
+        logging=section(root.sub("logging"), Logging),
+        tenant_controls=section(root.sub("tenant_controls"), TenantControlsConfig),
     )
     budgeted = [i for i, t in enumerate(tenants) if t.budgets.budgets]
     if budgeted and (config.accounting is None or not config.accounting.enabled):
@@ -583,9 +339,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
 
 def normalised(config: GatewayConfig) -> dict[str, Any]:
     """The config as plain data for `wattgate config check`; secrets shown only as present."""
-    from dataclasses import asdict
-
-    data = asdict(config)
+    data = dataclasses.asdict(config)
     for tenant in data["tenants"]:
         tenant["key_sha256"] = "<set>"
     data["admin_key_sha256"] = "<set>" if config.admin_key_sha256 else "<unset>"

@@ -9,7 +9,7 @@ text format are the standard ones.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -17,30 +17,63 @@ from prometheus_client.registry import Collector
 
 
 class HistogramChild:
-    """One label set's buckets; `observe` is a bisect and two additions."""
+    """One label set's buckets; `observe` is a bisect and two additions. `observe_many` only
+    appends: a stream's 30-odd ITL values are bucketed later, a batch at a time (one C-level
+    sort and a bisect per bound), when read or when the batch is full."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("_counts", "_pending", "_sum", "bounds")
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # last slot: +Inf
-        self.sum = 0.0
+        self._counts = [0] * (len(bounds) + 1)  # last slot: +Inf
+        self._sum = 0.0
+        self._pending: list[float] = []
+
+    @property
+    def counts(self) -> list[int]:
+        """Observations per bucket (not cumulative), the +Inf bucket last."""
+        self._settle()
+        return self._counts
+
+    @property
+    def sum(self) -> float:
+        self._settle()
+        return self._sum
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+        self._counts[bisect_left(self.bounds, value)] += 1
+        self._sum += value
 
     def observe_many(self, values: Iterable[float]) -> None:
-        counts, bounds = self.counts, self.bounds
-        total = 0.0
-        for v in values:
-            counts[bisect_left(bounds, v)] += 1
-            total += v
-        self.sum += total
+        pending = self._pending
+        pending.extend(values)
+        if len(pending) >= _PENDING_MAX:
+            self._settle()
 
     def observe_zeros(self, n: int) -> None:
         """`n` observations of 0 (events that arrived in the same read)."""
-        self.counts[0] += n
+        self._counts[0] += n
+
+    def _settle(self) -> None:
+        """Bucket the pending values: a value goes to the first bucket whose bound is >= it,
+        so a bucket's share of the sorted batch ends at bisect_right of its bound."""
+        pending = self._pending
+        if not pending:
+            return
+        self._sum += sum(pending)  # left to right, before the sort: as per-value additions
+        pending.sort()
+        counts = self._counts
+        below = 0
+        for i, bound in enumerate(self.bounds):
+            upto = bisect_right(pending, bound, below)
+            counts[i] += upto - below
+            below = upto
+        counts[-1] += len(pending) - below
+        pending.clear()
+
+
+# values held per child before they are bucketed (bounds the memory a busy child holds)
+_PENDING_MAX = 4096
 
 
 class CounterChild:

@@ -79,7 +79,8 @@ class GatewayMetrics:
                                     "The gateway's own resource errors (EMFILE, ENFILE, ENOMEM, "
                                     "...): never an engine's fault", ("reason",), registry=r)
         self.client_errors = Counter("wattgate_client_connection_errors",
-                                     "Client connections closed by the gateway's edge limits",
+                                     "Client connections the edge refused and closed: a limit "
+                                     "(timeouts, size, connections) or malformed HTTP",
                                      ("reason",), registry=r)
         self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
                                       "1 when the endpoint passes health checks",

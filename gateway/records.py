@@ -19,7 +19,7 @@ class RequestRecord:
     engine: str  # endpoint name; "" when no endpoint was chosen
     precision: str  # "" when no endpoint was chosen
     slo_class: str
-    status: str  # "ok" or an error code (e.g. "upstream_timeout", "invalid_json")
+    status: str  # how it ended (gateway/outcomes.py): "ok", or e.g. "upstream_timeout"
     http_status: int
     stream: bool
     arrived_wall_s: float

@@ -79,7 +79,9 @@ class SseScanner:
 
         Only the events holding `"usage"` are looked at; the bytes around them are kept whole.
         """
-        sep = b"\r\n\r\n" if b"\r\n\r\n" in complete else b"\n\n"
+        # whole events end on a blank line; the last one tells the stream's line ending (a
+        # test of the tail, not a scan of a read that may hold a whole coalesced stream)
+        sep = b"\r\n\r\n" if complete.endswith(b"\r\n\r\n") else b"\n\n"
         parts: list[bytes] = []
         pos = 0
         while (i := complete.find(b'"usage"', pos)) >= 0:
@@ -91,12 +93,12 @@ class SseScanner:
             parts.append(complete[pos:start])
             pos = end
             payload = _data_of(event)
-            if payload is not None and _USAGE_RE.search(payload):
+            if payload is not None and (b'"usage":{' in payload or _USAGE_RE.search(payload)):
                 parsed = _loads(payload)
                 usage = parsed.get("usage") if parsed else None
                 if isinstance(usage, dict):
                     self.usage = usage
-                if _EMPTY_CHOICES_RE.search(payload):
+                if b'"choices":[]' in payload or _EMPTY_CHOICES_RE.search(payload):
                     self.final_usage = True
                     if self.strip_usage:
                         continue

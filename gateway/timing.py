@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import sub
 
-from gateway.config import SloClass
+from gateway.vocab import SloClass
 
 
 def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_tokens: int

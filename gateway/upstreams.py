@@ -32,9 +32,9 @@ log = logging.getLogger("wattgate.upstreams")
 class EndpointState:
     """Mutable per-process state of one endpoint."""
 
-    __slots__ = ("adapter", "checked", "consecutive_failures", "ejected_until", "ejections",
-                 "endpoint", "failures", "healthy", "inflight", "load", "model", "scrapes",
-                 "successes")
+    __slots__ = ("_candidates", "_candidates_of", "adapter", "checked", "consecutive_failures",
+                 "ejected_until", "ejections", "endpoint", "failures", "healthy", "inflight",
+                 "load", "model", "scrapes", "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -50,6 +50,9 @@ class EndpointState:
         self.consecutive_failures = 0  # gateway-side failures of real requests, in a row
         self.ejections = 0
         self.ejected_until = 0.0  # monotonic seconds
+        # routing's snapshots by in-flight count, for the scraped load and endpoint they show
+        self._candidates: dict[int, Candidate] = {}
+        self._candidates_of: tuple[EngineLoad, Endpoint] | None = None
 
     def inflight_now(self) -> float:
         return float(self.inflight)
@@ -61,10 +64,20 @@ class EndpointState:
         return 1.0 if self.healthy and not self.ejected() else 0.0
 
     def candidate(self) -> Candidate:
-        ep = self.endpoint
-        return Candidate(name=ep.name, precision=ep.precision, inflight=self.inflight,
-                         running=self.load.running, waiting=self.load.waiting,
-                         kv_usage=self.load.kv_usage, weight=ep.weight)
+        """Routing's snapshot of it. Routing asks on every request, and the snapshot changes
+        only with the in-flight count or a scrape, so each one is built once per scrape."""
+        load, ep = self.load, self.endpoint
+        of = self._candidates_of
+        if of is None or of[0] is not load or of[1] is not ep:
+            self._candidates.clear()
+            self._candidates_of = (load, ep)
+        candidate = self._candidates.get(self.inflight)
+        if candidate is None:
+            candidate = self._candidates[self.inflight] = Candidate(
+                name=ep.name, precision=ep.precision, inflight=self.inflight,
+                running=load.running, waiting=load.waiting, kv_usage=load.kv_usage,
+                weight=ep.weight)
+        return candidate
 
     def observe(self, ok: bool, policy: HealthCheck) -> bool:
         """Fold one check result into the state; returns True when health flipped."""

@@ -8,14 +8,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
+import yaml
 
-from gateway.config import SloClass
 from gateway.tokenizer import TokenizerNotFound
+from gateway.vocab import SloClass
 from loadgen import arrivals, lengths, prompts, report, report_html, traces
 from loadgen.client import ClientOptions, Target
+from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
 from loadgen.experiments import (
     PairedDelta,
     SweepPoint,
@@ -26,6 +27,7 @@ from loadgen.experiments import (
 )
 from loadgen.precision import precision_report, slo_text
 from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.targets import arm_targets, check_reachable, check_target, parse_pairs
 from loadgen.workload import TenantSpec, Workload, build_plan, load_workload, requested_rate_rps
 
 
@@ -119,7 +121,13 @@ def build_workload(p: dict[str, Any]) -> Workload:
 
 def _workload(p: dict[str, Any]) -> Workload:
     if p["workload_file"] is not None:
-        w = load_workload(p["workload_file"])
+        try:
+            w = load_workload(p["workload_file"])
+        # The file is the user's: a wrong shape surfaces as whichever error its reader hits
+        # first (a list where a mapping belongs is a TypeError); name the file, not a trace.
+        except (OSError, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise click.BadParameter(f"{p['workload_file']}: {one_line(exc)}",
+                                     param_hint="--workload") from None
         return replace(w, seed=p["seed"]) if p["seed"] is not None else w
     if p["concurrency"]:
         arrival: arrivals.ArrivalProcess = arrivals.Closed(p["concurrency"], p["max_requests"])
@@ -137,6 +145,13 @@ def _workload(p: dict[str, Any]) -> Workload:
                     duration_s=p["duration_s"], max_requests=p["max_requests"],
                     seed=p["seed"] or 0,
                     api=p["api"], slo_classes=(slo,))
+
+
+def one_line(exc: BaseException) -> str:
+    mark = getattr(exc, "problem_mark", None)  # a YAML syntax error says where
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return " ".join(str(exc).split())
 
 
 def run_options(p: dict[str, Any]) -> RunOptions:
@@ -185,18 +200,11 @@ def run(**p: Any) -> None:
     (an unreachable or wrong target), naming the commonest failure."""
     w = build_workload(p)
     target = Target(p["target"], w.model, w.api)
+    check_reachable([target.base_url])
     o = _run(run_workload(w, target, run_options(p), label="run"))
     _print_outcome(o)
     write_outputs(p["out_dir"], "run", [o])
     fail_if_nothing_succeeded([o])
-
-
-def check_target(url: str, param: str = "--target") -> None:
-    """A base URL the client can send to: http(s)://host[:port][/path]."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(f"{url!r} is not an http:// or https:// URL with a host",
-                                 param_hint=param)
 
 
 def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
@@ -209,31 +217,6 @@ def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
             _err(f"error: no request of {o.label or 'the run'} succeeded against "
                  f"{o.target.base_url} ({worst[1]} of {len(results)}: {worst[0]})")
             sys.exit(1)
-
-
-def _parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"expected PRECISION=VALUE, got {item!r}", param_hint=what)
-        out[key.strip()] = val.strip()
-    return out
-
-
-def arm_targets(p: dict[str, Any], w: Workload, precisions: Sequence[str],
-                direct: dict[str, str]) -> dict[str, Target]:
-    """Per precision: an engine URL given with --arm-target, else the gateway with
-    `model@precision` (or the x-wattgate-precision header with --by-header)."""
-    out = {}
-    for prec in precisions:
-        if prec in direct:
-            out[prec] = Target(direct[prec], w.model, w.api)
-        elif p["by_header"]:
-            out[prec] = Target(p["target"], w.model, w.api, precision_header=prec)
-        else:
-            out[prec] = Target(p["target"], f"{w.model}@{prec}", w.api)
-    return out
 
 
 async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
@@ -269,8 +252,9 @@ def compare(**p: Any) -> None:
     and the recommended precision."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    quality = {k: float(v) for k, v in _parse_pairs(p["quality"], "--quality").items()}
-    targets = arm_targets(p, w, precisions, _parse_pairs(p["arm_target"], "--arm-target"))
+    quality = {k: float(v) for k, v in parse_pairs(p["quality"], "--quality").items()}
+    targets = arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
+    check_reachable(t.base_url for t in targets.values())
     rates = [float(x) for x in p["rates"].split(",") if x.strip()]
     arm_prec = {prec: prec for prec in precisions}
     opts = run_options(p)
@@ -324,8 +308,9 @@ def sweep(**p: Any) -> None:
     w = build_workload(p)
     rates = [float(x) for x in p["rates"].split(",") if x.strip()]
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    targets = (arm_targets(p, w, precisions, _parse_pairs(p["arm_target"], "--arm-target"))
+    targets = (arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
                if precisions else {"run": Target(p["target"], w.model, w.api)})
+    check_reachable(t.base_url for t in targets.values())
     outcomes, points = _run(sweep_rates(w, targets, rates, run_options(p)))
     sw = sweep_result(points, p["target_attainment"])
     click.echo(report.sweep_table(sw))
@@ -348,6 +333,7 @@ def preset(scenario: str, **p: Any) -> None:
         w = build_workload(p)
         n = min(p["max_requests"], 1000)
         w = replace(w, arrival=arrivals.Offline(n), max_requests=n)
+        check_reachable([p["target"]])
         o = _run(run_workload(w, Target(p["target"], w.model, w.api), run_options(p),
                               label="offline"))
         s = o.summary
@@ -360,6 +346,7 @@ def preset(scenario: str, **p: Any) -> None:
     rates = ([float(x) for x in p["rates"].split(",") if x.strip()] or
              [p["rate"] * f for f in (0.5, 0.75, 1.0, 1.5, 2.0)])
     w = build_workload({**p, "arrival": "poisson", "concurrency": None})
+    check_reachable([p["target"]])
     outcomes, points = _run(sweep_rates(w, {"server": Target(p["target"], w.model, w.api)},
                                         rates, run_options(p)))
     sw = sweep_result(points, p["target_attainment"])
@@ -402,21 +389,3 @@ def selftest_engine(port: int, host: str, ttft_ms: float, itl_ms: float,
     except TokenizerNotFound as exc:
         raise click.BadParameter(str(exc), param_hint="--tokenizer") from None
     serve(host, port, EngineTiming(ttft_ms / 1e3, itl_ms / 1e3), count)
-
-
-@click.command()
-@click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
-              help="Seconds of the three-tenant load is half of it; then a precision sweep "
-                   "(16 short runs) and a routing comparison follow, about 2 minutes in all.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("out/demo"), show_default=True)
-@click.option("--keep-running", is_flag=True, help="Leave the gateway and fleet up afterwards.")
-@click.option("--seed", type=int, default=0, show_default=True)
-def demo(duration_s: float, out_dir: Path, keep_running: bool, seed: int) -> None:
-    """Start a simulated fleet and the gateway, run multi-tenant bursty load, compare
-    precisions, write an HTML report, then stop everything."""
-    from loadgen.demo import run_demo
-
-    sys.exit(run_demo(duration_s=duration_s, out_dir=out_dir, keep_running=keep_running,
-                      seed=seed))
-

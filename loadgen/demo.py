@@ -9,30 +9,24 @@ Ctrl-C included, unless --keep-running leaves them up until Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
-import os
+import html
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 import click
 import yaml
 
-from gateway.config import SloClass
+from gateway.vocab import SloClass
 from loadgen import arrivals, lengths, report
 from loadgen.client import ClientOptions, Target
-from loadgen.demo_precision import ScaledStack
+from loadgen.demo_precision import RoutingRuns, ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
 from loadgen.precision import PrecisionReport, precision_report, slo_text
+from loadgen.procs import free_port, port_free, started, wait_http
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
 from loadgen.workload import TenantSpec, Workload
@@ -50,23 +44,25 @@ def _say(text: str) -> None:
     click.echo(text, err=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def write_configs(tmp: Path, ledger: Path | None = None) -> tuple[Path, Path, int, list[str]]:
-    """Copies of the example fleet and gateway configs on free ports (meters follow their
-    engines; the ledger goes to `ledger`, default beside the copies); returns
-    (fleet file, gateway file, gateway port, engine URLs)."""
+def write_configs(tmp: Path, ledger: Path | None = None, port: int = 0, base_port: int = 0
+                  ) -> tuple[Path, Path, int, list[str]]:
+    """Copies of the example fleet and gateway configs (meters follow their engines; the
+    ledger goes to `ledger`, default beside the copies); returns (fleet file, gateway file,
+    gateway port, engine URLs). The gateway listens on `port` and engine i on `base_port + i`;
+    0 picks free ports. Raises click.ClickException naming a fixed port already in use."""
     fleet = yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())
+    fixed = [port] if port else []
+    fixed += [base_port + i for i in range(len(fleet["engines"]))] if base_port else []
+    taken = [p for p in fixed if not port_free(p)]
+    if taken:
+        raise click.ClickException(
+            f"port {taken[0]} on 127.0.0.1 is in use; pick others, or 0 for free ones")
     gw = yaml.safe_load((EXAMPLES / "local.yaml").read_text())
     remap: dict[str, str] = {}
     urls = []
-    for eng in fleet["engines"]:
+    for i, eng in enumerate(fleet["engines"]):
         old = f"http://127.0.0.1:{eng['port']}"
-        eng["port"] = free_port()
+        eng["port"] = base_port + i if base_port else free_port()
         remap[old] = f"http://127.0.0.1:{eng['port']}"
         urls.append(remap[old])
     for pool in gw["models"]:
@@ -79,51 +75,12 @@ def write_configs(tmp: Path, ledger: Path | None = None) -> tuple[Path, Path, in
                 meter["url"] = remap.get(meter["url"].rstrip("/"), meter["url"])
         accounting["ledger"] = {"kind": "sqlite",
                                 "path": str((ledger or tmp / "ledger.db").resolve())}
-    port = free_port()
+    port = port or free_port()
     gw["listen"]["port"] = port
     fleet_path, gw_path = tmp / "fleet.yaml", tmp / "gateway.yaml"
     fleet_path.write_text(yaml.safe_dump(fleet))
     gw_path.write_text(yaml.safe_dump(gw))
     return fleet_path, gw_path, port, urls
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int = 200) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == ok:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-
-
-@contextlib.contextmanager
-def started(args: list[str], log: TextIO) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "wattgate_cli", *args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=EXAMPLES.parents[1], env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        yield proc
-    finally:
-        _stop(proc)
 
 
 def tenant_workload(duration_s: float, seed: int) -> Workload:
@@ -174,7 +131,7 @@ class DemoResults:
     sweep: list[RunOutcome]  # every precision at every rate, on the scaled fleet
     precision: PrecisionReport
     deltas: list[PairedDelta]  # paired, at the highest rate of the sweep
-    routing: list[RunOutcome]  # least_load, slo_energy
+    routing: RoutingRuns  # least_load, slo_energy, and the surplus engines' idle joules
 
 
 async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int,
@@ -232,10 +189,11 @@ def _show(r: DemoResults, out_dir: Path) -> None:
     click.echo(report.delta_table(r.deltas))
     click.echo("\n== routing: the same load, least_load vs slo_energy ==")
     click.echo(report.text_table(dp.ROUTING_HEADER, dp.routing_rows(r.routing)))
+    click.echo(dp.surplus_note(r.routing))
     budget_note = budget_line(r.tenants)
     click.echo(f"\n{budget_note}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    outcomes = [r.tenants, *r.sweep, *r.routing]
+    outcomes = [r.tenants, *r.sweep, *r.routing.outcomes]
     report.write_json(out_dir / "demo.json", outcomes,
                       {"deltas": r.deltas, "precision": r.precision})
     report.write_csv(out_dir / "demo.csv", outcomes)
@@ -245,8 +203,9 @@ def _show(r: DemoResults, out_dir: Path) -> None:
         "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, report.tenant_rows(r.tenants),
                                              "latency in ms from intended arrival"),
         "<h2>Routing: least_load vs slo_energy (same seeded load)</h2>"
-        + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing))]
-    rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants, *r.routing],
+        + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing))
+        + f"<p>{html.escape(dp.surplus_note(r.routing))}</p>"]
+    rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants, *r.routing.outcomes],
                   deltas=r.deltas, precision=r.precision, rate_label="req/s, engine time",
                   quality={}, answer=[f"Tenants' bills: {bills or 'n/a'}."],
                   sections=sections, notes=["Simulated H100 fleet (roofline timing and power "
@@ -256,7 +215,8 @@ def _show(r: DemoResults, out_dir: Path) -> None:
     _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
 
 
-def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int) -> int:
+def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int,
+             port: int = 0, base_port: int = 0) -> int:
     import uvloop
 
     from loadgen import demo_precision as dp
@@ -268,7 +228,7 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int)
         tmp = Path(tmp_name)
         ledger = out_dir / "ledger.db"
         ledger.unlink(missing_ok=True)  # each demo run bills from an empty ledger
-        fleet_file, gw_file, port, engine_urls = write_configs(tmp, ledger)
+        fleet_file, gw_file, port, engine_urls = write_configs(tmp, ledger, port, base_port)
         base_url = f"http://127.0.0.1:{port}"
         with open(out_dir / "fleet.log", "w") as flog, open(out_dir / "gateway.log", "w") as glog:
             try:

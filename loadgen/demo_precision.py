@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from gateway.config import SloClass
+from gateway.vocab import SloClass
 from loadgen import arrivals, energy, lengths
 from loadgen.client import ClientOptions, Target, make_session
 from loadgen.experiments import SweepPoint, point
+from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
 from loadgen.workload import TenantSpec, Workload, build_plan
@@ -85,8 +86,6 @@ def gateway_doc(base: dict[str, Any], urls: dict[str, str], policy: str, port: i
 @contextlib.contextmanager
 def scaled_stack(tmp: Path, base_gateway: Path, log: TextIO) -> Iterator[ScaledStack]:
     """Start the scaled fleet and one gateway per routing policy; stop them on exit."""
-    from loadgen.demo import free_port, started, wait_http
-
     ports = {p: free_port() for p in PRECISIONS}
     urls = {p: f"http://127.0.0.1:{port}" for p, port in ports.items()}
     (tmp / "scaled-fleet.yaml").write_text(yaml.safe_dump(fleet_doc(ports)))
@@ -167,8 +166,31 @@ def engine_point(arm: str, rate_rps: float, o: RunOutcome) -> SweepPoint:
                    ttft_p99_s=p.ttft_p99_s * TIME_SCALE, tpot_p99_s=p.tpot_p99_s * TIME_SCALE)
 
 
+async def surplus_idle_j(base: str, admin_key: str) -> float:
+    """The gateway's running total of the idle joules burnt by engines beyond what their
+    pool's load needed (`surplus_idle_j` per endpoint in /admin/v1/endpoints)."""
+    session = make_session(ClientOptions())
+    try:
+        async with session.get(f"{base}/admin/v1/endpoints",
+                               headers={"Authorization": f"Bearer {admin_key}"}) as resp:
+            resp.raise_for_status()
+            doc = await resp.json()
+    finally:
+        await session.close()
+    return float(sum((e.get("model_curves") or {}).get("surplus_idle_j") or 0.0
+                     for e in doc["endpoints"]))
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRuns:
+    outcomes: list[RunOutcome]  # least_load, slo_energy
+    # policy -> idle joules of the engines the load did not need, over that policy's run:
+    # what scaling them down (on `wattgate_pool_engines_needed`) would have saved
+    surplus_idle_j: dict[str, float]
+
+
 async def routing_runs(stack: ScaledStack, duration_s: float, seed: int, admin_key: str,
-                       wait_s: float) -> list[RunOutcome]:
+                       wait_s: float) -> RoutingRuns:
     """The same seeded load through a least_load gateway, then a slo_energy one, after an
     unmeasured warm-up through each (slo_energy spreads load until it has measured every
     engine, as a gateway that has served for a while has)."""
@@ -178,24 +200,39 @@ async def routing_runs(stack: ScaledStack, duration_s: float, seed: int, admin_k
                            plan=build_plan(warm))
     w = workload(ROUTING_RATE_RPS, duration_s, seed)
     plan = build_plan(w)
-    outs = [await run_workload(w, Target(stack.gateways[policy], MODEL), _opts(), label=policy,
-                               plan=plan) for policy in POLICIES]
-    return [await with_energy(o, admin_key, wait_s) for o in outs]
+    outs, surplus = [], {}
+    for policy in POLICIES:
+        base = stack.gateways[policy]
+        before = await surplus_idle_j(base, admin_key)
+        outs.append(await run_workload(w, Target(base, MODEL), _opts(), label=policy, plan=plan))
+        surplus[policy] = await surplus_idle_j(base, admin_key) - before
+    return RoutingRuns([await with_energy(o, admin_key, wait_s) for o in outs], surplus)
 
 
 ROUTING_HEADER = ("routing policy", "requests", "SLO attainment", "J/out-tok",
-                  "precisions served (requests)")
+                  "precisions served (requests)", "idle J of engines not needed")
 
 
-def routing_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
+def routing_rows(runs: RoutingRuns) -> list[list[str]]:
     rows = []
-    for o in outcomes:
+    for o in runs.outcomes:
         e, s = o.energy_overall, o.summary
         served = ", ".join(f"{x.name} ({x.requests})" for x in o.energy_by_precision)
+        idle = runs.surplus_idle_j.get(o.label)
         rows.append([o.label, str(s.requests),
                      "n/a" if s.attainment is None else f"{s.attainment:.1%}",
-                     "n/a" if e is None else f"{e.j_per_output_token:.3f}", served or "n/a"])
+                     "n/a" if e is None else f"{e.j_per_output_token:.3f}", served or "n/a",
+                     "n/a" if idle is None else f"{idle:.1f}"])
     return rows
+
+
+def surplus_note(runs: RoutingRuns) -> str:
+    """One sentence on the idle energy the capacity signal says could have been saved."""
+    parts = [f"{p} {j:.1f} J" for p, j in runs.surplus_idle_j.items()]
+    return ("Idle energy of engines beyond what each pool's load needed "
+            "(wattgate_pool_engines_needed; engine joules over each routing run): "
+            f"{', '.join(parts) or 'n/a'}. Scaling those engines down or power-capping them "
+            "would have saved it.")
 
 
 def notes() -> list[str]:

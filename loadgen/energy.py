@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from loadgen.client import RequestResult
+from loadgen.results import RequestResult
 
 
 @dataclass(frozen=True, slots=True)

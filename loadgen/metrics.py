@@ -16,9 +16,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.config import SloClass
 from gateway.timing import Latency, latency, slo_met
-from loadgen.client import RequestResult
+from gateway.vocab import SloClass
+from loadgen.results import RequestResult
 
 DEFAULT_LAG_THRESHOLD_S = 0.010
 

@@ -230,16 +230,6 @@ def write_csv(path: Path, outcomes: Sequence[RunOutcome]) -> None:
     path.write_text(buf.getvalue())
 
 
-# --- HTML (loadgen/report_html.py builds the page) -------------------------------------------
-
-
-def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], **kw: Any) -> None:
-    """See loadgen.report_html.write_html."""
-    from loadgen import report_html
-
-    report_html.write_html(path, title, outcomes, **kw)
-
-
 def pareto_points(outcomes: Sequence[RunOutcome], sweep: SweepResult | None
                   ) -> list[tuple[str, float, float]]:
     """(label, goodput, J/token) for every run, or sweep point, with both numbers."""

@@ -12,15 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from loadgen import energy, metrics
-from loadgen.client import (
-    ClientOptions,
-    Progress,
-    RequestResult,
-    Target,
-    make_session,
-    progress_reporter,
-    run_plan,
-)
+from loadgen.client import ClientOptions, Target, make_session, run_plan
+from loadgen.results import Progress, RequestResult
+from loadgen.schedule import progress_reporter
 from loadgen.workers import run_workers
 from loadgen.workload import PlannedRequest, Workload, build_plan, requested_rate_rps
 

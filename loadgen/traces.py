@@ -217,3 +217,23 @@ def sample_text(fmt: str, n: int = 200, seed: int = 0) -> str:
                                        "hash_ids": ids}).decode())
         return "\n".join(lines) + "\n"
     raise ValueError(f"unknown trace format {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+
+def synthetic_rows(n: int, seed: int, *, rate_rps: float, burstiness: float, median_in: int,
+                   median_out: int) -> list[TraceRow]:
+    """`n` rows of our own generator (gamma inter-arrivals of shape `burstiness`: CV =
+    1/sqrt(shape); lognormal lengths around the given medians), seeded."""
+    return [TraceRow(t, p, o) for t, p, o in _sample(n, seed, burstiness=burstiness,
+                                                     rate_rps=rate_rps, median_in=median_in,
+                                                     median_out=median_out)]
+
+
+def azure_text(rows: Iterable[TraceRow]) -> str:
+    """`rows` written as an Azure LLM-inference CSV (`parse_azure` reads it back; offsets to
+    the microsecond)."""
+    base = datetime(2023, 11, 16, 18, 0, 0).timestamp()
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for r in rows:
+        stamp = datetime.fromtimestamp(base + r.offset_s).strftime("%Y-%m-%d %H:%M:%S.%f")
+        lines.append(f"{stamp}0,{r.prompt_tokens},{r.output_tokens}")
+    return "\n".join(lines) + "\n"

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from loadgen.client import ClientOptions, RequestResult, Target, run_plan
+from loadgen.client import ClientOptions, Target, run_plan
+from loadgen.results import RequestResult
 from loadgen.workload import PlannedRequest
 
 START_MARGIN_S = 0.3  # between the last worker reporting ready and t0

@@ -9,9 +9,12 @@
  *          then a usage event (only if the body has "include_usage": true) and `data: [DONE]`.
  *          When the body contains the word "burst", the whole response goes out in one write.
  *   POST without "stream": true -> one JSON completion with usage, Content-Length framed.
- *   GET anything (/health, /v1/models, ...) -> 200 with a model list.
+ *   GET /metrics -> vLLM's Prometheus gauges (vllm:num_requests_running, vllm:num_requests_waiting,
+ *       vllm:kv_cache_usage_perc), so a gateway scrapes it as it scrapes `vllm serve`.
+ *   GET anything else (/health, /v1/models, ...) -> 200 with a model list.
  *
- * Usage: fast_engine PORT   (listens on 127.0.0.1:PORT; exits on SIGTERM/SIGINT)
+ * Usage: fast_engine PORT [PORT...]   (listens on 127.0.0.1 at each PORT, one process and thread
+ *        for all of them, so several "engines" cost one core; exits on SIGTERM/SIGINT)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -30,6 +33,7 @@
 #define TOKENS 16
 #define INBUF 65536
 #define MAXFD 65536
+#define MAXLISTEN 16
 
 struct conn {
     char in[INBUF];
@@ -40,6 +44,7 @@ struct conn {
 };
 
 static struct conn *conns[MAXFD];
+static char listener[MAXFD];  /* 1 for a listening socket */
 static int epfd;
 static volatile sig_atomic_t stop_flag;
 
@@ -55,6 +60,20 @@ static const char LAST_TOKEN_EVENT[] =
 static const char USAGE_EVENT[] =
     "data: {\"id\":\"cmpl-bench\",\"object\":\"text_completion\",\"created\":0,\"model\":\"m\","
     "\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":16,\"total_tokens\":21}}\n\n";
+/* Every request is answered within the loop pass that read it, so when a scrape is served
+ * nothing is running or waiting and no KV cache is held: zeros are the true values. */
+static const char METRICS[] =
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n"
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0.0\n"
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.0\n";
+static const char JSON_TYPE[] = "application/json";
+static const char PROM_TYPE[] = "text/plain; version=0.0.4; charset=utf-8";
 static const char DONE_EVENT[] = "data: [DONE]\n\n";
 static const char STREAM_HEAD[] =
     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -145,11 +164,11 @@ static int respond_stream(int fd, struct conn *c, int usage, int burst) {
     return send_bytes(fd, c, buf, len);
 }
 
-static int respond_plain(int fd, struct conn *c, const char *body, size_t n) {
+static int respond_plain(int fd, struct conn *c, const char *type, const char *body, size_t n) {
     char buf[4096];
     size_t len = (size_t)snprintf(buf, sizeof buf,
-                                  "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                                  "Content-Length: %zu\r\n\r\n", n);
+                                  "HTTP/1.1 200 OK\r\nContent-Type: %s\r\n"
+                                  "Content-Length: %zu\r\n\r\n", type, n);
     memcpy(buf + len, body, n);
     return send_bytes(fd, c, buf, len + n);
 }
@@ -177,9 +196,11 @@ static int serve(int fd, struct conn *c) {
                 rc = respond_stream(fd, c, json_true(body, body_len, "\"include_usage\""),
                                     memmem(body, body_len, "burst", 5) != NULL);
             else
-                rc = respond_plain(fd, c, BODY_JSON, sizeof BODY_JSON - 1);
+                rc = respond_plain(fd, c, JSON_TYPE, BODY_JSON, sizeof BODY_JSON - 1);
+        } else if (memcmp(c->in, "GET /metrics ", 13) == 0) {
+            rc = respond_plain(fd, c, PROM_TYPE, METRICS, sizeof METRICS - 1);
         } else {
-            rc = respond_plain(fd, c, MODELS, sizeof MODELS - 1);
+            rc = respond_plain(fd, c, JSON_TYPE, MODELS, sizeof MODELS - 1);
         }
         if (rc < 0) return -1;
         size_t used = head_len + body_len;
@@ -190,34 +211,38 @@ static int serve(int fd, struct conn *c) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s PORT\n", argv[0]);
+    if (argc < 2 || argc - 1 > MAXLISTEN) {
+        fprintf(stderr, "usage: %s PORT [PORT...] (at most %d)\n", argv[0], MAXLISTEN);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 4096) < 0) {
-        perror("fast_engine: bind/listen");
-        return 1;
-    }
     epfd = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = lfd};
-    epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev);
+    for (int i = 1; i < argc; i++) {
+        int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[i]))};
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (lfd < 0 || lfd >= MAXFD || bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
+            listen(lfd, 4096) < 0) {
+            fprintf(stderr, "fast_engine: port %s: %s\n", argv[i], strerror(errno));
+            return 1;
+        }
+        listener[lfd] = 1;
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = lfd};
+        epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev);
+    }
     struct epoll_event events[256];
     while (!stop_flag) {
         int n = epoll_wait(epfd, events, 256, 500);
         for (int i = 0; i < n; i++) {
             int fd = events[i].data.fd;
-            if (fd == lfd) {
+            if (listener[fd]) {
                 int cfd;
-                while ((cfd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
+                while ((cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK)) >= 0) {
                     if (cfd >= MAXFD) {
                         close(cfd);
                         continue;

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +23,27 @@ from bench.overhead.targets import API_KEY, ENGINE_CORE, HERE
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PATH = "/v1/completions"
 
-# The client does not ask for usage: the gateway must force include_usage upstream and strip
-# the usage chunk, the path most OpenAI clients take. The engine sends the 16 events in one
-# write when the prompt says "burst".
-BODIES = {
-    "stream16": b'{"model":"m","prompt":"split","max_tokens":16,"stream":true}',
-    "stream16_burst": b'{"model":"m","prompt":"burst","max_tokens":16,"stream":true}',
-    "nonstream": b'{"model":"m","prompt":"plain","max_tokens":16}',
-}
+MODELS = ("m", "m2")  # the two aliases of the gateway's user configuration
+PROMPTS = {"stream16": "split", "stream16_burst": "burst", "nonstream": "plain"}
+
+
+def _bodies(mode: str) -> tuple[bytes, ...]:
+    """The request bodies of one cell, sent in turn: both aliases, and for streams clients that
+    do and that do not ask for usage. One that does not is the path most OpenAI clients take:
+    the gateway forces include_usage upstream and strips the usage chunk. The engine sends the
+    16 events in one write when the prompt says "burst"."""
+    out = []
+    for i in range(4 if mode != "nonstream" else 2):
+        body: dict[str, object] = {"model": MODELS[i % 2], "prompt": PROMPTS[mode], "max_tokens": 16}
+        if mode != "nonstream":
+            body["stream"] = True
+            if i // 2:
+                body["stream_options"] = {"include_usage": True}
+        out.append(orjson.dumps(body))
+    return tuple(out)
+
+
+BODIES = {mode: _bodies(mode) for mode in PROMPTS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,24 +69,30 @@ class RunResult:
 
 
 def cpu_s(pids: list[int]) -> float:
-    """utime+stime of the given processes, in seconds (processes that are gone count 0)."""
+    """utime+stime of the given processes and of their children that have exited, in seconds
+    (processes that are gone count 0). With every live process of a tree given, the sum does
+    not drop when a child exits: its time moves to its parent's cutime/cstime."""
     ticks = 0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+        # utime, stime, cutime, cstime: fields 14-17 of stat
+        ticks += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     return ticks / CLK_TCK
 
 
-def run_wrk(url: str, mode: str, connections: int, duration_s: float, proxy_pids: list[int],
-            engine_pids: list[int], settle_s: float = 0.0) -> RunResult:
-    """One wrk run, bounded by duration (and a hard timeout); raises on a failed run."""
-    env = {**os.environ, "BENCH_BODY": BODIES[mode].decode(), "BENCH_API_KEY": API_KEY}
+def run_wrk(url: str, mode: str, connections: int, duration_s: float,
+            proxy_pids: Callable[[], list[int]], engine_pids: list[int], settle_s: float = 0.0
+            ) -> RunResult:
+    """One wrk run, bounded by duration (and a hard timeout); raises on a failed run.
+    `proxy_pids` gives the proxy's live processes; it is asked before and after the run, so a
+    child the proxy starts (or restarts) meanwhile is charged to it too."""
+    env = {**os.environ, "BENCH_BODIES": b"\n".join(BODIES[mode]).decode(), "BENCH_API_KEY": API_KEY}
     cmd = ["taskset", "-c", ENGINE_CORE, "wrk", "-t1", f"-c{connections}",
            f"-d{max(1, round(duration_s))}s", "--timeout", "5s", "-s", str(HERE / "post.lua"), url + PATH]
-    proxy0, engine0 = cpu_s(proxy_pids), cpu_s(engine_pids)
+    proxy0, engine0 = cpu_s(proxy_pids()), cpu_s(engine_pids)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + duration_s + 20
     status, rusage = 0, None
@@ -87,7 +107,7 @@ def run_wrk(url: str, mode: str, connections: int, duration_s: float, proxy_pids
         raise TimeoutError(f"wrk against {url} ran past {duration_s + 20:.0f} s")
     if settle_s > 0:
         time.sleep(settle_s)
-    proxy1, engine1 = cpu_s(proxy_pids), cpu_s(engine_pids)
+    proxy1, engine1 = cpu_s(proxy_pids()), cpu_s(engine_pids)
     assert proc.stdout is not None
     out = proc.stdout.read().decode(errors="replace")
     proc.stdout.close()

@@ -1,9 +1,27 @@
--- wrk script for the gateway-overhead benchmark: POST the body in $BENCH_BODY with an API key
--- from $BENCH_API_KEY, and print one JSON line of results (latencies in microseconds).
+-- wrk script for the gateway-overhead benchmark: POST the bodies in $BENCH_BODIES (one per line)
+-- in turn, with an API key from $BENCH_API_KEY, and print one JSON line of results (latencies in
+-- microseconds). The requests are formatted once per thread; each request takes the next one.
 wrk.method = "POST"
-wrk.body = os.getenv("BENCH_BODY")
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. (os.getenv("BENCH_API_KEY") or "none")
+
+local prepared = {}
+local next_index = 1
+
+function init(args)
+   for body in string.gmatch(os.getenv("BENCH_BODIES") or "", "[^\n]+") do
+      prepared[#prepared + 1] = wrk.format(nil, nil, nil, body)
+   end
+   if #prepared == 0 then
+      error("BENCH_BODIES holds no body")
+   end
+end
+
+function request()
+   local req = prepared[next_index]
+   next_index = next_index % #prepared + 1
+   return req
+end
 
 function done(summary, latency, requests)
    local e = summary.errors

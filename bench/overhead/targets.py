@@ -1,13 +1,14 @@
 """Start the benchmark's processes (fast engine, wattgate, nginx, vllm-router), pinned to cores.
 
-Every process runs in its own session so it can be stopped as a group; `Fleet` stops them all
-on exit, whatever happened.
+The engine listens on several ports (one process): every proxy fronts all of them, as the
+user configuration's endpoints; the direct path and the naive proxy use the first. Every
+process runs in its own session so it can be stopped as a group; `Fleet` stops them all on
+exit, whatever happened.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
@@ -17,14 +18,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.overhead import configs
+from bench.overhead.configs import API_KEY
+
+__all__ = ["API_KEY", "Target", "ensure_tools", "fleet", "log", "nginx_bin"]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 BENCH_VENV = REPO / ".venv-bench"
-API_KEY = "sk-bench-overhead"
 ENGINE_CORE = "0"  # the engine and the load client
 PROXY_CORE = "1"  # the proxy under test
 
@@ -96,6 +101,12 @@ class Target:
     url: str  # base URL the load client hits
     proc: subprocess.Popen[bytes] | None = None  # the proxy; None for the direct path
     pids: list[int] = field(default_factory=list)  # processes whose CPU is the proxy's
+    accounting: bool = False  # defers work past the response (charged with a settle window)
+
+    def cpu_pids(self) -> list[int]:
+        """The proxy's processes now: a gateway may start helpers (the apportioner) after it
+        answered ready, and they are charged to it too."""
+        return process_tree(self.proc.pid) if self.proc is not None else self.pids
 
 
 @dataclass
@@ -156,91 +167,53 @@ def build_engine(workdir: Path) -> Path:
     return binary
 
 
-def start_engine(fleet: Fleet, binary: Path) -> str:
-    port = free_port()
-    proc = fleet.spawn("engine", [str(binary), str(port)], ENGINE_CORE)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url + "/health", proc, 10)
-    return url
+ENGINE_LISTENERS = len(configs.USER_ENDPOINTS)
 
 
-def _gateway_config(engine_url: str, port: int, ledger: Path | None) -> str:
-    """The benchmarked gateway; with a ledger path, accounting is on as shipped (the fast
-    engine has no energy counter, so its meter is the estimated `model` one)."""
-    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
-    acct_field = "" if ledger is None else (
-        f',\n  "accounting": {{"ledger": {{"kind": "sqlite", "path": "{ledger}"}}, '
-        f'"meters": {{"fast": {{"kind": "model"}}}}}}')
-    # JSON is YAML: the gateway's loader reads it as is.
-    return f"""{{
-  "listen": {{"host": "127.0.0.1", "port": {port}}},
-  "routing": {{"policy": "round_robin"}},
-  "slo_classes": {{"interactive": {{"ttft_s": 0.5, "tpot_s": 0.05}}}},
-  "default_slo_class": "interactive",
-  "tenants": [{{"name": "bench", "api_key_sha256": "{digest}", "slo_class": "interactive"}}],
-  "models": [{{"name": "m", "endpoints": [
-     {{"name": "fast", "url": "{engine_url}", "kind": "openai", "precision": "bf16"}}]}}],
-  "health": {{"interval_s": 2, "timeout_s": 1, "scrape_metrics": false}},
-  "timeouts": {{"connect_s": 2, "first_byte_s": 10, "read_s": 10, "total_s": 30}}{acct_field}
-}}
-"""
+def start_engine(fleet: Fleet, binary: Path) -> list[str]:
+    """The fast engine on ENGINE_LISTENERS ports; their base URLs."""
+    ports = [free_port() for _ in range(ENGINE_LISTENERS)]
+    proc = fleet.spawn("engine", [str(binary), *map(str, ports)], ENGINE_CORE)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    for url in urls:
+        wait_ready(url + "/health", proc, 10)
+    return urls
 
 
-def start_wattgate(fleet: Fleet, engine_url: str) -> Target:
-    return _start_wattgate(fleet, engine_url, fleet.workdir / "ledger.db", "wattgate")
-
-
-def start_wattgate_noacct(fleet: Fleet, engine_url: str) -> Target:
-    return _start_wattgate(fleet, engine_url, None, "wattgate-noacct")
-
-
-def _start_wattgate(fleet: Fleet, engine_url: str, ledger: Path | None, name: str) -> Target:
-    port = free_port()
+def _start_wattgate(fleet: Fleet, name: str, config: bytes, port: int, accounting: bool
+                    ) -> Target:
     cfg = fleet.workdir / f"{name}.yaml"
-    cfg.write_text(_gateway_config(engine_url, port, ledger))
+    cfg.write_bytes(config)
     proc = fleet.spawn(name, [sys.executable, "-m", "wattgate_cli", "serve", "--config",
-                                    str(cfg), "--port", str(port), "--log-level", "warning"],
+                              str(cfg), "--port", str(port), "--log-level", "warning"],
                        PROXY_CORE)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/readyz", proc, 60)
-    return Target(name, url, proc, process_tree(proc.pid))
+    return Target(name, url, proc, process_tree(proc.pid), accounting)
 
 
-NGINX_CONF = """\
-worker_processes 1;
-daemon off;
-pid {workdir}/nginx.pid;
-error_log {workdir}/nginx-error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  client_body_temp_path {workdir}/nginx-body;
-  proxy_temp_path {workdir}/nginx-proxy;
-  upstream engine {{
-    server {engine};
-    keepalive 256;
-  }}
-  server {{
-    listen 127.0.0.1:{port} backlog=4096;
-    keepalive_requests 1000000;
-    location / {{
-      proxy_pass http://engine;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      tcp_nodelay on;
-    }}
-  }}
-}}
-"""
+def start_wattgate(fleet: Fleet, engine_urls: list[str]) -> Target:
+    port = free_port()
+    config = configs.wattgate_user(engine_urls, port, fleet.workdir / "ledger.db")
+    return _start_wattgate(fleet, "wattgate", config, port, accounting=True)
 
 
-def start_nginx(fleet: Fleet, engine_url: str) -> Target:
+def start_wattgate_noacct(fleet: Fleet, engine_urls: list[str]) -> Target:
+    port = free_port()
+    config = configs.wattgate_user(engine_urls, port, None)
+    return _start_wattgate(fleet, "wattgate-noacct", config, port, accounting=False)
+
+
+def start_wattgate_lean(fleet: Fleet, engine_urls: list[str]) -> Target:
+    port = free_port()
+    return _start_wattgate(fleet, "wattgate-lean", configs.wattgate_lean(engine_urls[0], port),
+                           port, accounting=False)
+
+
+def start_nginx(fleet: Fleet, engine_urls: list[str]) -> Target:
     port = free_port()
     conf = fleet.workdir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(workdir=fleet.workdir, port=port,
-                                      engine=engine_url.removeprefix("http://")))
+    conf.write_text(configs.nginx(fleet.workdir, port, engine_urls))
     proc = fleet.spawn("nginx", [nginx_bin(), "-p", str(fleet.workdir), "-c", str(conf)],
                        PROXY_CORE)
     url = f"http://127.0.0.1:{port}"
@@ -249,10 +222,12 @@ def start_nginx(fleet: Fleet, engine_url: str) -> Target:
     return Target("nginx", url, proc, process_tree(proc.pid))
 
 
-def start_vllm_router(fleet: Fleet, engine_url: str) -> Target:
+def start_vllm_router(fleet: Fleet, engine_urls: list[str]) -> Target:
+    """vllm-router over the same listeners, round_robin: its cheapest policy, so the
+    comparison is not flattered by a heavier one (its default is cache_aware)."""
     port = free_port()
     cmd = [str(BENCH_VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", engine_url, "--policy", "round_robin", "--log-level", "warning",
+           "--worker-urls", *engine_urls, "--policy", "round_robin", "--log-level", "warning",
            "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1"]
     proc = fleet.spawn("vllm-router", cmd, PROXY_CORE)
     url = f"http://127.0.0.1:{port}"
@@ -260,13 +235,20 @@ def start_vllm_router(fleet: Fleet, engine_url: str) -> Target:
     return Target("vllm-router", url, proc, process_tree(proc.pid))
 
 
-def start_aiohttp_naive(fleet: Fleet, engine_url: str) -> Target:
+def start_aiohttp_naive(fleet: Fleet, engine_urls: list[str]) -> Target:
     port = free_port()
     proc = fleet.spawn("aiohttp-naive", [sys.executable, str(HERE / "naive_proxy.py"), str(port),
-                                         engine_url], PROXY_CORE)
+                                         engine_urls[0]], PROXY_CORE)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/health", proc, 30)
     return Target("aiohttp-naive", url, proc, process_tree(proc.pid))
+
+
+STARTERS: dict[str, Callable[[Fleet, list[str]], Target]] = {
+    "wattgate": start_wattgate, "wattgate-noacct": start_wattgate_noacct,
+    "wattgate-lean": start_wattgate_lean, "nginx": start_nginx,
+    "vllm-router": start_vllm_router, "aiohttp-naive": start_aiohttp_naive,
+}
 
 
 @contextlib.contextmanager
@@ -274,15 +256,12 @@ def fleet(workdir: Path, names: Sequence[str]) -> Iterator[list[Target]]:
     """The engine plus each named proxy, all running; the direct path is always first."""
     f = Fleet(workdir)
     try:
-        engine_url = start_engine(f, build_engine(workdir))
-        log(f"fast engine on {engine_url} (core {ENGINE_CORE})")
+        engine_urls = start_engine(f, build_engine(workdir))
+        log(f"fast engine on {', '.join(engine_urls)} (core {ENGINE_CORE})")
         engine_pids = process_tree(f.procs[0].pid)
-        targets = [Target("direct", engine_url, None, engine_pids)]
-        starters = {"wattgate": start_wattgate, "wattgate-noacct": start_wattgate_noacct,
-                    "nginx": start_nginx,
-                    "vllm-router": start_vllm_router, "aiohttp-naive": start_aiohttp_naive}
+        targets = [Target("direct", engine_urls[0], None, engine_pids)]
         for name in names:
-            target = starters[name](f, engine_url)
+            target = STARTERS[name](f, engine_urls)
             log(f"{name} on {target.url} (core {PROXY_CORE}, pids {target.pids})")
             targets.append(target)
         yield targets

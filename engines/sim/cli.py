@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -77,10 +78,19 @@ def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str |
 
 @sim.command("fleet")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def fleet(file: Path) -> None:
+@click.option("--base-port", type=click.IntRange(0, 65535), default=None,
+              help="Put the engines on BASE, BASE+1, ... in the file's order instead of their "
+                   "configured ports (0: each on a free port, printed on start).")
+def fleet(file: Path, base_port: int | None) -> None:
     """Run every engine of a fleet YAML file in this process; one `ready NAME URL` line each."""
     try:
         configs = load_fleet(file)
     except SimConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if base_port is not None:
+        if base_port + len(configs) - 1 > 65535:
+            raise click.BadParameter(f"{len(configs)} engines do not fit from {base_port}",
+                                     param_hint="--base-port")
+        configs = [replace(c, port=base_port + i if base_port else 0)
+                   for i, c in enumerate(configs)]
     _run(configs)

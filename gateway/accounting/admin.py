@@ -1,12 +1,13 @@
 """Admin HTTP handlers over the ledger: GET /admin/v1/usage and GET /admin/v1/requests/{id}.
 
 `admin_routes(service)` returns the routes; the gateway adds admin-key auth and mounts them.
+Where the apportioner runs in another process, `remote_check` fetches its energy check.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -55,8 +56,11 @@ async def usage_response(service: AccountingService, q: Mapping[str, str], now: 
                   "rows": report.rows, "total": report.total, **(extra or {})})
 
 
-def admin_routes(service: AccountingService, *, clock: Callable[[], float] = time.time
-                 ) -> list[web.RouteDef]:
+RemoteCheck = Callable[[], Awaitable[dict[str, Any] | None]]
+
+
+def admin_routes(service: AccountingService, *, clock: Callable[[], float] = time.time,
+                 remote_check: RemoteCheck | None = None) -> list[web.RouteDef]:
     async def usage(request: web.Request) -> web.Response:
         return await usage_response(service, request.query, clock(), None)
 
@@ -75,13 +79,17 @@ def admin_routes(service: AccountingService, *, clock: Callable[[], float] = tim
 
     async def energy_check(request: web.Request) -> web.Response:
         """Per engine, the counters' growth not found in the ledger (J; 0 while nothing is
-        lost, None before the first reading) against one counter step, its tolerance."""
-        engines = {name: {"unaccounted_j": service.unaccounted_j(name),
-                          "counter_step_j": eng.counters.step_j,
-                          "alarm": (service.unaccounted_j(name) or 0.0)
-                          > max(eng.counters.step_j, 1e-6)}
-                   for name, eng in service.engines.items()}
-        return _json({"engines": engines})
+        lost, None before the first reading) against one counter step, its tolerance; from
+        the apportioner, in this process or in its own."""
+        got = service.energy_check()
+        if got is None and remote_check is not None:
+            got = await remote_check()
+        if got is None:
+            return _error(WattgateError(
+                "the apportioner runs in another process and did not answer: ask its own "
+                "/energy-check (wattgate apportioner --port)", code="apportioner_unavailable"),
+                503)
+        return _json(got)
 
     return [web.get("/admin/v1/usage", usage),
             web.get("/admin/v1/requests/{request_id}", request_detail),

@@ -33,11 +33,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import add, itemgetter
+from operator import add
 from typing import NamedTuple
 
 from gateway.accounting.coefficients import Coefficients
-from gateway.accounting.work import Work
+from gateway.accounting.work import Work, WorkColumns
 
 
 class Share(NamedTuple):
@@ -76,19 +76,17 @@ class Apportionment:
         return tuple(map(Share._make, zip(*self.columns, strict=True)))
 
 
-_START = itemgetter(5)
-_RES = itemgetter(4)
 _FULL = 1.0 - 1e-12  # a span this close to the whole interval covers it
 
 
-def busy_seconds(rows: Sequence[Work], interval_s: float) -> float:
+def busy_seconds(rows: Sequence[Work] | WorkColumns, interval_s: float) -> float:
     """Length of the union of the rows' residency spans, clipped to the interval."""
-    if not rows:
+    cols = rows if isinstance(rows, WorkColumns) else WorkColumns.of(rows)
+    if not cols.residency_s:
         return 0.0
-    if max(map(_RES, rows)) >= interval_s:
+    if max(cols.residency_s) >= interval_s:
         return interval_s  # someone was resident all along (the usual case under load)
-    spans = sorted(zip(map(_START, rows), map(add, map(_START, rows), map(_RES, rows)),
-                       strict=True))
+    spans = sorted(zip(cols.start_s, map(add, cols.start_s, cols.residency_s), strict=True))
     total = 0.0
     cur_lo = cur_hi = -1.0
     for lo, hi in spans:
@@ -186,7 +184,9 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     if not rows:
         return Apportionment(energy_j, static, dynamic, energy_j, interval_s, NO_SHARES)
     # Column-wise views: one C-level transpose instead of attribute access per row.
-    rids, _, pre, dec, res, start, kv = zip(*rows, strict=True)
+    cols = WorkColumns.of(rows)
+    rids, pre, dec, res, start, kv = (cols.request_id, cols.prefill_tokens, cols.decode_tokens,
+                                      cols.residency_s, cols.start_s, cols.kv_tokens)
     res_total = math.fsum(res)
     decode_total = math.fsum(dec)
     own = [alpha * p + beta * d + gamma * k for p, d, k in zip(pre, dec, kv, strict=True)]
@@ -227,7 +227,7 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
             busy = min(w_total, interval_s)
         else:
             weights = res
-            busy = busy_seconds(rows, interval_s)
+            busy = busy_seconds(cols, interval_s)
             w_total = res_total
         if w_total > 0.0:
             static_per_w = static * (busy / interval_s) / w_total

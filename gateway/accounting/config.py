@@ -30,24 +30,32 @@ from pathlib import Path
 from typing import Any
 
 from engines.meters.model import PowerModel
-from engines.meters.registry import METER_KINDS, URL_KINDS, MeterSpec
+from engines.meters.registry import URL_KINDS, MeterSpec
 from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.pricing import (
-    DEFAULT_PRICE,
     REGION_INTENSITY,
     Pricing,
     Series,
     series_from_csv,
 )
-from gateway.config import FieldReader as _Reader
+from gateway.config_fields import FieldReader as _Reader
+from gateway.config_fields import section
 from gateway.errors import ConfigError
+from gateway.vocab import (
+    APPORTIONER_MODES,
+    LEDGER_KINDS,
+    METER_KIND_NAMES,
+    ApportionerMode,
+    LedgerKind,
+)
 
-LEDGER_KINDS: tuple[str, ...] = ("sqlite", "postgres")
+# with a shared (postgres) ledger each replica journals to its own disk, in this directory
+POSTGRES_JOURNAL_DIR = "wattgate-journal"
 
 
 @dataclass(frozen=True, slots=True)
 class LedgerConfig:
-    kind: str = "sqlite"
+    kind: LedgerKind = "sqlite"
     path: str = "wattgate-ledger.db"
     dsn: str = field(default="", repr=False)
 
@@ -64,7 +72,7 @@ class JournalConfig:
     def directory(self, ledger: LedgerConfig) -> str:
         if self.path:
             return self.path
-        return f"{ledger.path}.journal" if ledger.kind == "sqlite" else "wattgate-journal"
+        return f"{ledger.path}.journal" if ledger.kind == "sqlite" else POSTGRES_JOURNAL_DIR
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,9 @@ class AccountingConfig:
     pricing: Pricing = field(default_factory=Pricing)
     fit: FitConfig = FitConfig()
     meters: tuple[tuple[str, EngineMeterConfig], ...] = ()
+    # Where apportioning runs: "process" (a child of `wattgate serve`), "inline" (on the
+    # gateway's event loop) or "external" (`wattgate apportioner`, e.g. its own Deployment).
+    apportioner: ApportionerMode = "process"
 
     def meter_for(self, endpoint: str) -> EngineMeterConfig:
         for name, cfg in self.meters:
@@ -124,9 +135,10 @@ def _series(r: _Reader, key: str, default: Series, base: Path) -> Series:
 
 
 def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
-    kind = r.choice("kind", LEDGER_KINDS, "sqlite")
+    d = LedgerConfig()
+    kind = r.choice("kind", LEDGER_KINDS, d.kind)
     if kind == "sqlite":
-        cfg = LedgerConfig(kind=kind, path=r.text("path", "wattgate-ledger.db"))
+        cfg = LedgerConfig(kind="sqlite", path=r.text("path", d.path))
     else:
         dsn = r.get("dsn")
         dsn_env = r.get("dsn_env")
@@ -139,7 +151,7 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
             dsn = value
         if not isinstance(dsn, str):
             raise ConfigError(r.at("dsn"), "must be a string")
-        cfg = LedgerConfig(kind=kind, dsn=dsn)
+        cfg = LedgerConfig(kind="postgres", dsn=dsn)
     r.finish()
     return cfg
 
@@ -149,11 +161,12 @@ def _journal(r: _Reader, base: Path, ledger: LedgerConfig) -> JournalConfig:
     if path is not None and (not isinstance(path, str) or not path):
         raise ConfigError(r.at("path"), "must be a non-empty string (a directory)")
     if not path and ledger.kind == "postgres":
-        path = "wattgate-journal"  # on this replica's own disk, next to its config
+        path = POSTGRES_JOURNAL_DIR  # on this replica's own disk, next to its config
     if path and not Path(path).is_absolute():
         path = str(base / path)
+    # on unless the section says otherwise (the dataclass's False is for configs built in code)
     cfg = JournalConfig(enabled=r.flag("enabled", True), path=path or "",
-                        fsync_s=r.number("fsync_ms", 20.0) / 1000.0)
+                        fsync_s=r.number("fsync_ms", JournalConfig().fsync_s * 1000.0) / 1000.0)
     r.finish()
     return cfg
 
@@ -168,7 +181,7 @@ def _gpus(r: _Reader) -> tuple[int, ...]:
 
 
 def _meter(r: _Reader) -> EngineMeterConfig:
-    kind = r.choice("kind", tuple(METER_KINDS))
+    kind = r.choice("kind", METER_KIND_NAMES)
     url = ""
     if kind in URL_KINDS:
         url = r.text("url").rstrip("/")
@@ -199,26 +212,25 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     base = base_dir or Path.cwd()
     r = _Reader(raw if raw is not None else {}, "accounting")
-    interval_s = r.number("interval_s", 1.0)
-    flush_s = r.number("flush_s", 0.5)
+    d, dp = AccountingConfig(), Pricing()  # the defaults, written once in the dataclasses
+    interval_s = r.number("interval_s", d.interval_s)
+    flush_s = r.number("flush_s", d.flush_s)
     if flush_s > interval_s and flush_s > 1.0:
         raise ConfigError(r.at("flush_s"), "must be <= 1 s or <= interval_s")
-    region = r.text("region", "WORLD").upper()
+    region = r.text("region", d.region).upper()
     if region not in REGION_INTENSITY and r.get("intensity") is None:
         raise ConfigError(r.at("region"), f"{region!r} has no built-in intensity; give "
                           f"intensity (one of {', '.join(sorted(REGION_INTENSITY))} is built in)")
     intensity = _series(r, "intensity", Series.constant(REGION_INTENSITY.get(region, 0.0)), base)
     pricing = Pricing(
-        pue=r.number("pue", 1.0, minimum=1.0, inclusive=True),
+        pue=r.number("pue", dp.pue, minimum=1.0, inclusive=True),
         intensity_g_per_kwh=intensity,
-        price_usd_per_kwh=_series(r, "price_usd_per_kwh", DEFAULT_PRICE, base),
-        gpu_hour_usd=r.number("gpu_hour_usd", 0.0, inclusive=True),
-        embodied_g_per_gpu_s=r.number("embodied_g_per_gpu_s", 0.0, inclusive=True),
+        price_usd_per_kwh=_series(r, "price_usd_per_kwh", dp.price_usd_per_kwh, base),
+        gpu_hour_usd=r.number("gpu_hour_usd", dp.gpu_hour_usd, inclusive=True),
+        embodied_g_per_gpu_s=r.number("embodied_g_per_gpu_s", dp.embodied_g_per_gpu_s,
+                                      inclusive=True),
     )
-    fr = r.sub("fit")
-    fit = FitConfig(enabled=fr.flag("enabled", False), window=fr.integer("window", 300, minimum=3),
-                    every=fr.integer("every", 60))
-    fr.finish()
+    fit = section(r.sub("fit"), FitConfig, minimums={"window": 3})
     meters_raw = r.get("meters") or {}
     if not isinstance(meters_raw, Mapping):
         raise ConfigError(r.at("meters"), "must be a mapping of endpoint name -> meter")
@@ -226,13 +238,14 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
                    for name, m in meters_raw.items())
     ledger = _ledger(r.sub("ledger"), env)
     cfg = AccountingConfig(
-        enabled=r.flag("enabled", True),
+        enabled=r.flag("enabled", d.enabled),
         interval_s=interval_s,
         flush_s=flush_s,
-        poll_s=r.number("poll_s", min(0.25, interval_s / 2)),
-        settle_s=r.number("settle_s", 2.0, inclusive=True),
-        max_lag_s=r.number("max_lag_s", 10.0),
-        hold_s=r.number("hold_s", 60.0, inclusive=True),
+        poll_s=r.number("poll_s", min(d.poll_s, interval_s / 2)),
+        settle_s=r.number("settle_s", d.settle_s, inclusive=True),
+        max_lag_s=r.number("max_lag_s", d.max_lag_s),
+        hold_s=r.number("hold_s", d.hold_s, inclusive=True),
+        apportioner=r.choice("apportioner", APPORTIONER_MODES, d.apportioner),
         ledger=ledger,
         journal=_journal(r.sub("journal"), base, ledger),
         region=region,

@@ -1,4 +1,6 @@
-"""Prometheus series of the accounting service, created on a registry passed in.
+"""Prometheus series of accounting, created on a registry passed in: the recorder's (every
+gateway process) and the apportioner's (the process that apportions: the gateway itself when
+inline, else the apportioner process, whose series `wattgate serve` appends to its /metrics).
 
 Per-tenant counters are incremented by the replica that apportions, as intervals are
 apportioned; a revised interval adds the change. Counters never go down, so a tenant whose
@@ -7,11 +9,45 @@ share a revision lowered sees it netted against its next increments; the ledger 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LAG_NAME = "wattgate_accounting_lag_seconds"
+LAG_HELP = ("Age of the end of the engine's last apportioned interval, at the scrape (only "
+            "from the process that apportions): grows without bound when apportioning stalls")
 
 
-class AccountingMetrics:
+class RecorderMetrics:
     def __init__(self, registry: CollectorRegistry):
+        self.ledger_errors = Counter("wattgate_ledger_errors", "Failed ledger operations",
+                                     registry=registry)
+        self.pending = Gauge("wattgate_accounting_pending_records", "Records not yet written "
+                             "to the ledger", registry=registry)
+
+
+class LagCollector(Collector):
+    """`wattgate_accounting_lag_seconds{engine}`, computed when scraped: a gauge set by the
+    apportioner's loop would freeze at its last value exactly when that loop is stuck."""
+
+    def __init__(self, lag: Callable[[], dict[str, float]]):
+        self._lag = lag
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["engine"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(LAG_NAME, LAG_HELP, labels=["engine"])
+        for engine, lag_s in sorted(self._lag().items()):
+            family.add_metric([engine], lag_s)
+        yield family
+
+
+class ApportionerMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self._registry = registry
         self.tenant_energy = Counter("wattgate_tenant_energy_joules", "Energy apportioned to a "
                                      "tenant's requests", ["tenant"], registry=registry)
         self.tenant_carbon = Counter("wattgate_tenant_carbon_grams", "Carbon (gCO2e) "
@@ -42,7 +78,11 @@ class AccountingMetrics:
         self.held = Gauge("wattgate_accounting_held_seconds", "How long apportioning waits, "
                           "beyond settle_s, for requests still in flight (at most hold_s)",
                           registry=registry)
-        self.ledger_errors = Counter("wattgate_ledger_errors", "Failed ledger operations",
-                                     registry=registry)
-        self.pending = Gauge("wattgate_accounting_pending_records", "Records not yet written "
-                             "to the ledger", registry=registry)
+        self.ledger_errors = Counter("wattgate_apportioner_ledger_errors", "Failed ledger "
+                                     "operations of the apportioner", registry=registry)
+        self.leader = Gauge("wattgate_apportioner_leader", "1 while this process holds the "
+                            "apportioner lock", registry=registry)
+
+    def watch_lag(self, lag: Callable[[], dict[str, float]]) -> None:
+        """Publish `lag()` (engine -> seconds) as wattgate_accounting_lag_seconds."""
+        self._registry.register(LagCollector(lag))

@@ -3,9 +3,15 @@ engine/hour, with the engines' idle accounts as separate `idle` rows.
 
 Energy, carbon and cost count the shares of intervals that start in [since, until), so the
 request rows plus the idle rows add up to the metered energy of that window. Requests,
-tokens and goodput count requests that finished in the window. `j_per_token` is joules per
-output (completion) token; `idle_share` is the part of a row's energy that is static (idle)
-power: the engine's idle draw while the row's requests were resident, and 1 for idle rows.
+tokens and goodput count requests that finished in the window. Rates are taken over the
+data's real span, never over the query window (a day's window holding a minute of traffic
+would understate them 1440 times): `requests_per_s` and `goodput_rps` from the first arrival
+to the last finish of the requests selected; `power_w` (J/s) from the start of the first
+metered interval to the end of the last (the requests' span when the selection has no
+interval of its own, as with a tenant filter). None where there is nothing to divide by.
+`j_per_token` is joules per output (completion) token; `idle_share` is the part of a
+row's energy that is static (idle) power: the engine's idle draw while the row's requests
+were resident, and 1 for idle rows.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import csv
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -52,14 +59,20 @@ class UsageRow:
         for i, name in enumerate(("energy_j", "static_j", "carbon_g", "cost_usd")):
             setattr(self, name, math.fsum(p[i] for p in self._parts))
 
-    def as_dict(self, group_by: Sequence[str], duration_s: float) -> dict[str, Any]:
+    def as_dict(self, group_by: Sequence[str], span_s: float | None,
+                metered_s: float | None) -> dict[str, Any]:
         out: dict[str, Any] = dict(zip(group_by, self.key, strict=True))
+
+        def rate(amount: float, over: float | None = span_s) -> float | None:
+            return amount / over if over else None
+
         out.update(
             account=self.account, requests=self.requests, ok=self.ok,
             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
             energy_j=self.energy_j, energy_kwh=self.energy_j / J_PER_KWH,
             carbon_g=self.carbon_g, cost_usd=self.cost_usd,
-            goodput_rps=self.slo_met / duration_s if duration_s > 0 else 0.0,
+            requests_per_s=rate(self.requests), goodput_rps=rate(self.slo_met),
+            power_w=rate(self.energy_j, metered_s),
             j_per_token=(self.energy_j / self.completion_tokens
                          if self.completion_tokens else None),
             idle_share=(1.0 if self.account == "idle" else
@@ -71,11 +84,30 @@ class UsageRow:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    since_s: float
+    since_s: float  # the query window
     until_s: float
     group_by: tuple[str, ...]
     rows: tuple[dict[str, Any], ...]
     total: dict[str, Any]
+    # The data's spans, which the rates divide by (wall clock; None: no such data): the
+    # selected requests' first arrival and last finish; the metered intervals' first start
+    # and last end.
+    first_s: float | None = None
+    last_s: float | None = None
+    metered_first_s: float | None = None
+    metered_last_s: float | None = None
+
+    @property
+    def span_s(self) -> float | None:
+        return _span(self.first_s, self.last_s)
+
+    @property
+    def metered_s(self) -> float | None:
+        return _span(self.metered_first_s, self.metered_last_s) or self.span_s
+
+
+def _span(first_s: float | None, last_s: float | None) -> float | None:
+    return None if first_s is None or last_s is None else max(last_s - first_s, 0.0)
 
 
 def hour_label(hour_idx: int) -> str:
@@ -107,18 +139,27 @@ def build_report(data: UsageData, group_by: Sequence[str], since_s: float, until
         r = row(tenant, model, precision, engine, hour, "requests")
         r.add_energy(e, st, c, usd)
         r.estimated = r.estimated or bool(est)
-    for tenant, model, precision, engine, hour, n, ok, pt, ct, met in data.requests:
+    firsts, lasts = [], []
+    for tenant, model, precision, engine, hour, n, ok, pt, ct, met, first, last in data.requests:
+        firsts.append(float(first))
+        lasts.append(float(last))
         r = row(tenant, model, precision, engine, hour, "requests")
         r.requests += int(n)
         r.ok += int(ok)
         r.prompt_tokens += int(pt)
         r.completion_tokens += int(ct)
         r.slo_met += int(met)
-    for engine, model, precision, hour, e, c, usd, est in data.idle:
+    starts, ends = [], []
+    for engine, model, precision, hour, e, c, usd, est, start, end in data.idle:
+        starts.append(float(start))
+        ends.append(float(end))
         r = row(IDLE_TENANT, model, precision, engine, hour, "idle")
         r.add_energy(e, e, c, usd)
         r.estimated = r.estimated or bool(est)
-    duration = until_s - since_s
+    spans = Report(since_s, until_s, tuple(group_by), (), {},
+                   *((min(firsts), max(lasts)) if firsts else (None, None)),
+                   *((min(starts), max(ends)) if starts else (None, None)))
+    span, metered = spans.span_s, spans.metered_s
     ordered = sorted(rows.values(), key=lambda r: (r.account != "requests", r.key))
     total = UsageRow(tuple("TOTAL" if i == 0 else "" for i in range(len(group_by))), "all")
     for r in ordered:
@@ -128,28 +169,72 @@ def build_report(data: UsageData, group_by: Sequence[str], since_s: float, until
             setattr(total, name, getattr(total, name) + getattr(r, name))
         total.estimated = total.estimated or r.estimated
     total.settle()
-    total_dict = total.as_dict(group_by, duration)
+    total_dict = total.as_dict(group_by, span, metered)
     total_dict["idle_share"] = (math.fsum(r.energy_j for r in ordered if r.account == "idle")
                                 / total.energy_j if total.energy_j > 0 else 0.0)
-    return Report(since_s, until_s, tuple(group_by),
-                  tuple(r.as_dict(group_by, duration) for r in ordered), total_dict)
+    return replace(spans, rows=tuple(r.as_dict(group_by, span, metered) for r in ordered),
+                   total=total_dict)
+
+
+def fixed(v: float) -> str:
+    """`v` in fixed point for people: 1 decimal from 1000 up, 3 from 1, else at least three
+    significant digits (0.00000028, never 2.8e-07)."""
+    if v == 0 or not math.isfinite(v):
+        return "0" if v == 0 else str(v)
+    magnitude = abs(v)
+    digits = (1 if magnitude >= 1000 else 3 if magnitude >= 1
+              else min(max(2 - math.floor(math.log10(magnitude)), 6), 15))
+    text = f"{v:.{digits}f}"
+    return text.rstrip("0").rstrip(".")
+
+
+def positional(v: float) -> str:
+    """`v` exactly as Python's shortest repr, but in positional notation (for CSV)."""
+    text = repr(v)
+    return format(Decimal(text), "f") if "e" in text and math.isfinite(v) else text
 
 
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else ""
     if isinstance(v, float):
-        # fixed point, never 1e-05 notation: more decimals for smaller magnitudes
-        digits = 1 if abs(v) >= 1000 else 3 if abs(v) >= 1 else 6
-        text = f"{v:.{digits}f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
+        return fixed(v)
     return "" if v is None else str(v)
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    return positional(v) if isinstance(v, float) else v
 
 
 def columns(report: Report) -> list[str]:
     return [*report.group_by, "account", "requests", "ok", "prompt_tokens", "completion_tokens",
-            "energy_j", "energy_kwh", "carbon_g", "cost_usd", "goodput_rps", "j_per_token",
-            "idle_share", "estimated"]
+            "energy_j", "energy_kwh", "carbon_g", "cost_usd", "requests_per_s", "goodput_rps",
+            "power_w", "j_per_token", "idle_share", "estimated"]
+
+
+def _stamp(wall_s: float) -> str:
+    return datetime.fromtimestamp(wall_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def span_lines(report: Report) -> list[str]:
+    """What the rates divide by, in words."""
+    out = []
+    if report.first_s is None or report.last_s is None or report.span_s is None:
+        out.append("requests/s, goodput: n/a (no request in the window)")
+    else:
+        out.append(f"requests/s, goodput over {fixed(report.span_s)} s: first arrival "
+                   f"{_stamp(report.first_s)} to last finish {_stamp(report.last_s)}")
+    first, last = report.metered_first_s, report.metered_last_s
+    if first is not None and last is not None and report.metered_s:
+        out.append(f"power_w over {fixed(report.metered_s)} s: metered intervals "
+                   f"{_stamp(first)} to {_stamp(last)}")
+    elif report.metered_s:
+        out.append("power_w over the requests' span")
+    else:
+        out.append("power_w: n/a (nothing metered in the window)")
+    return out
 
 
 def render(report: Report, fmt: str) -> str:
@@ -157,15 +242,19 @@ def render(report: Report, fmt: str) -> str:
     cols = columns(report)
     if fmt == "json":
         return orjson.dumps({"since_s": report.since_s, "until_s": report.until_s,
-                             "group_by": list(report.group_by), "rows": list(report.rows),
-                             "total": report.total}, option=orjson.OPT_INDENT_2).decode()
+                             "first_s": report.first_s, "last_s": report.last_s,
+                             "span_s": report.span_s, "metered_first_s": report.metered_first_s,
+                             "metered_last_s": report.metered_last_s,
+                             "metered_s": report.metered_s, "group_by": list(report.group_by),
+                             "rows": list(report.rows), "total": report.total},
+                            option=orjson.OPT_INDENT_2).decode()
     records = [*report.rows, report.total]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(cols)
         for r in records:
-            w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+            w.writerow([_csv_cell(r.get(c)) for c in cols])
         return buf.getvalue()
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}; use table, csv or json")
@@ -175,4 +264,4 @@ def render(report: Report, fmt: str) -> str:
              for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.insert(len(lines) - 1, lines[1])
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *span_lines(report)]) + "\n"

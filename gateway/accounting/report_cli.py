@@ -14,36 +14,50 @@ import yaml
 from gateway.accounting.config import parse_accounting
 from gateway.accounting.ledger.base import Ledger, LedgerError
 from gateway.accounting.report import GROUP_KEYS, Report, build_report, render
-from gateway.accounting.service import make_ledger
 from gateway.accounting.timeparse import parse_time
 from gateway.errors import ConfigError
 
 
-def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
-    if sqlite is not None:
-        from gateway.accounting.ledger.sqlite import SqliteLedger
-
-        if not sqlite.exists():
-            raise click.ClickException(f"no ledger at {sqlite}")
-        return SqliteLedger(sqlite)
-    if dsn:
+def _store(kind: str, where: str) -> Ledger:
+    # Only the store: reading a report needs nothing of the accounting service.
+    if kind == "postgres":
         from gateway.accounting.ledger.postgres import PostgresLedger
 
-        return PostgresLedger(dsn)
+        return PostgresLedger(where)
+    from gateway.accounting.ledger.sqlite import SqliteLedger
+
+    return SqliteLedger(where)
+
+
+def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
+    if sqlite is not None:
+        if not sqlite.is_file():
+            raise click.ClickException(f"no ledger at {sqlite}")
+        return _store("sqlite", str(sqlite))
+    if dsn:
+        return _store("postgres", dsn)
     if config is None:
         raise click.UsageError("give --config, --sqlite or --dsn")
     try:
         raw: Any = yaml.safe_load(config.read_text()) or {}
         section = raw.get("accounting") if isinstance(raw, dict) else None
         cfg = parse_accounting(section, os.environ, base_dir=config.parent)
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
         raise click.ClickException(f"{config}: {exc}") from None
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     ledger_cfg = cfg.ledger
-    if ledger_cfg.kind == "sqlite" and not Path(ledger_cfg.path).is_absolute():
-        ledger_cfg = type(ledger_cfg)(kind="sqlite", path=str(config.parent / ledger_cfg.path))
-    return make_ledger(ledger_cfg)
+    if ledger_cfg.kind == "sqlite":
+        path = Path(ledger_cfg.path)
+        path = path if path.is_absolute() else config.parent / path
+        # Opening a missing file would create an empty ledger and print an empty bill.
+        if not path.is_file():
+            raise click.ClickException(f"no ledger at {path} (accounting.ledger of {config}): "
+                                       "has a gateway run with this config?")
+        return _store("sqlite", str(path))
+    return _store("postgres", ledger_cfg.dsn)
 
 
 async def _report(ledger: Ledger, since: float, until: float, tenant: str | None,
@@ -66,7 +80,9 @@ def _budgets(config: Path | None, sqlite: Path | None, dsn: str | None, tenant: 
     try:
         raw = yaml.safe_load(config.read_text()) or {}
         found = budgets_of(raw if isinstance(raw, dict) else {})
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
         raise click.ClickException(f"{config}: {exc}") from None
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Sequence
 from itertools import accumulate
+from operator import itemgetter
 from typing import NamedTuple
 
 from gateway.accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
@@ -47,6 +49,38 @@ class WorkRow(NamedTuple):
 
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
 Work = tuple[str, int, float, float, float, float, float]
+
+_INTERVAL = itemgetter(WorkRow._fields.index("interval_idx"))
+
+
+class WorkColumns(NamedTuple):
+    """Work rows column by column, named (one C-level transpose of the rows): what the
+    apportioner reads instead of indexing each row."""
+
+    request_id: tuple[str, ...]
+    interval_idx: tuple[int, ...]
+    prefill_tokens: tuple[float, ...]
+    decode_tokens: tuple[float, ...]
+    residency_s: tuple[float, ...]
+    start_s: tuple[float, ...]
+    kv_tokens: tuple[float, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[Work]) -> WorkColumns:
+        if not rows:
+            return EMPTY_COLUMNS
+        return tuple.__new__(cls, zip(*rows, strict=True))
+
+
+EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
+
+
+def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
+    """(first, last) interval of one request's rows; None when it has none."""
+    if not rows:
+        return None
+    ks = list(map(_INTERVAL, rows))
+    return min(ks), max(ks)
 
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work): compute at the tensor
@@ -191,6 +225,11 @@ def work_rows(rec: RequestRecord, interval_s: float,
         k_rl = math.floor((times[-1] + off) / interval_s)
         if (k_r0 >= k_first and k_rl <= k_last and max(prefill, default=k_last) <= k_last
                 and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(events))):
+            if shortcut and k_first == k_last:
+                # One interval (most streams): _streamed_rows' row without its loop.
+                return _one_interval_stream(rec.request_id, k_first, prefill.get(k_first, 0.0),
+                                            total * (completion / total), prompt, t_disp, t_end,
+                                            interval_s)
             # A prefill split over intervals: count events as _events_per_interval does.
             span = (k_r0, k_rl) if len(prefill) > 1 else None
             return _streamed_rows(rec.request_id, times, events, total, off, completion, prompt,
@@ -266,6 +305,22 @@ def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float
     if p or d:
         return [(rid, k, p, d, 0.0, 0.0, kv)]
     return []
+
+
+def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_disp: float,
+                         t_end: float, interval_s: float) -> list[Work]:
+    """_streamed_rows of a stream inside interval k, which decodes `d` tokens there; the same
+    arithmetic, so the same bits."""
+    kv = d * (prompt + 0.0 + d / 2.0)
+    if p:  # the prefill's attention, as prefill_attention() computes it for one interval
+        kv = kv + PREFILL_ATTENTION_PER_KV * p * (0.0 + p / 2.0)
+    lo = k * interval_s
+    hi = lo + interval_s
+    start = t_disp if t_disp > lo else lo
+    res = (t_end if t_end < hi else hi) - start
+    if res > 0.0:
+        return [(rid, k, p, d, res, start - lo, kv)]
+    return [(rid, k, p, d, 0.0, 0.0, kv)]
 
 
 def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,

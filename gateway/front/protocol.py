@@ -1,11 +1,13 @@
-"""The lean front: an HTTP/1.1 server protocol for the two completion routes.
+"""The lean front: an HTTP/1.1 server protocol for the completion routes.
 
 aiohttp's server costs more CPU per request than the rest of the proxy together (request and
 response objects, middleware, router, payload writer). The completion routes are the whole
-traffic, and their requests have one simple shape, so the front parses that shape itself and
-hands the proxy a `FrontExchange`. Anything else (other routes, chunked uploads, HTTP/1.0,
-oversized bodies, malformed heads) hands the connection to aiohttp's protocol, bytes and all,
-and aiohttp serves it from then on.
+traffic, and their requests have one simple shape, so the front parses that shape itself
+(wire/request_head.py) and hands the proxy a `FrontExchange` (gateway/front/exchange.py).
+Anything else (other routes, chunked uploads, HTTP/1.0, oversized bodies, malformed heads)
+hands the connection to aiohttp's protocol, bytes and all, and aiohttp serves it from then on
+(gateway/front/connections.py guards it). A head no server should take (a bare LF, over 16 KiB)
+the front refuses itself, at once (wire/request_head.py).
 
 Per request: one task, one head parse, one `transport.write` for a whole answer, one per
 stream piece (the stream head rides with the first piece).
@@ -15,135 +17,25 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from collections.abc import Callable, Mapping, Sequence
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import cast
 
-from gateway.front.head import HANDOFF, RequestHead, parse_head
-
-if TYPE_CHECKING:
-    from gateway.exchange import Exchange
+from gateway.front.connections import FrontConnections, HandedConnection
+from gateway.front.exchange import STATUS_LINES, FrontExchange, date_header
+from gateway.front.refusals import EDGE_ERRORS
+from gateway.front.settings import FrontSettings
+from wire.request_head import Refusal, RequestHead, parse_head
 
 MAX_BUFFER_BYTES = 1024 * 1024  # bytes queued behind a request in flight before reading pauses
-
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
-_STREAM_HEAD = (b"Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                b"Transfer-Encoding: chunked\r\n")
-_END = b"0\r\n\r\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    """One piece in chunked transfer coding."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-class _DateHeader:
-    """`Date: ...\r\n`, formatted once a second."""
-
-    __slots__ = ("_line", "_second")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._line = b""
-
-    def __call__(self) -> bytes:
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._line = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
-        return self._line
-
-
-_date = _DateHeader()
-
-
-class EdgeLimits:
-    """The edge's deadlines and caps (listen.* in the config)."""
-
-    __slots__ = ("body_min_bytes_per_s", "body_timeout_s", "header_timeout_s", "keepalive_s",
-                 "max_connections")
-
-    def __init__(self, *, header_timeout_s: float = 10.0, body_timeout_s: float = 30.0,
-                 body_min_bytes_per_s: float = 65536.0, keepalive_s: float = 75.0,
-                 max_connections: int = 4096):
-        self.header_timeout_s = header_timeout_s
-        self.body_timeout_s = body_timeout_s
-        self.body_min_bytes_per_s = body_min_bytes_per_s
-        self.keepalive_s = keepalive_s
-        self.max_connections = max_connections
-
-    def body_deadline_s(self, content_length: int) -> float:
-        """Seconds a body of this size may take after its head."""
-        return self.body_timeout_s + content_length / self.body_min_bytes_per_s
-
-
-class FrontSettings:
-    __slots__ = ("cancel_on_disconnect", "handoff", "limits", "max_body_bytes", "on_reject",
-                 "routes", "serve")
-
-    def __init__(self, serve: Callable[[Exchange], object], handoff: Callable[[], asyncio.Protocol],
-                 routes: Sequence[str], max_body_bytes: int, cancel_on_disconnect: bool = True,
-                 limits: EdgeLimits | None = None,
-                 on_reject: Callable[[str], None] | None = None):
-        self.serve = serve  # the proxy's `serve(exchange)` coroutine function
-        self.handoff = handoff  # makes the aiohttp protocol that takes a handed-over connection
-        self.routes = frozenset(r.encode() for r in routes)
-        self.max_body_bytes = max_body_bytes
-        self.cancel_on_disconnect = cancel_on_disconnect
-        self.limits = limits or EdgeLimits()
-        self.on_reject = on_reject  # counts connections the edge closed, by reason
-
-
-class FrontConnections:
-    """The open client connections of one listener (the front's and those handed to aiohttp),
-    for the edge's deadlines, the connection cap and shutdown."""
-
-    def __init__(self) -> None:
-        self.open: set[FrontProtocol] = set()
-        self.handed: dict[object, HandedConnection] = {}  # aiohttp's transport -> guard
-        self.closing = False
-
-    def __len__(self) -> int:
-        return len(self.open) + len(self.handed)
-
-    def close_idle(self, idle_for_s: float = 0.0) -> int:
-        """Close front connections with no request in flight and no bytes of the next one,
-        idle at least `idle_for_s`."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        closed = 0
-        for conn in list(self.open):
-            if (conn.task is None and not conn.reading()
-                    and now - conn.last_active >= idle_for_s):
-                conn.close()
-                closed += 1
-        return closed
-
-    def expire(self, now: float) -> int:
-        """Enforce the deadlines: a head or a body that is late gets 408 and its connection
-        closes; an idle keep-alive connection closes. Returns how many closed."""
-        closed = 0
-        for conn in list(self.open):
-            closed += conn.expire(now)
-        for guard in list(self.handed.values()):
-            closed += guard.expire(now)
-        return closed
-
-    def abort_all(self) -> None:
-        for conn in list(self.open):
-            if conn.task is not None:
-                conn.task.cancel()
-            conn.close()
-        for guard in list(self.handed.values()):
-            guard.close()
+# After refusing a head, what the client still sends is read and dropped this long before the
+# close: closing on unread bytes sends a RST, which can destroy the answer before it is read.
+REFUSAL_LINGER_S = 1.0
 
 
 class FrontProtocol(asyncio.Protocol):
-    __slots__ = ("_buf", "_drain", "_head", "_loop", "_on_drain", "_read_paused", "_write_paused",
-                 "connections", "head_since", "last_active", "lost", "settings", "task",
-                 "transport")
+    __slots__ = ("_buf", "_head", "_loop", "_read_paused", "connections", "head_since",
+                 "last_active", "lost", "on_drain", "refused", "settings", "task",
+                 "transport", "write_paused")
 
     def __init__(self, settings: FrontSettings, connections: FrontConnections):
         self.settings = settings
@@ -154,10 +46,10 @@ class FrontProtocol(asyncio.Protocol):
         self._head: RequestHead | None = None  # parsed, body still arriving
         self.task: asyncio.Task[None] | None = None
         self.lost = False
+        self.refused = False  # answered a refusal; what comes now is dropped
         self._read_paused = False
-        self._write_paused = False
-        self._drain: asyncio.Future[None] | None = None
-        self._on_drain: Callable[[], None] | None = None
+        self.write_paused = False  # the client reads slower than we write
+        self.on_drain: Callable[[], None] | None = None  # once it reads again, or is gone
         self.last_active = 0.0  # when the last response ended (or the connection opened)
         # When the head being read started: a new connection's first byte is due at once, a
         # kept-alive one's when its first byte comes. A trickled head does not move it.
@@ -179,8 +71,8 @@ class FrontProtocol(asyncio.Protocol):
         self.connections.open.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return  # rejected at connect, or closing: nothing more is served here
+        if self.transport is None or self.transport.is_closing() or self.refused:
+            return  # rejected, or closing: nothing more is served here
         self._buf += data
         if self.head_since is None and self._head is None:
             self.head_since = self._loop.time()
@@ -218,12 +110,12 @@ class FrontProtocol(asyncio.Protocol):
         return 0
 
     def _reject(self, status: int, code: bytes, message: bytes, *, retry_after: bool = False,
-                reason: str | None = None) -> None:
+                reason: str | None = None, linger: bool = False) -> None:
         """Answer with an OpenAI-style error and close the connection."""
         body = (b'{"error":{"message":"' + message + b'","type":"invalid_request_error",'
                 b'"param":null,"code":"' + code + b'"}}')
-        head = [_STATUS_LINES[status], b"Content-Type: application/json\r\n",
-                b"Content-Length: %d\r\n" % len(body), b"Connection: close\r\n", _date()]
+        head = [STATUS_LINES[status], b"Content-Type: application/json\r\n",
+                b"Content-Length: %d\r\n" % len(body), b"Connection: close\r\n", date_header()]
         if retry_after:
             head.append(b"Retry-After: 1\r\n")
         head.append(b"\r\n")
@@ -231,7 +123,11 @@ class FrontProtocol(asyncio.Protocol):
             self.settings.on_reject(reason or code.decode())
         assert self.transport is not None
         self.transport.write(b"".join(head) + body)
-        self.close()
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._loop.call_later(REFUSAL_LINGER_S, self.close)
+        else:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -241,10 +137,10 @@ class FrontProtocol(asyncio.Protocol):
             self.task.cancel()  # the proxy records the disconnect and aborts the engine request
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self.write_paused = True
 
     def resume_writing(self) -> None:
-        self._write_paused = False
+        self.write_paused = False
         self._wake_writer()
 
     # --- requests ----------------------------------------------------------------------------
@@ -254,10 +150,12 @@ class FrontProtocol(asyncio.Protocol):
         head = self._head or parse_head(buf, self.settings.routes, self.settings.max_body_bytes)
         if head is None:
             return
-        if head is HANDOFF:
-            self._handoff()
+        if not isinstance(head, RequestHead):
+            if isinstance(head, Refusal):
+                self._refuse(head)
+            else:
+                self._handoff()
             return
-        assert isinstance(head, RequestHead)
         end = head.body_start + head.content_length
         if len(buf) < end:
             if self._head is None:  # the body's deadline runs from its head
@@ -273,7 +171,7 @@ class FrontProtocol(asyncio.Protocol):
     async def _serve(self, head: RequestHead, body: bytes) -> None:
         exchange = FrontExchange(self, head, body)
         try:
-            await self.settings.serve(exchange)  # type: ignore[misc]
+            await self.settings.serve(exchange)
         finally:
             self.task = None
         if self.lost:
@@ -290,6 +188,15 @@ class FrontProtocol(asyncio.Protocol):
             self.transport.resume_reading()
         if self._buf:
             self._next()
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """A head no server should take (bare LF, oversized): say why at once, send FIN, and
+        close after REFUSAL_LINGER_S, dropping what still comes."""
+        self._buf.clear()
+        self.refused = True
+        error = EDGE_ERRORS[refusal.status]
+        self._reject(refusal.status, error.code.encode(), error.message.encode(),
+                     reason=refusal.reason, linger=True)
 
     def _handoff(self) -> None:
         """aiohttp serves this connection from here on, starting with the buffered bytes."""
@@ -315,17 +222,8 @@ class FrontProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.write(data)
 
-    async def drained(self) -> None:
-        """Wait while the client reads slower than the engine writes."""
-        while self._write_paused and not self.lost:
-            self._drain = self._loop.create_future()
-            await self._drain
-
     def _wake_writer(self) -> None:
-        waiter, self._drain = self._drain, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        callback, self._on_drain = self._on_drain, None
+        callback, self.on_drain = self.on_drain, None
         if callback is not None:
             callback()
 
@@ -333,173 +231,3 @@ class FrontProtocol(asyncio.Protocol):
         self.connections.open.discard(self)
         if self.transport is not None and not self.lost:
             self.transport.close()
-
-
-class FrontExchange:
-    """One request on a front connection, answered with raw HTTP/1.1 bytes."""
-
-    __slots__ = ("_body", "_conn", "_head", "_pending_head", "content_length", "finished",
-                 "path", "started")
-
-    def __init__(self, conn: FrontProtocol, head: RequestHead, body: bytes):
-        self._conn = conn
-        self._head = head
-        self._body = body
-        self.path = head.path
-        self.content_length: int | None = head.content_length
-        self.started = False
-        self.finished = False
-        self._pending_head = b""
-
-    def header(self, name: str) -> str | None:
-        value = self._head.headers.get(name.encode())
-        return None if value is None else value.decode("latin-1")
-
-    @property
-    def raw_headers(self) -> Sequence[tuple[bytes, bytes]]:
-        return self._head.raw_headers
-
-    async def read_body(self, limit: int) -> bytes:
-        return self._body  # the head parser handed over anything beyond the limit
-
-    def _head_bytes(self, status: int, fixed: bytes, headers: Mapping[str, str]) -> list[bytes]:
-        parts = [_STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode(), fixed,
-                 _date()]
-        for name, value in headers.items():
-            parts.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if not self._head.keep_alive:
-            parts.append(b"Connection: close\r\n")
-        parts.append(b"\r\n")
-        return parts
-
-    def reply(self, status: int, body: bytes, content_type: str,
-              headers: Mapping[str, str]) -> None:
-        if self.started:
-            return  # a stream already began; it ends as it is
-        self.started = self.finished = True
-        fixed = f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n".encode()
-        parts = self._head_bytes(status, fixed, headers)
-        parts.append(body)
-        self._conn.send(b"".join(parts))
-
-    async def start_stream(self, headers: Mapping[str, str]) -> None:
-        # sent with the first piece: one write instead of two, and the client learns nothing
-        # from a head alone
-        self.started = True
-        self._pending_head = b"".join(self._head_bytes(200, _STREAM_HEAD, headers))
-
-    async def write(self, data: bytes) -> bool:
-        if not self.write_now(data):
-            return False
-        conn = self._conn
-        if conn._write_paused:
-            await conn.drained()
-        return not conn.lost
-
-    # --- callback-mode streaming: no task wake-up per piece --------------------------------
-
-    def write_now(self, data: bytes) -> bool:
-        """`write`, from a plain callback; False once the client has gone away. The caller
-        checks `write_paused` after it and stops its source until `when_drained` calls back."""
-        conn = self._conn
-        if conn.lost:
-            return False
-        frame = _chunk(data)
-        if self._pending_head:
-            frame = self._pending_head + frame
-            self._pending_head = b""
-        conn.send(frame)
-        return True
-
-    @property
-    def write_paused(self) -> bool:
-        return self._conn._write_paused
-
-    def when_drained(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once the client's socket takes data again (or the client is gone)."""
-        if self._conn.lost or not self._conn._write_paused:
-            callback()
-        else:
-            self._conn._on_drain = callback
-
-    async def end_stream(self, last: bytes = b"") -> None:
-        self.finished = True
-        frame = _chunk(last) + _END if last else _END
-        self._conn.send(self._pending_head + frame)
-        self._pending_head = b""
-
-
-class HandedConnection(asyncio.Protocol):
-    """A connection the front handed to aiohttp: aiohttp's protocol does the HTTP, this guard
-    passes every callback on and holds it to the edge's deadlines (aiohttp has no head
-    deadline, and its keep-alive is its own). The app marks its requests in flight
-    (`request_started` / `request_done`), so the guard knows when bytes belong to a new head."""
-
-    __slots__ = ("_conn", "busy", "connections", "head_since", "inner", "last_active",
-                 "settings", "transport")
-
-    def __init__(self, inner: asyncio.Protocol, connections: FrontConnections,
-                 settings: FrontSettings, head_since: float):
-        self.inner = inner
-        self.connections = connections
-        self.settings = settings
-        self.transport: asyncio.Transport | None = None
-        self.busy = 0
-        self.head_since: float | None = head_since
-        self.last_active = head_since
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.connections.handed[transport] = self
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self.busy == 0 and self.head_since is None:
-            self.head_since = asyncio.get_running_loop().time()
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.connections.handed.pop(self.transport, None)
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def request_started(self) -> None:
-        self.busy += 1
-        self.head_since = None
-
-    def request_done(self, now: float) -> None:
-        self.busy -= 1
-        self.last_active = now
-
-    def expire(self, now: float) -> int:
-        limits = self.settings.limits
-        if self.busy or self.transport is None or self.transport.is_closing():
-            return 0
-        if self.head_since is not None and now - self.head_since > limits.header_timeout_s:
-            if self.settings.on_reject is not None:
-                self.settings.on_reject("header_timeout")
-            self.transport.write(
-                _STATUS_LINES[408] + b"Content-Type: application/json\r\nConnection: close\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(_TIMEOUT_BODY) + _TIMEOUT_BODY)
-            self.close()
-            return 1
-        if self.head_since is None and now - self.last_active > limits.keepalive_s:
-            self.close()
-            return 1
-        return 0
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
-
-
-_TIMEOUT_BODY = (b'{"error":{"message":"the request head did not arrive in time",'
-                 b'"type":"invalid_request_error","param":null,"code":"request_timeout"}}')

@@ -17,8 +17,14 @@ from aiohttp import web
 
 from gateway.app import CONNECTIONS, METRICS, PROXY
 from gateway.config import GatewayConfig
-from gateway.front.aiohttp_errors import safe_handler_factory
-from gateway.front.protocol import EdgeLimits, FrontConnections, FrontProtocol, FrontSettings
+from gateway.front.aiohttp_errors import (
+    FIELD_MAX_BYTES,
+    REQUEST_LINE_MAX_BYTES,
+    safe_handler_factory,
+)
+from gateway.front.connections import FrontConnections
+from gateway.front.protocol import FrontProtocol
+from gateway.front.settings import EdgeLimits, FrontSettings
 
 COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 SWEEP_S = 1.0  # how late past a deadline (head, body, keep-alive) a connection may close
@@ -70,19 +76,25 @@ async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool
                            keepalive_timeout=listen.keepalive_s,
                            # after an early answer (408, 413) aiohttp reads what the client
                            # still sends, so it can read the answer; not for 10 s
-                           lingering_time=LINGER_S)
+                           lingering_time=LINGER_S, max_line_size=REQUEST_LINE_MAX_BYTES,
+                           max_field_size=FIELD_MAX_BYTES)
     await runner.setup()
     aiohttp_server = runner.server
     assert aiohttp_server is not None
     rejected = app[METRICS].client_errors
+
+    def on_reject(reason: str) -> None:
+        rejected.labels(reason).inc()
+
     limits = EdgeLimits(header_timeout_s=listen.header_timeout_s,
                         body_timeout_s=listen.body_timeout_s,
                         body_min_bytes_per_s=listen.body_min_bytes_per_s,
                         keepalive_s=listen.keepalive_s, max_connections=listen.max_connections)
-    settings = FrontSettings(serve=app[PROXY].serve, handoff=safe_handler_factory(aiohttp_server),
+    settings = FrontSettings(serve=app[PROXY].serve,
+                             handoff=safe_handler_factory(aiohttp_server, on_reject),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
                              cancel_on_disconnect=cancel_on_disconnect, limits=limits,
-                             on_reject=lambda reason: rejected.labels(reason).inc())
+                             on_reject=on_reject)
     connections = app[CONNECTIONS]
     loop = asyncio.get_running_loop()
     try:

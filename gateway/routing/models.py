@@ -134,12 +134,33 @@ class Curves:
     latency_samples: int
     energy_windows: int
     cold: bool
+    # Step time one prompt token adds at this endpoint's measured speed (the prior's prefill
+    # rate x measured/prior TPOT), and the prompt tokens dispatched to it whose prefill is not
+    # done yet, as the gateway saw at snapshot time (gateway.routing.pending; 0 in a model's
+    # own curves).
+    step_prefill_s_per_token: float = 0.0
+    pending_prefill_tokens: float = 0.0
+    short_output_tokens: float = math.inf  # a short stream's output here (gateway.routing.pending)
 
     def ttft(self, load: float, prompt_tokens: float) -> float:
         return _interp(self.ttft_base_s, load) + self.prefill_s_per_token * prompt_tokens
 
     def tpot(self, load: float) -> float:
         return _interp(self.tpot_s, load)
+
+    def ttft_burst(self, load: float, prompt_tokens: float, pending_tokens: float) -> float:
+        """TTFT with `pending_tokens` of prefill queued ahead of the prompt (a burst): the
+        curves know the queue of a steady load, not a burst's prompts all arriving at once."""
+        return self.ttft(load, prompt_tokens) + self.step_prefill_s_per_token * max(
+            pending_tokens, 0.0)
+
+    def tpot_burst(self, load: float, pending_tokens: float, output_tokens: float) -> float:
+        """TPOT of a stream of `output_tokens` while `pending_tokens` of prefill share its
+        steps: chunked prefill puts a burst's prompts into the steps the stream decodes in,
+        and a stream of few tokens cannot average that lump out (it is spread over its
+        output_tokens - 1 gaps). Non-decreasing in load and in pending prefill."""
+        gaps = max(output_tokens - 1.0, 1.0)
+        return self.tpot(load) + self.step_prefill_s_per_token * max(pending_tokens, 0.0) / gaps
 
     def j_per_output_token(self, load: float) -> float:
         return max(_interp(self.j_out, max(load, 1.0)), 0.0)
@@ -200,14 +221,19 @@ class EndpointModel:
         self._curves: Curves | None = None
 
     def observe_latency(self, load: float, prompt_tokens: int, ttft_s: float | None,
-                        tpot_s: float | None) -> None:
-        """One finished request: its TTFT and TPOT (None when not measured) at `load`."""
+                        tpot_s: float | None, decode_load: float | None = None) -> None:
+        """One finished request: its TTFT at `load` (when it was dispatched) and its TPOT at
+        `decode_load` (the mean load while it decoded; `load` when not known). None: not
+        measured."""
         b = self.latency[bin_of(load)]
         d = self.settings.decay
         if ttft_s is not None and math.isfinite(ttft_s) and ttft_s >= 0.0:
             b.ttft.add(max(ttft_s - self.prior.prefill_s_per_token * prompt_tokens, 0.0), d)
         if tpot_s is not None and math.isfinite(tpot_s) and tpot_s >= 0.0:
-            b.tpot.add(tpot_s, d)
+            # A stream's TPOT is set by the batch it decoded in, not the one it joined: while
+            # an engine fills, a request dispatched at load 20 may decode at 200; binning its
+            # TPOT at 20 made light loads look slow and kept a drained engine closed.
+            self.latency[bin_of(load if decode_load is None else decode_load)].tpot.add(tpot_s, d)
         b.n += 1
         self.latency_samples += 1
         self._curves = None
@@ -236,6 +262,10 @@ class EndpointModel:
         tpot_obs = [(b.tpot.w, b.tpot.mean + b.tpot.std) for b in self.latency]
         ttft = _monotone(_blend(ttft_obs, ttft_prior, k))
         tpot = _monotone(_blend(tpot_obs, tpot_prior, k))
+        # How much slower than the prior this engine steps (e.g. a simulator at time_scale
+        # 0.1: ten times), measured on TPOT: the prior's prefill rate at that speed.
+        speed = _ratio([(w, v / pr) for (w, v), pr in zip(tpot_obs, tpot_prior, strict=True)
+                        if w > 0 and pr > 0], 1.0)
         power_prior = [p.power_w(c) for c in CENTRES]
         power = _blend([(e.w, e.energy_j / e.dt_s if e.dt_s > 0 else 0.0) for e in self.energy],
                        power_prior, k)
@@ -255,7 +285,8 @@ class EndpointModel:
             tpot_s=tuple(tpot), j_prompt=tuple(j_prompt), j_out=tuple(_falling(j_out)),
             power_w=tuple(power), idle_w=power[0], latency_samples=self.latency_samples,
             energy_windows=self.energy_windows,
-            cold=self.latency_samples < s.min_samples or self.energy_windows < s.min_windows)
+            cold=self.latency_samples < s.min_samples or self.energy_windows < s.min_windows,
+            step_prefill_s_per_token=p.prefill_s_per_token * speed)
 
 
 def _ratio(weighted: list[tuple[float, float]], default: float) -> float:

@@ -15,16 +15,19 @@ Until every candidate's curves are learnt (none `cold`), the policy spreads load
 Hysteresis: an endpoint becomes full when its predicted latency exceeds `slo_margin` x the
 SLO, and stays full until the prediction falls below (1 - band) x that, so an engine at the
 edge does not flip in and out of the packing order with every request.
+
+Bursts: an endpoint not full is still passed over for one request when the prefill pending
+on it (`Curves.pending_prefill_tokens`, a burst's prompts not yet prefilled) would push that
+request's or its short streams' predicted latency past the margin (`burst_ratio`). This is
+per request and outside the hysteresis: it lapses as the pending prefill drains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from gateway.routing.base import Candidate, RoutingContext
 from gateway.routing.models import Curves
-from gateway.tokenizer import prompt_text
 
 
 def slo_ratio(c: Candidate, curves: Curves, ctx: RoutingContext, extra_load: float = 0.0
@@ -37,6 +40,23 @@ def slo_ratio(c: Candidate, curves: Curves, ctx: RoutingContext, extra_load: flo
         ratio = curves.ttft(load, ctx.prompt_tokens) / ctx.ttft_slo_s
     if ctx.tpot_slo_s is not None:
         ratio = max(ratio, curves.tpot(load) / ctx.tpot_slo_s)
+    return ratio
+
+
+def burst_ratio(c: Candidate, curves: Curves, ctx: RoutingContext) -> float:
+    """`slo_ratio` with the prefill pending on the endpoint (`Curves.pending_prefill_tokens`)
+    added: queued ahead of the request's prompt (TTFT) and sharing the decode steps (TPOT,
+    spread over the output of the request or of a short stream resident there, whichever is
+    shorter: sending more of a burst to an engine slows the short streams it holds too).
+    Equal to `slo_ratio` with none pending; non-decreasing in the pending prefill."""
+    pending = curves.pending_prefill_tokens
+    out = min(ctx.output_tokens, curves.short_output_tokens)
+    ratio = 0.0
+    if ctx.ttft_slo_s is not None:
+        ratio = curves.ttft_burst(c.load, ctx.prompt_tokens, pending) / ctx.ttft_slo_s
+    if ctx.tpot_slo_s is not None:
+        ratio = max(ratio, curves.tpot_burst(c.load, pending, out)
+                    / ctx.tpot_slo_s)
     return ratio
 
 
@@ -64,7 +84,12 @@ def slo_energy(candidates: Sequence[Candidate], ctx: RoutingContext) -> int:
         # (least loaded) so every endpoint is measured before any is packed. Packing on
         # priors alone sent a demo's load to INT4 and met the SLO for 51-61 % of requests.
         return min(range(len(candidates)), key=lambda i: (candidates[i].load, i))
-    open_ = [i for i in known if candidates[i].name not in ctx.full]
+    # Open: not held full by the hysteresis (latency by load), and not predicted to miss
+    # because of the prefill a burst has queued on it (per request: a short stream cannot
+    # average out a lump a long one can).
+    open_ = [i for i in known if candidates[i].name not in ctx.full
+             and burst_ratio(candidates[i], ctx.curves[candidates[i].name], ctx)
+             <= ctx.slo_margin]
 
     def joules(i: int) -> tuple[float, float, str]:
         c = candidates[i]
@@ -73,18 +98,5 @@ def slo_energy(candidates: Sequence[Candidate], ctx: RoutingContext) -> int:
 
     if open_:
         return min(open_, key=joules)
-    return min(known, key=lambda i: (slo_ratio(candidates[i], ctx.curves[candidates[i].name],
-                                               ctx), joules(i)))
-
-
-def request_size(body: Mapping[str, Any], default_output_tokens: int) -> tuple[float, float]:
-    """(prompt tokens, output tokens) a request will likely cost: the prompt estimated from
-    its bytes (about 4 per token; routing must not wait for a tokenizer), the output from
-    `max_completion_tokens`/`max_tokens` or the default."""
-    text = prompt_text(body)
-    prompt = float(len(text)) if isinstance(text, list) else (
-        len(text.encode("utf-8", "surrogatepass")) / 4.0 if text else 0.0)
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    out = asked if isinstance(asked, int) and not isinstance(asked, bool) and asked >= 0 \
-        else default_output_tokens
-    return prompt, float(out)
+    return min(known, key=lambda i: (burst_ratio(candidates[i], ctx.curves[candidates[i].name],
+                                                 ctx), joules(i)))

@@ -10,10 +10,9 @@ tokens and the reservation from the request's record.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from gateway.accounting.ledger.base import LedgerError
 from gateway.config import GatewayConfig, Tenant
@@ -25,7 +24,6 @@ from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
 from gateway.tenancy.store import TenancyStore
-from gateway.tokenizer import BYTES_PER_TOKEN, prompt_text
 
 
 @dataclass(slots=True)
@@ -36,20 +34,6 @@ class Ticket:
     headers: dict[str, str] = field(default_factory=dict)
     reserved: bool = False  # a reservation in the ledger
     local_slot: bool = False  # a local concurrency slot
-
-
-def request_tokens(body: Mapping[str, Any]) -> tuple[int, int | None]:
-    """(prompt tokens estimated from its bytes, max_tokens asked for or None). The byte
-    estimate, not the tokenizer: admission must not wait for a long prompt's encoding, and
-    the token bucket is settled to the engine's count when the request ends."""
-    text = prompt_text(body)
-    prompt = (len(text) if isinstance(text, list) else
-              math.ceil(len(text.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN)
-              if text else 0)
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = asked if isinstance(asked, int) and not isinstance(asked, bool) \
-        and asked >= 0 else None
-    return prompt, max_tokens
 
 
 def seconds_to_next_period(period: str, now_s: float) -> float:
@@ -141,7 +125,8 @@ class Admission:
         now_wall = store.wall()
         candidates = select_precisions(tenant.precision, override, available) or (
             (override,) if override else tuple(available) or ("bf16",))
-        rate = {p: store.per_token(p, now_wall).j for p in tenant.precision.allowed}
+        rate: dict[str, float] = {p: store.per_token(p, now_wall).j
+                                  for p in tenant.precision.allowed}
         first = max(candidates, key=lambda p: rate.get(p, 0.0))  # the dearest it may get
         cheaper: list[str] = []
         if tenant.budgets.on_budget == "downgrade" and override is None:

@@ -15,12 +15,9 @@ A tenant's section:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from gateway.config_fields import FieldReader, default_of
 from gateway.errors import ConfigError
-
-if TYPE_CHECKING:
-    from gateway.config import FieldReader
 
 PERIODS: tuple[str, ...] = ("hour", "day", "month")
 ON_BUDGET: tuple[str, ...] = ("reject", "downgrade")
@@ -84,8 +81,6 @@ def parse_limits(r: FieldReader) -> TenantLimits:
 
 def parse_budgets(r: FieldReader) -> TenantBudgets:
     """From the tenant's section: `budgets`, `on_budget`, `budget_soft_percent`."""
-    from gateway.config import FieldReader  # gateway.config imports this module
-
     budgets: list[Budget] = []
     for path, raw in r.items("budgets", required=False):
         b = FieldReader(raw, path)
@@ -100,6 +95,7 @@ def parse_budgets(r: FieldReader) -> TenantBudgets:
             raise ConfigError(path, f"a second {period} budget in {unit}")
         budgets.append(Budget(period, unit, limit))
     return TenantBudgets(
-        budgets=tuple(budgets), on_budget=r.choice("on_budget", ON_BUDGET, "reject"),
-        soft_percent=r.number("budget_soft_percent", 80.0),
+        budgets=tuple(budgets),
+        on_budget=r.choice("on_budget", ON_BUDGET, default_of(TenantBudgets, "on_budget")),
+        soft_percent=r.number("budget_soft_percent", default_of(TenantBudgets, "soft_percent")),
     )

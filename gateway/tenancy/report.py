@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from gateway.accounting.ledger.common import SqlLedger
+from gateway.accounting.report import fixed, positional
 from gateway.config import FieldReader
 from gateway.tenancy.budget import Cost, Spend, period_start_hour, spends
 from gateway.tenancy.config import TenantBudgets, parse_budgets
@@ -61,9 +62,10 @@ def render(items: Sequence[tuple[str, Spend]], fmt: str) -> str:
         buf = io.StringIO()
         w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
         w.writeheader()
-        w.writerows(data)
+        w.writerows({k: positional(v) if isinstance(v, float) else v for k, v in r.items()}
+                    for r in data)
         return buf.getvalue()
-    cells = [list(COLUMNS)] + [[f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c])
+    cells = [list(COLUMNS)] + [[fixed(r[c]) if isinstance(r[c], float) else str(r[c])
                                 for c in COLUMNS] for r in data]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()

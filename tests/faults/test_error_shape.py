@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.faults.helpers import ADMIN, body, ep, error_of, post, read_response
+from tests.faults.helpers import ADMIN, body, ep, error_of, metrics_text, post, read_response
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway import make_config, running_gateway
 
@@ -25,6 +25,15 @@ MALFORMED = {
     "http10-bad-length": (b"POST /v1/completions HTTP/1.0\r\nContent-Length: " + CANARY
                           + b"\r\n\r\n"),
     "unknown-version": b"GET /v1/models HTTP/7.3\r\nX-Note: " + CANARY + b"\r\n\r\n",
+    # bare LFs only: no CRLF CRLF ever comes, and the answer must not wait for the head deadline
+    "bare-lf-only": b"GET /healthz HTTP/1.1\nHost: x\nX-Note: " + CANARY + b"\n\n",
+    "length-and-chunked": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                           b"Transfer-Encoding: chunked\r\nX-Note: " + CANARY + b"\r\n\r\n"
+                           b"0\r\n\r\n"),
+    "two-lengths": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                    b"Content-Length: 3\r\nX-Note: " + CANARY + b"\r\n\r\n{}"),
+    "obs-fold": (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Note: a\r\n " + CANARY
+                 + b"\r\n\r\n"),
     "bad-chunked-body": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
                          b"chunked\r\nContent-Type: application/json\r\n\r\nzz\r\n"
                          b'{"prompt": "' + CANARY + b'"}\r\n0\r\n\r\n'),
@@ -43,9 +52,13 @@ async def test_malformed_requests_get_json_400_bad_request_without_echo(case: st
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(MALFORMED[case])
-            status, headers, data, _ = await read_response(reader, 10, check_close=False)
+            # well inside listen.header_timeout_s (10 s): a refusal is at once
+            status, headers, data, _ = await read_response(reader, 3, check_close=False)
         finally:
             writer.close()
+        async with aiohttp.ClientSession() as s:
+            counted = await metrics_text(s, gw)
+    assert 'wattgate_client_connection_errors_total{reason="bad_request"} 1.0' in counted
     assert status == 400, data
     assert headers.get("content-type", "").startswith("application/json")
     assert error_of(data)["code"] == "bad_request"
@@ -74,3 +87,17 @@ async def test_usage_since_nan_is_400(tmp_path: Path) -> None:
                 async with s.get(gw + "/admin/v1/usage?" + query, headers=ADMIN) as r:
                     assert r.status == 400, query
                     error_of(await r.read())
+
+
+@pytest.mark.parametrize("value", [b'"5"', b"-5", b"0", b"1e308", b"2.5", b"true"])
+async def test_a_max_tokens_that_is_not_a_positive_integer_is_400_and_never_reaches_the_engine(
+        value: bytes) -> None:
+    raw = b'{"model":"m","prompt":"hi","max_tokens":' + value + b"}"
+    async with fault_engine(FaultEngine()) as eng, running_gateway(make_config([ep(eng)])) as gw, \
+            aiohttp.ClientSession() as s:
+        status, data, _ = await post(s, gw, raw)
+        counted = await metrics_text(s, gw)
+        assert eng.completions == 0
+    err = error_of(data)
+    assert (status, err["type"], err["param"]) == (400, "invalid_request_error", "max_tokens")
+    assert f'status="{err["code"]}"' in counted  # recorded like any other refused request

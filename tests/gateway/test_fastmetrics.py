@@ -33,6 +33,26 @@ def test_fast_families_render_like_prometheus_client(values: list[float], zeros:
     assert _samples(ours_text) == _samples(theirs_text)
 
 
+@given(st.lists(st.lists(st.floats(min_value=0, max_value=50, allow_nan=False), max_size=12),
+                max_size=12))
+def test_batched_observations_land_in_the_buckets_one_at_a_time_would(
+        batches: list[list[float]]) -> None:
+    h = FastHistogram("x_seconds", "doc", ("a",), BUCKETS)
+    child = h.labels("1")
+    seen = 0
+    for batch in batches:
+        child.observe_many(batch)
+        seen += len(batch)
+        # read now and then, as a scrape does: later values still land where they belong
+        if len(batch) % 3 == 0:
+            assert sum(child.counts) == seen
+    expected = [0] * (len(BUCKETS) + 1)
+    for v in (v for b in batches for v in b):
+        expected[next((i for i, b in enumerate(BUCKETS) if v <= b), len(BUCKETS))] += 1
+    assert child.counts == expected
+    assert abs(child.sum - sum(v for b in batches for v in b)) < 1e-9
+
+
 def _samples(lines: list[str]) -> dict[str, float]:
     out = {}
     for ln in lines:

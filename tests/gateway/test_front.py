@@ -52,10 +52,11 @@ async def read_response(reader: asyncio.StreamReader) -> Response:
 
 @contextlib.asynccontextmanager
 async def gateway(engine: FakeEngine, records: list[RequestRecord] | None = None,
-                  **extra: object) -> AsyncIterator[tuple[str, int]]:
+                  front: bool = True, **extra: object) -> AsyncIterator[tuple[str, int]]:
     sinks = [records.append] if records is not None else []
     endpoint = {"name": "e1", "url": engine.url, "precision": "bf16", "kind": "vllm"}
-    async with running_gateway(make_config([endpoint], **extra), sinks=sinks) as url:
+    async with running_gateway(make_config([endpoint], **extra), sinks=sinks,
+                               front=front) as url:
         parts = urlsplit(url)
         assert parts.hostname is not None and parts.port is not None
         yield parts.hostname, parts.port
@@ -158,11 +159,12 @@ async def test_bad_request_on_the_front_is_a_json_error_and_recorded() -> None:
     assert [r.status for r in records] == ["invalid_json", "ok"]
 
 
-async def test_a_slow_reader_gets_the_whole_stream() -> None:
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+async def test_a_slow_reader_gets_the_whole_stream(front: bool) -> None:
     """A client that stops reading (socket buffers fill, writing pauses) still gets every
-    byte once it reads again."""
+    byte once it reads again, on either server (one relay, two back-pressure sources)."""
     async with fake_engine(FakeEngine(model="m", tokens=4000, tokens_per_event=1)) as eng, \
-            gateway(eng) as (host, port):
+            gateway(eng, front=front) as (host, port):
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 22)
         body = orjson.dumps({"model": "m", "prompt": "hi", "max_tokens": 4000, "stream": True})
         writer.write(request(body=body))

@@ -177,6 +177,23 @@ async def test_503_from_engine_is_retried_on_another_endpoint() -> None:
     assert records[-1].attempts == 2 and len(a.bodies) == 1 and len(b.bodies) == 1
 
 
+async def test_a_retry_sends_each_engine_the_clients_body_under_its_own_model_name() -> None:
+    """A pool whose engines serve the model under different names: each attempt renames it,
+    keeps every other field, and asks for usage on a stream the client asked none for."""
+    async with fake_engine(FakeEngine(model="org/a")) as a, \
+            fake_engine(FakeEngine(model="org/b")) as b:
+        cfg = make_config([{**ep(a, "a"), "model": "org/a"}, {**ep(b, "b"), "model": "org/b"}],
+                          routing={"policy": "round_robin"})
+        async with running_gateway(cfg) as gw, aiohttp.ClientSession() as s:
+            body = {"model": "m", "prompt": "a", "stream": True, "seed": 7,
+                    "stream_options": {"continuous_usage_stats": False}}
+            status, _, _ = await post(s, gw + "/v1/completions", body,
+                                      {"x-fake-fault": "status:503"})
+    assert status == 503
+    sent = {**body, "stream_options": {"continuous_usage_stats": False, "include_usage": True}}
+    assert a.bodies == [{**sent, "model": "org/a"}] and b.bodies == [{**sent, "model": "org/b"}]
+
+
 async def test_midstream_failure_ends_stream_with_error_event_and_is_recorded() -> None:
     records: list[RequestRecord] = []
     async with fake_engine(FakeEngine(model="m", itl_s=0.01)) as eng, \

@@ -49,9 +49,9 @@ def test_openai_client_streaming_and_not_through_the_gateway(tmp_path: Path) -> 
             model="m", max_tokens=7, stream=True, messages=[{"role": "user", "content": "hi"}]))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " tok" * 7
         assert all(c.usage is None for c in chunks)  # not asked for: stripped
-        chunks = list(client.completions.create(model="m", prompt="hi", max_tokens=4, stream=True,
+        pieces = list(client.completions.create(model="m", prompt="hi", max_tokens=4, stream=True,
                                                 stream_options={"include_usage": True}))
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 4
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="no-such-model", prompt="x")
         with pytest.raises(openai.AuthenticationError):

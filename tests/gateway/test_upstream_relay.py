@@ -11,8 +11,8 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.records import RequestRecord
-from tests.gateway.test_upstream_pool import RawEngine, raw_engine
 from tests.support.gateway import KEY_A, make_config, running_gateway
+from tests.support.raw_engine import RawEngine, raw_engine
 
 pytestmark = pytest.mark.timeout(30)
 AUTH = {"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting.ledger.base import EngineState, Ledger, Watermark
+from gateway.accounting.ledger.base import EngineState, Ledger, Watermark, engine_work
 from gateway.accounting.ledger.postgres import PostgresLedger
 from gateway.accounting.ledger.sql import MIGRATIONS
 from gateway.accounting.ledger.sqlite import SqliteLedger
@@ -97,11 +97,11 @@ async def test_work_written_after_the_apportioners_read_keeps_its_interval_dirty
         pg: str) -> None:
     a = await _ledger(pg)
     first = WorkRow("r1", 7, 10.0, 2.0, 0.5, 0.0, 20.0)
-    await a.append([], [(*first, "e0")])
+    await a.append([], engine_work("e0", [first]))
     snap = await a.snapshot("e0", [(5, 9)])
     assert [p.row for p in snap.rows] == [first] and snap.versions == {7: 1}
     late = WorkRow("r2", 7, 0.0, 1.0, 0.2, 0.1, 3.0)
-    await a.append([], [(*late, "e0")])  # between the read and the commit
+    await a.append([], engine_work("e0", [late]))  # between the read and the commit
     await a.commit("e0", [], [], [(7, 1)], EngineState("e0", 8, 8.0, 0.0))
     assert await a.dirty("e0", 8) == [7]
     snap = await a.snapshot("e0", [(7, 7)])

@@ -162,7 +162,8 @@ def test_run_against_an_unreachable_target_fails_loudly() -> None:
     proc = loadgen("run", "--target", f"http://127.0.0.1:{port}", "--rate", "5", "--duration",
                    "0.5", "--no-energy", "--quiet", "--tokenizer", "words")
     assert proc.returncode == 1
-    assert "no request of run succeeded" in proc.stderr and "connect_error" in proc.stderr
+    assert f"cannot connect to http://127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.timeout(60)

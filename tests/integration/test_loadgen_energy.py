@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from loadgen import energy
-from loadgen.client import ClientOptions, RequestResult, make_session
+from loadgen.client import ClientOptions, make_session
+from loadgen.results import RequestResult
 
 
 def rr(i: int, tenant: str, rid: str, status: str = "ok") -> RequestResult:

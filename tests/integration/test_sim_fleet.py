@@ -12,7 +12,8 @@ import aiohttp
 import orjson
 import pytest
 
-from engines.adapters import TrtllmAdapter, VllmAdapter
+from engines.adapters.trtllm import TrtllmAdapter
+from engines.adapters.vllm import VllmAdapter
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
 

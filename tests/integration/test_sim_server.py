@@ -7,13 +7,16 @@ import itertools
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any, cast
 
 import aiohttp
 import orjson
 import pytest
 from openai import APIStatusError, AsyncOpenAI
+from openai.types.chat import ChatCompletionStreamOptionsParam
 
-from engines.adapters import TrtllmAdapter, VllmAdapter
+from engines.adapters.trtllm import TrtllmAdapter
+from engines.adapters.vllm import VllmAdapter
 from tests.support.procs import free_port, running, wattgate_cmd
 
 MODEL = "llama-3.1-8b"
@@ -42,10 +45,10 @@ def client(url: str) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=20)
 
 
-async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, object]:
+async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     async with session.get(url) as resp:
         assert resp.status == 200
-        body: dict[str, object] = orjson.loads(await resp.read())
+        body: dict[str, Any] = orjson.loads(await resp.read())
         return body
 
 
@@ -89,7 +92,9 @@ async def test_streaming_completion_continuous_usage_counts_up(vllm_url: str) ->
     async with client(vllm_url) as oai:
         stream = await oai.completions.create(
             model=MODEL, prompt="x y", max_tokens=4, stream=True,
-            stream_options={"include_usage": False, "continuous_usage_stats": True})
+            # continuous_usage_stats is vLLM's, not in the OpenAI client's TypedDict
+            stream_options=cast("ChatCompletionStreamOptionsParam",
+                                {"include_usage": False, "continuous_usage_stats": True}))
         chunks = [chunk async for chunk in stream]
     assert [c.usage.completion_tokens for c in chunks if c.usage] == [1, 2, 3, 4]
 
@@ -105,21 +110,21 @@ async def test_ground_truth_by_request_id_and_conservation_over_http(vllm_url: s
             resp.release()
         truth = await get_json(s, f"{vllm_url}/sim/requests/gt-3")
         assert truth["prompt_tokens"] == 200 and truth["completion_tokens"] == 20
-        parts = sum(float(truth[k]) for k in ("prefill_energy_j", "decode_energy_j",  # type: ignore[arg-type]
+        parts = sum(float(truth[k]) for k in ("prefill_energy_j", "decode_energy_j",
                                               "static_energy_j"))
         assert truth["energy_j"] == pytest.approx(parts) and parts > 0
-        assert 0 < truth["ttft_s"] < truth["finished"] - truth["arrived"]  # type: ignore[operator]
+        assert 0 < truth["ttft_s"] < truth["finished"] - truth["arrived"]
         everything = await get_json(s, f"{vllm_url}/sim/requests")
         requests = everything["requests"]
         assert isinstance(requests, list)
         assert {f"gt-{i}" for i in range(8)} <= {r["request_id"] for r in requests}
         stats = await get_json(s, f"{vllm_url}/sim/stats")
-        total = float(stats["requests_energy_j"]) + float(stats["idle_energy_j"])  # type: ignore[arg-type]
-        assert total == pytest.approx(float(stats["counter_committed_j"]), rel=1e-9)  # type: ignore[arg-type]
+        total = float(stats["requests_energy_j"]) + float(stats["idle_energy_j"])
+        assert total == pytest.approx(float(stats["counter_committed_j"]), rel=1e-9)
         e1 = await get_json(s, f"{vllm_url}/sim/energy")
         await asyncio.sleep(0.05)
         e2 = await get_json(s, f"{vllm_url}/sim/energy")
-        g1, g2 = e1["gpus"][0]["energy_j"], e2["gpus"][0]["energy_j"]  # type: ignore[index]
+        g1, g2 = e1["gpus"][0]["energy_j"], e2["gpus"][0]["energy_j"]
         assert g2 > g1  # idle power keeps the counter growing
         assert e1["idle_power_w"] == 75.0 and e1["time_scale"] == 1.0
 
@@ -187,7 +192,7 @@ async def test_fault_abort_after_closes_the_stream_after_n_token_events(vllm_url
         await asyncio.sleep(0.05)
         truth = await get_json(s, f"{vllm_url}/sim/requests/ab-1")
     assert len(events) == 3 and b"[DONE]" not in b"".join(events)
-    assert truth["status"] == "aborted" and truth["completion_tokens"] < 50  # type: ignore[operator]
+    assert truth["status"] == "aborted" and truth["completion_tokens"] < 50
 
 
 @pytest.mark.timeout(30)

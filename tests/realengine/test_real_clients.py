@@ -80,7 +80,7 @@ async def _one(sdk: SdkClient, client: Any, kind: tuple[str, str, bool, bool], i
     counted = stream and not usage
     async with gate:
         if endpoint == "chat":
-            extra = {"logprobs": True} if counted else {}
+            extra: dict[str, Any] = {"logprobs": True} if counted else {}
             return await chat(sdk, client, name, stream, usage, model=ALIAS,
                               messages=_messages(i), max_tokens=MAX_TOKENS, temperature=0,
                               **extra)

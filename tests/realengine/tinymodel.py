@@ -64,7 +64,8 @@ def _build(target: Path) -> None:
         vocab_size=RECIPE["vocab_size"], special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(RECIPE["seed"]), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    # transformers' tokenizer and model constructors carry no annotations
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
         pad_token="</s>", model_max_length=RECIPE["max_position_embeddings"])
     fast.chat_template = CHAT_TEMPLATE
@@ -79,7 +80,7 @@ def _build(target: Path) -> None:
         max_position_embeddings=RECIPE["max_position_embeddings"],
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # type: ignore[no-untyped-call, arg-type]
     model.save_pretrained(target)
     fast.save_pretrained(target)
     (target / STAMP).write_text(json.dumps(RECIPE, sort_keys=True))

@@ -96,7 +96,7 @@ def run_engine(seed: int, *, duration_s: float = 60.0, rate: float = 6.0, max_ba
         while ai < len(arrivals) and arrivals[ai].arrive_s <= now:
             waiting.append(arrivals[ai])
             ai += 1
-        prefilling = []
+        prefilling: list[_Req] = []
         while waiting and len(running) + len(prefilling) < max_batch:
             r = waiting.pop(0)
             r.admitted_s = now

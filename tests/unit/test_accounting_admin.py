@@ -89,4 +89,4 @@ def test_report_table_numbers_are_fixed_point() -> None:
     from gateway.accounting.report import _fmt
 
     assert [_fmt(v) for v in (7932.149, 1.45384, 0.00220337, 2.0e-7, 0.0, 12.0)] == [
-        "7932.1", "1.454", "0.002203", "0", "0", "12"]
+        "7932.1", "1.454", "0.002203", "0.0000002", "0", "12"]  # a tiny cost is not 0

@@ -75,3 +75,11 @@ def test_query_times_accept_epoch_iso_and_relative() -> None:
     for bad in ("nan", "inf", "-inf", "NaN"):
         with pytest.raises(ValueError, match="not a time"):
             parse_time(bad, 0)
+
+
+def test_the_apportioner_runs_in_a_process_unless_told_and_bad_modes_are_named() -> None:
+    assert parse_accounting(None).apportioner == "process"
+    assert parse_accounting({"apportioner": "external"}).apportioner == "external"
+    with pytest.raises(ConfigError) as err:
+        parse_accounting({"apportioner": "sidecar"})
+    assert err.value.path == "accounting.apportioner" and "inline" in err.value.message

@@ -8,18 +8,16 @@ import asyncio
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.accounting.apportioner import REPLICA_STALE_S
 from gateway.accounting.ledger.base import LedgerError, Watermark
 from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.service import (
-    INGEST_SLICES,
-    REPLICA_STALE_S,
-    AccountingService,
-    EngineInfo,
-)
+from gateway.accounting.recorder import INGEST_SLICES
+from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.records import RequestRecord
 from tests.unit.test_accounting_accuracy import T0_WALL, EngineRun, run_engine
 from tests.unit.test_ledger_sqlite import (
@@ -51,7 +49,7 @@ class OpenRequests:
 
 
 def service(path: Path, run: EngineRun, clock: Clock, registry: CollectorRegistry,
-            **kw: float) -> AccountingService:
+            **kw: Any) -> AccountingService:
     cfg = make_config()
     if kw:
         from dataclasses import replace
@@ -218,7 +216,8 @@ async def test_stopping_in_the_middle_of_an_ingest_loses_no_record(tmp_path: Pat
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert 0 < len(svc._requests) < 200  # stopped half way
+    assert svc.recorder is not None
+    assert 0 < svc.recorder.unwritten < 200  # stopped half way
     await svc.stop()
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
@@ -239,7 +238,7 @@ async def test_a_backlog_is_ingested_within_a_bounded_number_of_loop_turns(
         await asyncio.sleep(0)
         turns += 1
     await task
-    assert len(svc._requests) == 2000
+    assert svc.recorder is not None and svc.recorder.unwritten == 2000
     assert turns <= INGEST_SLICES + 1  # 2000 records in 32-record chunks took 63
     await svc.stop()
 

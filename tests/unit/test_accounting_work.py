@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from typing import Any
 
 import pytest
 
 from gateway.accounting.coefficients import fit_intervals, fitted, nnls
 from gateway.accounting.energy import Boundary, EnergyTrack
-from gateway.accounting.work import WorkRow, spread, work_rows
+from gateway.accounting.work import Work, WorkRow, spread, work_rows
 from gateway.records import RequestRecord
 from gateway.timing import latency, split_reads
 
@@ -169,8 +170,20 @@ def _random_record(rnd: random.Random, interval_s: float) -> RequestRecord:
                   completion_tokens=rnd.choice([0, 1, 7, 600]))
 
 
-def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit() -> None:
-    """work_rows' shortcut for requests inside one interval changes no value, not one bit."""
+def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """work_rows' shortcuts for requests inside one interval (streamed or not) change no value,
+    not one bit."""
+    import gateway.accounting.work as work
+
+    streams: list[str] = []
+    one_stream = work._one_interval_stream
+
+    def counted(rid: str, *args: Any) -> list[Work]:
+        streams.append(rid)
+        return one_stream(rid, *args)
+
+    monkeypatch.setattr(work, "_one_interval_stream", counted)
     rnd = random.Random(11)
     taken = 0
     for _ in range(20_000):
@@ -185,6 +198,7 @@ def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit() -> No
         taken += (not rec.read_times and math.floor(t_disp / interval_s)
                   == math.floor(t_end / interval_s))
     assert taken > 5_000  # the shortcut was tried on many of them
+    assert len(streams) > 2_000  # and the streams' one
 
 
 def test_long_prompt_prefill_carries_its_attention_work() -> None:

@@ -138,7 +138,8 @@ async def test_records_are_journalled_until_flushed_then_segments_go(tmp_path: P
     svc = _service(tmp_path)
     assert svc.journal is not None
     await svc.ledger.open()
-    await svc._replay_journal(svc.journal)  # start() without the background loop
+    assert svc.recorder is not None
+    await svc.recorder.replay_journal()  # start() without the background loop
     jdir = tmp_path / "l.db.journal"
     recs = records(10)
     for r in recs:
@@ -154,7 +155,6 @@ async def test_records_are_journalled_until_flushed_then_segments_go(tmp_path: P
            if [r.request_id for r in read_segment(p)[0]] != [recs[0].request_id]]:
         assert time.monotonic() < deadline, "flushed segment not deleted"
         await asyncio.sleep(0.01)
-    svc._pending.clear()
     await svc.stop()
 
 

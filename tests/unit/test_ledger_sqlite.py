@@ -19,8 +19,16 @@ from engines.meters.registry import MeterSpec
 from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.config import AccountingConfig, EngineMeterConfig
 from gateway.accounting.ledger import sql
-from gateway.accounting.ledger.base import EngineState, Ledger, RequestRow, engine_work
+from gateway.accounting.ledger.base import (
+    EngineState,
+    EngineWork,
+    Ledger,
+    RequestRow,
+    ShareRow,
+    engine_work,
+)
 from gateway.accounting.ledger.sqlite import SqliteLedger
+from gateway.accounting.metering import MeteredEngine
 from gateway.accounting.report import IDLE_TENANT, build_report
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.accounting.work import WorkRow, interval_index, work_rows
@@ -150,7 +158,7 @@ async def test_restart_resumes_where_apportioning_stopped(tmp_path: Path) -> Non
     await svc2.stop()
 
 
-async def _states(path: Path) -> dict[str, object]:
+async def _states(path: Path) -> dict[str, EngineState]:
     ledger = SqliteLedger(path)
     await ledger.open()
     try:
@@ -338,7 +346,7 @@ async def test_a_requests_shares_are_found_over_the_span_of_its_work(tmp_path: P
                                  read_events=(*recs[0].read_events, 1))
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
-    shares: list[tuple[object, ...]] = []
+    shares: list[ShareRow] = []
     expected: dict[str, tuple[int, float]] = {}
     for j, rec in enumerate([skewed, *recs[1:]]):
         rows = [WorkRow._make(r) for r in work_rows(rec, 1.0)]
@@ -349,10 +357,10 @@ async def test_a_requests_shares_are_found_over_the_span_of_its_work(tmp_path: P
         await ledger.append([row], engine_work(rec.engine, rows))
         for w in rows:
             k = w.interval_idx
-            shares.append((rec.request_id, rec.engine, k, k * 1.0, 0, 1.0 + j + k / 64, 0.5,
-                           0.5 + j + k / 64, 0.1, 1e-3, 1e-5, 0))
-        expected[rec.request_id] = (len(rows), math.fsum(s[5] for s in shares  # type: ignore[misc]
-                                                         if s[0] == rec.request_id))
+            shares.append(ShareRow(rec.request_id, rec.engine, k, k * 1.0, 0, 1.0 + j + k / 64,
+                                   0.5, 0.5 + j + k / 64, 0.1, 1e-3, 1e-5, 0))
+        expected[rec.request_id] = (len(rows), math.fsum(s.energy_j for s in shares
+                                                         if s.request_id == rec.request_id))
     assert max(skewed.read_times) > skewed.finished_s
     await ledger.commit(recs[0].engine, [], shares, [], None)
     for rid, (n, energy) in expected.items():
@@ -382,7 +390,7 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
     for i in range(30):
         row = RequestRow(f"r{i:02d}", f"t{i % 3}", "m", "e0", "bf16", "d", "ok", 1, 10.0 + i,
                          11.0 + i, 0, 5, 6, 1, i, i, "x")
-        await ledger.append([row], [(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
+        await ledger.append([row], [EngineWork(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
         assert len(ledger._tenant_cache) <= 10
     newest = (await ledger.snapshot("e0", [(25, 29)])).rows
     assert [(p.row.request_id, p.tenant) for p in sorted(newest, key=lambda p: p.row)] == [
@@ -401,7 +409,7 @@ async def test_apportioning_in_small_chunks_gives_the_same_shares(
     """Busy intervals are read back in chunks and apportioned apart from their booking, with
     the event loop served in between; at a few rows per chunk the shares and tenant counters
     are exactly those of one pass."""
-    from gateway.accounting import service
+    from gateway.accounting import apportioner, plan
     from gateway.accounting.ledger import common
 
     async def shares_and_counters(path: Path) -> tuple[list[tuple[object, ...]],
@@ -410,14 +418,14 @@ async def test_apportioning_in_small_chunks_gives_the_same_shares(
         clock = Clock(T0_WALL)
         svc = make_service(SqliteLedger(path), run, clock)
         tenant_new: dict[str, list[float]] = {}
-        book = svc._one
+        book = apportioner.Apportioner._after_commit
 
-        async def spying(*args: object) -> None:
-            await book(*args)  # type: ignore[arg-type]
-            for tenant, acc in args[-1].items():  # type: ignore[attr-defined]
-                tenant_new[tenant] = list(acc)
+        def spying(self: apportioner.Apportioner, eng: MeteredEngine, got: plan.Plan) -> None:
+            book(self, eng, got)
+            for tenant, acc in got.tenants.items():
+                tenant_new[tenant] = [acc.energy_j, acc.carbon_g, acc.cost_usd]
 
-        monkeypatch.setattr(svc, "_one", spying)
+        monkeypatch.setattr(apportioner.Apportioner, "_after_commit", spying)
         await svc.ledger.open()
         await drive(svc, run, clock, run.readings[-1][0])
         rows = await svc.ledger._fetch(  # type: ignore[attr-defined]
@@ -427,7 +435,7 @@ async def test_apportioning_in_small_chunks_gives_the_same_shares(
         return rows, tenant_new
 
     whole, whole_tenants = await shares_and_counters(tmp_path / "whole.db")
-    monkeypatch.setattr(service, "BUSY_ROWS", 2)
+    monkeypatch.setattr(plan, "BUSY_ROWS", 2)
     monkeypatch.setattr(common, "WORK_CHUNK", 3)
     chunked, chunked_tenants = await shares_and_counters(tmp_path / "chunked.db")
     per_interval = collections.Counter(r[1] for r in whole)

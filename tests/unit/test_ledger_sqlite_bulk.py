@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.accounting.ledger import sql
+from gateway.accounting.ledger.base import EngineWork
 from gateway.accounting.ledger.sqlite import ROWS_PER_STATEMENT, _blocks, _migrate, execute_rows
 
 
@@ -30,8 +31,8 @@ def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
             0, 10 + i, 20 + i, i % 2, i // 8, i // 7, "rep", "engine")
 
 
-def _work(i: int, k: int, engine: str = "e1") -> tuple[Any, ...]:
-    return (f"r{i:06d}", k, 1.0 * i, 2.0 * i, 0.25, 0.125, 3.0 * i, engine)
+def _work(i: int, k: int, engine: str = "e1") -> EngineWork:
+    return EngineWork(f"r{i:06d}", k, 1.0 * i, 2.0 * i, 0.25, 0.125, 3.0 * i, engine)
 
 
 def _share(i: int, k: int) -> tuple[Any, ...]:
@@ -55,7 +56,7 @@ def test_bulk_inserts_and_marks_match_executemany(n: int, parameters: int | None
     # Work comes per request, each with its intervals: not in key order.
     work = [_work(i, k, f"e{i % 3}") for i in range(n) for k in (i // 100, i // 100 + 1)]
     shares = [_share(i, i // 100) for i in range(n)]
-    versions = sorted({(w[7], w[1]) for w in work})
+    versions = sorted({(w.engine, w.interval_idx) for w in work})
     clean = [(engine, k, 1) for engine, k in versions[::2]]
     _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
            (sql.UPSERT_VERSION, versions), (sql.INSERT_SHARE, shares),
@@ -65,8 +66,8 @@ def test_bulk_inserts_and_marks_match_executemany(n: int, parameters: int | None
 def test_conflicting_rows_are_skipped_as_row_by_row() -> None:
     # A request or work row written twice (a retried flush) keeps its first version.
     requests = [_request(i) for i in range(300)] + [_request(5, tenant="b"), _request(299, "b")]
-    work = [_work(i, 1) for i in range(300)] + [_work(8, 1)[:2] + _work(9, 1)[2:],
-                                                 _work(7, 2, engine="e2"), _work(3, 0)]
+    work = [_work(i, 1) for i in range(300)] + [
+        _work(9, 1)._replace(request_id="r000008"), _work(7, 2, engine="e2"), _work(3, 0)]
     _both([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
            (sql.INSERT_REQUEST, requests[:10])])
 

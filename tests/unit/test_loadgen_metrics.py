@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from gateway.config import SloClass
 from loadgen import metrics
-from loadgen.client import RequestResult
 from loadgen.experiments import (
     SweepPoint,
     accuracy_condition,
@@ -19,6 +18,7 @@ from loadgen.experiments import (
     pareto_front,
     sweep_result,
 )
+from loadgen.results import RequestResult
 
 SLOS = {"fast": SloClass("fast", ttft_s=0.1, tpot_s=0.02), "slow": SloClass("slow", ttft_s=1.0)}
 

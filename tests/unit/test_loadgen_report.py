@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from gateway.config import SloClass
-from loadgen import energy, metrics, report
-from loadgen.client import RequestResult, Target
+from loadgen import energy, metrics, report, report_html
+from loadgen.client import Target
 from loadgen.prompts import WordPrompts
+from loadgen.results import RequestResult
 from loadgen.runner import RunOutcome
 
 
@@ -48,7 +49,7 @@ def test_console_and_html_count_estimated_and_measured_records(tmp_path: Path, e
     table = report.run_table([o])
     assert says in table
     html_path = tmp_path / "r.html"
-    report.write_html(html_path, "t", [o])
+    report_html.write_html(html_path, "t", [o])
     assert says in html_path.read_text()
     if estimated == 5:  # nothing was measured: the word must not stand alone
         assert "(measured" not in table and "records measured" not in table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -114,3 +115,50 @@ def test_windows_pair_all_energy_and_all_work_of_closed_intervals(
 def test_load_bins_cover_the_centres() -> None:
     from gateway.routing.models import bin_of
     assert [bin_of(c) for c in CENTRES] == list(range(len(CENTRES)))
+
+
+def test_tpot_is_binned_at_the_load_the_request_decoded_at_not_the_one_it_joined() -> None:
+    """An engine filling up: a request dispatched at load 0 decodes at ~200. Its TTFT belongs
+    to load 0, its TPOT to ~200 (binned at 0 it made an idle engine look slow)."""
+    from gateway.routing.base import Candidate
+    from gateway.routing.learner import EndpointInfo, RoutingModels
+    from gateway.routing.models import bin_of
+
+    models = RoutingModels([EndpointInfo("e", "m", "vllm", "bf16")])
+    models.observe_loads(10.0, [Candidate("e", "bf16", running=0)])
+    for i in range(1, 101):  # 200 resident (itself included) from its first token on
+        models.observe_loads(10.0 + 0.01 * i, [Candidate("e", "bf16", running=201)])
+    rec = _record(10.0, 10.005, 12.0, 100, 200)
+    models(dataclasses.replace(rec, latency=Latency(0.005, 0.01, 2.0, (), ())))
+    m = models.models["e"]
+    assert m.latency[0].ttft.w == 1.0 and m.latency[0].tpot.w == 0.0
+    assert m.latency[bin_of(200.0)].tpot.w == 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 300.0)), min_size=1,
+                max_size=30), st.floats(0.0, 100.0), st.floats(0.0, 100.0))
+def test_mean_load_over_a_span_is_the_step_functions_time_average(
+        steps: list[tuple[float, float]], a: float, b: float) -> None:
+    from gateway.routing.learner import _LoadTrace
+
+    trace = _LoadTrace()
+    t, points = 0.0, []
+    for dt, load in steps:
+        t += dt
+        trace.add(t, load)
+        points.append((t, load))
+    t0, t1 = min(a, b), max(a, b)
+    mean = trace.mean(t0, t1)
+    if t1 < points[0][0]:
+        assert mean is None
+        return
+    lo = max(t0, points[0][0])
+    if t1 - lo <= 1e-9:
+        assert mean == trace.at(t1)
+        return
+    # numeric time average of the step function over [lo, t1]
+    n = 4000
+    grid = [lo + (t1 - lo) * (k + 0.5) / n for k in range(n)]
+    ref = sum(trace.at(x) or 0.0 for x in grid) / n
+    assert mean is not None and abs(mean - ref) <= 300.0 * 2 * len(points) / n + 1e-6

@@ -10,12 +10,13 @@ from hypothesis import strategies as st
 
 from gateway.config import parse_config
 from gateway.errors import ConfigError
+from gateway.requests import asked_tokens, prompt_estimate
 from gateway.routing import RoutingContext, policy_for
 from gateway.routing.base import Candidate
 from gateway.routing.capacity import engines_needed, slo_capacity
 from gateway.routing.models import Curves, EndpointModel
 from gateway.routing.priors import prior_for
-from gateway.routing.slo_energy import next_full, request_size, slo_energy
+from gateway.routing.slo_energy import next_full, slo_energy
 
 
 def curves(kind: str, precision: str, cold: bool = False) -> Curves:
@@ -44,7 +45,7 @@ def test_slo_energy_spills_when_the_packed_engine_is_full() -> None:
     c = ctx()
     full = next_full(frozenset(), cands, c, band=0.15)
     assert full == {"fp8"}
-    assert slo_energy(cands, RoutingContext(**{**_fields(c), "full": full})) == 0
+    assert slo_energy(cands, dataclasses.replace(c, full=full)) == 0
 
 
 def test_when_no_endpoint_meets_the_slo_the_best_predicted_latency_wins() -> None:
@@ -52,12 +53,8 @@ def test_when_no_endpoint_meets_the_slo_the_best_predicted_latency_wins() -> Non
     c = ctx(tpot_slo_s=0.001)
     full = next_full(frozenset(), cands, c, 0.15)
     assert full == {"bf16", "fp8"}
-    i = slo_energy(cands, RoutingContext(**{**_fields(c), "full": full}))
+    i = slo_energy(cands, dataclasses.replace(c, full=full))
     assert cands[i].name == "fp8"  # TensorRT-LLM FP8 decodes fastest at any batch
-
-
-def _fields(c: RoutingContext) -> dict[str, object]:
-    return {f: getattr(c, f) for f in c.__dataclass_fields__}
 
 
 def test_hysteresis_holds_a_full_engine_out_until_its_load_falls_well_below_the_edge() -> None:
@@ -71,7 +68,7 @@ def test_hysteresis_holds_a_full_engine_out_until_its_load_falls_well_below_the_
         full = next_full(full, [Candidate("fp8", "fp8", running=load)], c, band=0.15)
         states.append("fp8" in full)
     assert states == [False, True, True, True, True, True]
-    low = slo_capacity(CURVES["fp8"], RoutingContext(**{**_fields(c), "slo_margin": 0.8 * 0.85}))
+    low = slo_capacity(CURVES["fp8"], dataclasses.replace(c, slo_margin=0.8 * 0.85))
     full = next_full(full, [Candidate("fp8", "fp8", running=low - 1)], c, band=0.15)
     assert "fp8" not in full
     # without a band the same wobble flips it every time
@@ -96,8 +93,9 @@ def test_engines_needed_is_the_fewest_that_cover_the_load(load: float, caps: lis
 
 
 def test_request_size_reads_max_tokens_and_estimates_the_prompt() -> None:
-    assert request_size({"prompt": "x" * 400, "max_tokens": 7}, 256) == (100.0, 7.0)
-    assert request_size({"messages": []}, 256)[1] == 256.0
+    assert prompt_estimate({"prompt": "x" * 400}) == 100.0
+    assert asked_tokens({"prompt": "x" * 400, "max_tokens": 7}) == 7
+    assert asked_tokens({"messages": []}) is None
 
 
 def test_config_accepts_slo_energy_and_names_a_bad_quality_field() -> None:

@@ -125,8 +125,8 @@ def test_ground_truth_plus_idle_equals_counter_growth_and_counter_is_monotonic(
     growth = core.ledger.counter_j - start_j
     assert charged + core.ledger.idle_j == pytest.approx(growth, rel=1e-9)
     assert core.ledger.charged_j == pytest.approx(charged, rel=1e-9)
-    for t in truths:
-        parts = t.static_energy_j + t.prefill_energy_j + t.decode_energy_j
-        assert t.energy_j == pytest.approx(parts, rel=1e-12)
-        assert min(t.static_energy_j, t.prefill_energy_j, t.decode_energy_j) >= 0.0
-        assert t.energy_j > 0.0 or t.status == "aborted"
+    for truth in truths:
+        parts = truth.static_energy_j + truth.prefill_energy_j + truth.decode_energy_j
+        assert truth.energy_j == pytest.approx(parts, rel=1e-12)
+        assert min(truth.static_energy_j, truth.prefill_energy_j, truth.decode_energy_j) >= 0.0
+        assert truth.energy_j > 0.0 or truth.status == "aborted"

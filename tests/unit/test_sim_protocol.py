@@ -7,7 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from engines.adapters import TrtllmAdapter, VllmAdapter
+from engines.adapters.trtllm import TrtllmAdapter
+from engines.adapters.vllm import VllmAdapter
 from engines.sim.config import SimConfig, SimConfigError, config_from_mapping
 from engines.sim.fleet import load_fleet
 from engines.sim.metrics import ServingStats, render_trtllm, render_vllm

@@ -11,7 +11,8 @@ from gateway.accounting.ledger.base import LedgerError
 from gateway.accounting.pricing import Pricing
 from gateway.config import parse_config
 from gateway.errors import OverloadedError
-from gateway.tenancy.admission import Admission, request_tokens
+from gateway.requests import asked_tokens, prompt_estimate
+from gateway.tenancy.admission import Admission
 from gateway.tenancy.errors import TenantLimitError
 from gateway.tenancy.store import TenancyStore
 from tests.support.gateway import raw_config
@@ -51,7 +52,7 @@ async def test_local_cap_without_a_ledger_and_token_estimates() -> None:
     assert ticket.local_slot
     with pytest.raises(TenantLimitError):
         await admission.admit(cfg.tenants[0], "b", 1, 4, None, {"bf16"})
-    assert request_tokens({"prompt": "x" * 40, "max_tokens": 7}) == (10, 7)
-    assert request_tokens({"messages": [{"role": "user", "content": "hi"}],
-                           "max_completion_tokens": 3}) == (2, 3)
-    assert request_tokens({"prompt": [1, 2, 3]}) == (3, None)
+    assert (prompt_estimate({"prompt": "x" * 40}), asked_tokens({"max_tokens": 7})) == (10, 7)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}
+    assert asked_tokens(chat) == 3
+    assert (prompt_estimate({"prompt": [1, 2, 3]}), asked_tokens({})) == (3, None)

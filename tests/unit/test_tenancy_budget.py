@@ -14,8 +14,8 @@ from gateway.tenancy.budget import (
 from gateway.tenancy.config import Budget
 
 
-def hour_of(*args: int) -> int:
-    return int(datetime(*args, tzinfo=UTC).timestamp() // 3600)
+def hour_of(year: int, month: int, day: int, hour: int = 0) -> int:
+    return int(datetime(year, month, day, hour, tzinfo=UTC).timestamp() // 3600)
 
 
 def test_periods_start_at_utc_hour_day_and_calendar_month() -> None:

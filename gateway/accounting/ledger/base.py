@@ -6,17 +6,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from operator import add, itemgetter
+from operator import add
 from typing import Any, NamedTuple, Protocol
 
 from gateway.accounting.counters import CounterState
-from gateway.accounting.work import Work, WorkRow
+from gateway.accounting.work import Work, WorkRow, interval_span
 from gateway.errors import WattgateError
 from gateway.records import RequestRecord
 
 HOUR_S = 3600.0
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
-_INTERVAL = itemgetter(1)  # a WorkRow's interval_idx
 
 
 class LedgerError(WattgateError):
@@ -62,9 +61,9 @@ class RequestRow(NamedTuple):
         ran = bool(rec.engine) and rec.dispatched_s is not None
         last = math.floor(finished / interval_s) if ran else None
         first = None
-        if work:
-            ks = list(map(_INTERVAL, work))
-            first, hi = min(ks), max(ks)
+        span = interval_span(work)
+        if span is not None:
+            first, hi = span
             if last is None or hi > last:
                 last = hi  # work stamped after the finish (clock skew) still has shares
         return _new_tuple(cls, (
@@ -74,14 +73,24 @@ class RequestRow(NamedTuple):
             1 if rec.slo_met else 0, first, last, replica, rec.prompt_source))
 
 
-# A work row as the ledger stores it: (*WorkRow, engine), the order of its INSERT. A plain
-# tuple (one concatenation per row at ingest), not a wrapper that is unpacked again later.
-EngineWork = tuple[Any, ...]
+class EngineWork(NamedTuple):
+    """A work row as the ledger stores it: a WorkRow's fields and the engine, in the order of
+    its INSERT (the row is its own statement parameters)."""
+
+    request_id: str
+    interval_idx: int
+    prefill_tokens: float
+    decode_tokens: float
+    residency_s: float
+    start_s: float
+    kv_tokens: float
+    engine: str
 
 
 def engine_work(engine: str, rows: Sequence[Work]) -> list[EngineWork]:
-    """The ledger's work rows of one request on `engine`."""
-    return list(map(add, rows, repeat((engine,))))
+    """The ledger's work rows of one request on `engine` (one concatenation per row, typed
+    without its NamedTuple's Python-level __new__)."""
+    return list(map(_new_tuple, repeat(EngineWork), map(add, rows, repeat((engine,)))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +176,10 @@ class UsageData:
     """Raw aggregates for chargeback, grouped by (tenant, model, precision, engine, hour)."""
 
     energy: list[tuple[Any, ...]]  # dims..., energy_j, static_j, carbon_g, cost_usd, estimated
-    requests: list[tuple[Any, ...]]  # dims..., requests, ok, prompt, completion, slo_met
-    idle: list[tuple[Any, ...]]  # engine, model, precision, hour, idle_j, carbon, cost, est.
+    # dims..., requests, ok, prompt, completion, slo_met, first arrived_s, last finished_s
+    requests: list[tuple[Any, ...]]
+    # engine, model, precision, hour, idle_j, carbon, cost, estimated, first start_s, last end_s
+    idle: list[tuple[Any, ...]]
 
 
 class Ledger(Protocol):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -35,7 +34,6 @@ TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound p
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__
-_ID_TENANT = itemgetter(0, 1)  # a RequestRow's (request_id, tenant)
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -80,6 +78,9 @@ class SqlLedger(ABC):
 
     def __init__(self) -> None:
         self._tenant_cache: dict[str, str] = {}
+        # Why the store refuses all work for good (e.g. its file deleted while open), for
+        # readiness checks; None while it works or fails only transiently.
+        self.fault: str | None = None
 
     @abstractmethod
     async def open(self) -> None: ...
@@ -148,12 +149,12 @@ class SqlLedger(ABC):
             return
         # The rows are their statements' parameters already: nothing is rebuilt here. The
         # watermark moves with the rows it accounts for, never ahead of them.
-        versions = sorted({(w[7], w[1]) for w in work})  # (engine, interval) written to
+        versions = sorted({(w.engine, w.interval_idx) for w in work})  # written to
         await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
                                  (sql.UPSERT_VERSION, versions),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
-        self._tenant_cache.update(map(_ID_TENANT, requests))
+        self._tenant_cache.update((r.request_id, r.tenant) for r in requests)
         self._bound_tenants()
 
     async def open_since(self, seen_after_s: float) -> float | None:

@@ -275,11 +275,11 @@ USAGE_ENERGY = """SELECT r.tenant, r.model, r.precision, s.engine, s.hour_idx, S
 USAGE_REQUESTS = """SELECT tenant, model, precision, engine, finished_hour, COUNT(*),
     CAST(SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS BIGINT),
     CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT),
-    CAST(SUM(slo_met) AS BIGINT)
+    CAST(SUM(slo_met) AS BIGINT), MIN(arrived_s), MAX(finished_s)
     FROM requests WHERE finished_s >= ? AND finished_s < ? {TENANT}
     GROUP BY tenant, model, precision, engine, finished_hour"""
 USAGE_IDLE = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle_carbon_g),
-    SUM(idle_cost_usd), MAX(estimated) FROM intervals
+    SUM(idle_cost_usd), MAX(estimated), MIN(start_s), MAX(start_s + interval_s) FROM intervals
     WHERE start_s >= ? AND start_s < ? GROUP BY engine, model, precision, hour_idx"""
 
 

@@ -2,6 +2,12 @@
 
 Several gateway processes on a host may share the file; exactly one apportions, chosen by an
 exclusive `flock` on `<path>.apportioner.lock` (released by the OS if the process dies).
+
+The ledger remembers which file it opened (device and inode) and, at most once a second,
+checks that its path still names that file: one deleted or replaced under a running process
+would otherwise take every later write into a file nobody can read again (a restarted
+apportioner creates a fresh one at the path), so from then on every operation fails with
+LedgerError and `fault` says why.
 """
 
 from __future__ import annotations
@@ -9,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +31,10 @@ from gateway.accounting.ledger.base import LedgerError
 from gateway.accounting.ledger.common import Batch, Decide, SqlLedger
 
 T = TypeVar("T")
+
+log = logging.getLogger("wattgate.accounting")
+
+IDENTITY_CHECK_S = 1.0  # how often the path is checked to still name the file opened
 
 
 class SqliteLedger(SqlLedger):
@@ -34,11 +46,14 @@ class SqliteLedger(SqlLedger):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self._checked_at = 0.0  # monotonic time of the last identity check
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
             if self._conn is None:
                 raise LedgerError("sqlite ledger is not open")
+            self._check_identity()
             try:
                 return fn(self._conn)
             except sqlite3.Error as exc:
@@ -55,6 +70,26 @@ class SqliteLedger(SqlLedger):
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=10000")
         self._conn = conn
+        self._identity = _identity(self.path)
+        self._checked_at = time.monotonic()
+
+    def _check_identity(self) -> None:
+        """Raise LedgerError once the path no longer names the file opened (on the worker
+        thread, before each operation; the stat itself at most every IDENTITY_CHECK_S)."""
+        if self.fault is None:
+            now = time.monotonic()
+            if now - self._checked_at < IDENTITY_CHECK_S:
+                return
+            self._checked_at = now
+            now_at = _identity(self.path)
+            if now_at == self._identity:
+                return
+            self.fault = (f"sqlite ledger {self.path} was deleted while open" if now_at is None
+                          else f"sqlite ledger {self.path} was replaced by another file while "
+                          "open")
+            log.error("%s: writes stop rather than go to a file no reader will see; restart "
+                      "the gateways and the apportioner on the ledger at that path", self.fault)
+        raise LedgerError(self.fault)
 
     async def open(self) -> None:
         if self._conn is not None:
@@ -137,7 +172,7 @@ class SqliteLedger(SqlLedger):
 
 
 ROWS_PER_STATEMENT = 256  # at most; fewer where the build allows fewer bound parameters
-_WORK_KEY = itemgetter(7, 1, 0)  # INSERT_WORK's (engine, interval_idx, request_id)
+_WORK_KEY = attrgetter("engine", "interval_idx", "request_id")  # an EngineWork's key
 _MULTI_ROW = frozenset({sql.INSERT_REQUEST, sql.INSERT_WORK, sql.INSERT_SHARE})
 
 
@@ -180,6 +215,15 @@ def _blocks(rows: Sequence[T], block: int = ROWS_PER_STATEMENT) -> Iterator[Sequ
             size //= 2
         yield rows[i:i + size]
         i += size
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) the path names now; None when it names nothing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _migrate(c: sqlite3.Connection) -> None:

@@ -1,0 +1,65 @@
+"""`wattgate apportioner --config X`: the apportioner as a process of its own (process.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import ConfigError
+
+
+def _load_or_exit(path: str) -> GatewayConfig:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        click.echo(f"wattgate: invalid config: {exc.message}", err=True)
+        sys.exit(2)
+    if config.accounting is None or not config.accounting.enabled:
+        click.echo("wattgate: invalid config: accounting: the apportioner needs accounting "
+                   "enabled", err=True)
+        sys.exit(2)
+    return config
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="The gateways' YAML config (its accounting section and endpoints).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Listen address of /metrics, /energy-check and /healthz (0.0.0.0 for a "
+                   "scraper on another host, e.g. its own Kubernetes pod; set a metrics key).")
+@click.option("--port", default=9464, show_default=True, type=int,
+              help="Listen port of /metrics (0: any free port; see --port-file).")
+@click.option("--port-file", default=None, type=click.Path(dir_okay=False),
+              help="Write the bound port here once listening.")
+@click.option("--parent-pid", default=None, type=int,
+              help="Exit when this process is no longer the parent (set by `wattgate serve`).")
+@click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Overrides logging.level of the config.")
+def apportioner(config_path: str, host: str, port: int, port_file: str | None,
+                parent_pid: int | None, log_level: str | None) -> None:
+    """Poll the engines' meters and apportion their energy to the ledger's requests, in this
+    process; leader-elected through the ledger, so several may run and one apportions.
+    Exits 2 on a bad config, 1 when the ledger cannot be opened or the port bound."""
+    config = _load_or_exit(config_path)
+    from gateway.logs import configure
+
+    configure(config.logging, log_level)
+    import uvloop
+
+    from gateway.accounting.ledger.base import LedgerError
+    from gateway.accounting.process import run_apportioner
+
+    try:
+        uvloop.run(run_apportioner(config, host=host, port=port,
+                                   port_file=Path(port_file) if port_file else None,
+                                   parent_pid=parent_pid))
+    except LedgerError as exc:
+        click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"wattgate apportioner: cannot listen on {host}:{port}: {exc.strerror}",
+                   err=True)
+        sys.exit(1)

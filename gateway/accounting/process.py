@@ -1,0 +1,153 @@
+"""The apportioner process (`wattgate apportioner --config X`): the meter poller and the
+apportioner on an event loop of their own, leader-elected through the ledger as in a gateway,
+with a small HTTP server for Prometheus (`/metrics`: the tenant and engine energy, carbon and
+cost counters, residuals, the energy check's gauges) and `/energy-check` (JSON). Both need
+the config's metrics key (or its admin key) when one is set, as the gateway's /metrics does;
+`/healthz` (liveness) is open. A supervising gateway, which holds only the keys' digests,
+hands its child a token of its own in WATTGATE_APPORTIONER_TOKEN, accepted too.
+
+`wattgate serve` runs it as a child (supervisor.py; `--parent-pid` makes it exit when the
+gateway is gone, even killed) and appends its `/metrics` to its own; on Kubernetes it runs as
+its own Deployment (`accounting.apportioner: external` on the gateways).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gateway.accounting.service import AccountingService, EngineInfo
+from gateway.accounting.supervisor import TOKEN_ENV
+from gateway.auth import Authenticator
+from gateway.config import GatewayConfig
+from gateway.errors import error_body
+
+log = logging.getLogger("wattgate.apportioner")
+
+PARENT_CHECK_S = 0.5  # how often a child checks that its gateway is still there
+SERVICE = web.AppKey("service", AccountingService)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+AUTH = web.AppKey("auth", Authenticator)
+TOKEN = web.AppKey("token", str)  # "" : none
+
+
+def engine_infos(config: GatewayConfig) -> list[EngineInfo]:
+    """The endpoints of the config, as accounting knows them."""
+    return [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
+                       kind=ep.kind)
+            for model, ep in config.endpoints()]
+
+
+def _may_read(request: web.Request) -> bool:
+    """The metrics (or admin) key where the config sets one, or the supervising gateway's
+    token."""
+    header = request.headers.get("Authorization")
+    token = request.app[TOKEN]
+    if token and header is not None:
+        digest = hashlib.sha256(header.encode()).digest()
+        if hmac.compare_digest(digest, hashlib.sha256(f"Bearer {token}".encode()).digest()):
+            return True
+    return request.app[AUTH].may_scrape(header)
+
+
+def _unauthorized(what: str) -> web.Response:
+    return web.Response(status=401, content_type="application/json", body=error_body(
+        f"{what} needs the metrics API key", "authentication_error", "invalid_metrics_key"))
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    if not _may_read(request):
+        return _unauthorized("/metrics")
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _energy_check(request: web.Request) -> web.Response:
+    if not _may_read(request):
+        return _unauthorized("/energy-check")
+    return web.Response(body=orjson.dumps(request.app[SERVICE].energy_check()),
+                        content_type="application/json")
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    """Alive (the loop answers). A ledger that refuses all work is reported, not failed: a
+    restart would not mend it and, on SQLite, would open a fresh file at the path."""
+    service = request.app[SERVICE]
+    fault: str | None = getattr(service.ledger, "fault", None)
+    return web.Response(body=orjson.dumps({"status": "ok", "leader": service.is_apportioner,
+                                           "pid": os.getpid(), "ledger_fault": fault}),
+                        content_type="application/json")
+
+
+def apportioner_app(service: AccountingService, registry: CollectorRegistry,
+                    auth: Authenticator, token: str = "") -> web.Application:
+    app = web.Application()
+    app[SERVICE] = service
+    app[REGISTRY] = registry
+    app[AUTH] = auth
+    app[TOKEN] = token
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/energy-check", _energy_check)
+    app.router.add_get("/healthz", _healthz)
+    return app
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Atomically: a reader sees the whole port or no file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(port))
+    tmp.replace(path)
+
+
+async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
+                          port_file: Path | None = None, parent_pid: int | None = None) -> None:
+    """Apportion until SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone);
+    then store the counters and release the lock."""
+    assert config.accounting is not None
+    registry = CollectorRegistry()
+    service = AccountingService(
+        config.accounting, engine_infos(config), registry=registry, record=False,
+        replica=f"{socket.gethostname()}:{os.getpid()}:apportioner")
+    await service.start()
+    # Ready (the port file written) once the meters were read: work a gateway records from
+    # then on falls in metered intervals (work before an engine's first reading gets no share).
+    await service.first_step()
+    app = apportioner_app(service, registry, Authenticator(config),
+                          os.environ.pop(TOKEN_ENV, ""))  # popped: nothing it starts inherits it
+    runner = web.AppRunner(app, access_log=None)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = int(runner.addresses[0][1])  # the port bound (--port 0: any free one)
+        log.info("apportioner pid %d serving /metrics on %s:%d", os.getpid(), host, bound)
+        if port_file is not None:
+            _write_port(port_file, bound)
+        await _until_stopped(parent_pid)
+    finally:
+        await runner.cleanup()
+        await service.stop()
+
+
+async def _until_stopped(parent_pid: int | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PARENT_CHECK_S)
+        if parent_pid is not None and os.getppid() != parent_pid:
+            log.warning("gateway process %d is gone: the apportioner stops", parent_pid)
+            return

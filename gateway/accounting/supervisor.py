@@ -1,0 +1,267 @@
+"""The gateway's side of the apportioner process: `wattgate serve` starts it as a child (same
+config file), restarts it with a bounded back-off if it dies, stops it on shutdown (SIGTERM,
+then SIGKILL past a deadline), and reads its `/metrics` and `/energy-check` over 127.0.0.1.
+
+A child can also hang without exiting (stopped, deadlocked, its loop blocked): its `/healthz`
+is probed every PROBE_EVERY_S with a deadline, and after PROBE_MISSES misses in a row it is
+taken for dead, its process group SIGKILLed and restarted with the same back-off. While a
+probe or a read has just gone unanswered, the gateway's /metrics and /energy-check do not wait
+for the child: its series are left out and `wattgate_apportioner_up` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+log = logging.getLogger("wattgate.apportioner")
+
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+HEALTHY_RUN_S = 60.0  # a child that lived this long restarts after the first back-off again
+READY_WAIT_S = 30.0  # `wattgate serve` waits this long for the child's first meter reading
+STOP_DEADLINE_S = 10.0  # after SIGTERM: its last commit and counter store, then SIGKILL
+FETCH_TIMEOUT_S = 1.0  # a /metrics scrape waits at most this for the child's series
+PROBE_EVERY_S = 2.0  # the child's /healthz is asked this often
+PROBE_TIMEOUT_S = 1.0  # and must answer within this
+PROBE_MISSES = 3  # misses in a row after which the child is killed and restarted
+TOKEN_ENV = "WATTGATE_APPORTIONER_TOKEN"  # the child's bearer token for this gateway's reads
+
+
+class ApportionerChild:
+    def __init__(self, config_path: str, *, log_level: str | None = None,
+                 command: Sequence[str] | None = None):
+        self.config_path = config_path
+        # `python -m wattgate_cli`: the same interpreter and install as this gateway
+        self._command = list(command or (sys.executable, "-m", "wattgate_cli"))
+        self._log_level = log_level
+        self._dir: Path | None = None  # holds the port file, from start() to stop()
+        self.port_file = Path(os.devnull)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._watch: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._stopping = False
+        self._restarts_metric: Counter | None = None
+        self._up: Gauge | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._spawned_at = 0.0
+        # False from a probe or read that went unanswered until a probe is answered again:
+        # meanwhile reads do not wait for the child
+        self._answering = True
+        # Lets this gateway read the child's /metrics and /energy-check where a metrics key is
+        # configured (the config holds only its digest)
+        self._token = secrets.token_urlsafe(32)
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Count restarts and show whether the child runs on the gateway's registry."""
+        self._restarts_metric = Counter(
+            "wattgate_apportioner_restarts", "Times the apportioner child was restarted "
+            "after it died or was killed for missing its liveness probes", registry=registry)
+        self._up = Gauge("wattgate_apportioner_up", "1 while the apportioner child process "
+                         "runs and answers its liveness probe", registry=registry)
+        self._up.set(1.0 if self.pid is not None else 0.0)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
+    def argv(self) -> list[str]:
+        argv = [*self._command, "apportioner", "--config", self.config_path,
+                "--host", "127.0.0.1", "--port", "0", "--port-file", str(self.port_file),
+                "--parent-pid", str(os.getpid())]
+        if self._log_level:
+            argv += ["--log-level", self._log_level]
+        return argv
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._dir = Path(tempfile.mkdtemp(prefix="wattgate-apportioner-"))
+        self.port_file = self._dir / "port"
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
+            headers={"Authorization": f"Bearer {self._token}"})
+        await self._spawn()
+        self._watch = asyncio.create_task(self._supervise(), name="wattgate-apportioner-child")
+        self._probe = asyncio.create_task(self._liveness(), name="wattgate-apportioner-probe")
+
+    async def _spawn(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.port_file.unlink()
+        # A session of its own: a terminal's Ctrl-C (or a signal to the gateway's process
+        # group) reaches the gateway, which stops the child after draining; the child exits by
+        # itself if the gateway dies (--parent-pid).
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv(), stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, TOKEN_ENV: self._token})
+        self._spawned_at = time.monotonic()
+        self._answering = True
+        log.info("apportioner child started, pid %d", self.proc.pid)
+        if self._up is not None:
+            self._up.set(1.0)
+
+    async def wait_ready(self, timeout_s: float = READY_WAIT_S) -> bool:
+        """Wait until the child serves (it has read the meters); False at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._url("/") is not None:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def _supervise(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        while not self._stopping:
+            proc = self.proc
+            assert proc is not None
+            started = time.monotonic()
+            rc = await proc.wait()
+            if self._stopping:
+                return
+            if self._up is not None:
+                self._up.set(0.0)
+            if time.monotonic() - started >= HEALTHY_RUN_S:
+                backoff = BACKOFF_FIRST_S
+            log.error("apportioner child (pid %d) exited with %s; restarting in %.1f s",
+                      proc.pid, rc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2.0, BACKOFF_MAX_S)
+            if self._stopping:
+                return
+            await self._spawn()
+            self.restarts += 1
+            if self._restarts_metric is not None:
+                self._restarts_metric.inc()
+
+    async def _liveness(self) -> None:
+        misses, pid = 0, -1
+        while not self._stopping:
+            await asyncio.sleep(PROBE_EVERY_S)
+            proc = self.proc
+            if proc is None or proc.returncode is not None:
+                continue  # exited: _supervise restarts it
+            if proc.pid != pid:
+                misses, pid = 0, proc.pid
+            reason = await self._probe_once()
+            if reason is None:
+                misses = 0
+                continue
+            misses += 1
+            self._answering = False
+            if misses >= PROBE_MISSES:
+                self._kill_hung(proc, misses, reason)
+                misses = 0
+
+    async def _probe_once(self) -> str | None:
+        """None when the child answered /healthz (or is still starting); else why not."""
+        url = self._url("/healthz")
+        if url is None:
+            if time.monotonic() - self._spawned_at < READY_WAIT_S:
+                return None  # starting: it listens once it has read the meters
+            return f"not listening {READY_WAIT_S:.0f} s after its start"
+        if self._session is None:
+            return None
+        try:
+            async with self._session.get(
+                    url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    return f"/healthz answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return describe(exc)
+        self._answering = True
+        if self._up is not None:
+            self._up.set(1.0)
+        return None
+
+    def _kill_hung(self, proc: asyncio.subprocess.Process, misses: int, reason: str) -> None:
+        log.warning("apportioner child (pid %d) missed %d liveness probes in a row (last: "
+                    "%s): killing it to restart it", proc.pid, misses, reason)
+        if self._up is not None:
+            self._up.set(0.0)
+        # Its whole group (a session of its own): nothing it started outlives it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    async def stop(self, deadline_s: float = STOP_DEADLINE_S) -> None:
+        """SIGTERM, wait up to `deadline_s` for its clean stop, then SIGKILL."""
+        self._stopping = True
+        for task in (self._watch, self._probe):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._probe = None
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), deadline_s)
+            except TimeoutError:
+                log.error("apportioner child (pid %d) did not stop in %.0f s: killed",
+                          proc.pid, deadline_s)
+                proc.kill()
+                await proc.wait()
+        if self._up is not None:
+            self._up.set(0.0)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._dir is not None:
+            with contextlib.suppress(OSError):
+                self.port_file.unlink(missing_ok=True)
+                self._dir.rmdir()
+            self._dir = None
+
+    def _url(self, path: str) -> str | None:
+        try:
+            port = int(self.port_file.read_text())
+        except (OSError, ValueError):
+            return None  # starting: not listening yet
+        return f"http://127.0.0.1:{port}{path}"
+
+    async def _get(self, path: str) -> bytes | None:
+        url = self._url(path)
+        if url is None or self._session is None or not self._answering:
+            return None
+        try:
+            async with self._session.get(url) as resp:
+                if resp.status != 200:
+                    log.warning("apportioner child answered %s with %d", path, resp.status)
+                    return None
+                return await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._answering = False  # until the next answered probe: no scrape waits on it
+            log.warning("apportioner child did not answer %s: %s", path, describe(exc))
+            return None
+
+    async def metrics_text(self) -> bytes:
+        """The child's Prometheus series (empty while it is down or starting)."""
+        return await self._get("/metrics") or b""
+
+    async def energy_check(self) -> dict[str, Any] | None:
+        body = await self._get("/energy-check")
+        if body is None:
+            return None
+        got = orjson.loads(body)
+        return got if isinstance(got, dict) else None
+
+
+def describe(exc: BaseException) -> str:
+    """The exception's text, or its type where it has none (a timeout)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,49 @@
+"""How a request ended, in one table: the record's status string and the HTTP status.
+
+The status string is `RequestRecord.status`, the access log's `status`, the ledger's
+`status` column and the `status` label of `wattgate_requests_total` (one string, four
+readers). Two families have no fixed row: a `WattgateError` the gateway raised ends a
+request with the error's own `code` and HTTP status (`error_outcome`), and an engine's
+4xx answer relayed to the client ends it as `upstream_http_<status>` (`engine_outcome`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, NamedTuple
+
+from gateway.errors import WattgateError
+from gateway.vocab import Outcome
+
+__all__ = ["OUTCOMES", "Outcome", "OutcomeRow", "engine_outcome", "error_outcome"]
+
+
+class OutcomeRow(NamedTuple):
+    """A row of the table; a tuple so that setting both fields is one unpacking."""
+
+    status: str  # RequestRecord.status and the `status` metric label
+    http_status: int  # what the client was answered (499: it closed before the answer ended)
+
+
+OUTCOMES: Final[Mapping[Outcome, OutcomeRow]] = {
+    # a client that closes after the whole answer reached it ([DONE], or the usage chunk it
+    # asked for) is `ok`, not `client_disconnected`: the outcome is what the client got
+    "ok": OutcomeRow("ok", 200),
+    # nginx's code for a client that closed its connection before the answer ended
+    "client_disconnected": OutcomeRow("client_disconnected", 499),
+    # an exception the gateway did not raise on purpose (its trace is logged, not shown)
+    "internal_error": OutcomeRow("internal_error", 500),
+    # the stream reached its end but an SSE event carried the engine's error: the client
+    # already has 200 and the events before it
+    "upstream_error_event": OutcomeRow("upstream_error_event", 200),
+}
+
+
+def error_outcome(exc: WattgateError) -> OutcomeRow:
+    """A request the gateway refused or failed on purpose: the error's code and status."""
+    return OutcomeRow(exc.code, exc.status)
+
+
+def engine_outcome(http_status: int) -> OutcomeRow:
+    """An engine's 4xx answer, relayed to the client with the engine's status."""
+    return OutcomeRow(f"upstream_http_{http_status}", http_status)

@@ -1,0 +1,199 @@
+"""The one relay: an engine's response to the client, whichever server carries the client.
+
+A streamed answer goes from the engine connection's own callback straight to the client
+(`ServerExchange.write_now`), one step per engine read: the SSE scanner times the token events
+and reads the usage, and back-pressure pauses the engine while the client's socket is full. A
+non-streamed answer is read whole and answered in one piece. Every ending lands on the flight:
+tokens relayed, who broke the stream, whether the client got the whole answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
+
+from gateway.errors import (
+    UpstreamError,
+    UpstreamTimeoutError,
+    WattgateError,
+    engine_error,
+    error_body,
+)
+from gateway.sse import SseScanner, usage_of_body
+from gateway.vocab import Outcome
+from wire.errors import UpstreamFailure, UpstreamReadTimeout
+from wire.exchange import ServerExchange, UpstreamBody
+
+log = logging.getLogger("wattgate.proxy")
+
+
+class RelayFlight(Protocol):
+    """What the relay reads and writes of a request in flight (the proxy's `Flight`)."""
+
+    request_id: str
+    delivered: bool
+    engine_failed: bool
+    first_byte_s: float | None
+    engine_done_s: float | None
+    read_events: list[int]
+    completion_tokens: int
+
+    def token_read(self, now: float, tokens: int) -> None: ...
+
+    def take_usage(self, usage: dict[str, Any]) -> None: ...
+
+    def fail(self, exc: WattgateError) -> None: ...
+
+    def end(self, outcome: Outcome) -> None: ...
+
+    def client_gone(self) -> None: ...
+
+    def engine_refused(self, http_status: int) -> None: ...
+
+
+class Relay:
+    """Relays for one proxy: its clock, and where an engine's failures are counted
+    (`upstream_error(engine, reason)`)."""
+
+    __slots__ = ("clock", "upstream_error")
+
+    def __init__(self, clock: Callable[[], float],
+                 upstream_error: Callable[[str, str], None]):
+        self.clock = clock
+        self.upstream_error = upstream_error
+
+    def __call__(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
+                 *, engine: str, stream: bool, client_wants_usage: bool,
+                 headers: Mapping[str, str]) -> Coroutine[Any, Any, None]:
+        """Relay `upstream` to `exchange`: streamed if the client asked and the engine said
+        200, else in one piece. `headers` go on the client's response. (The coroutine of the
+        one that applies, not a wrapper around it: one frame less per request.)"""
+        if stream and upstream.status == 200:
+            return self._stream(exchange, flight, upstream, engine, client_wants_usage, headers)
+        return self._body(exchange, flight, upstream, engine, headers)
+
+    async def _body(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
+                    engine: str, headers: Mapping[str, str]) -> None:
+        try:
+            body = await upstream.read_all()
+        except UpstreamReadTimeout:
+            self.upstream_error(engine, "timeout")
+            flight.engine_failed = True
+            raise UpstreamTimeoutError("the engine stalled longer than the read timeout"
+                                       ) from None
+        except UpstreamFailure as exc:
+            self.upstream_error(engine, "body")
+            flight.engine_failed = True
+            raise UpstreamError("the engine closed the connection before the response ended"
+                                ) from exc
+        # A non-streamed answer's head leaves the engine once its body is ready: that, not
+        # the gateway's read of the body (late on a busy gateway), is when the engine finished.
+        flight.engine_done_s = flight.first_byte_s
+        if upstream.status >= 400:  # the engine's error, in the gateway's one shape
+            error = engine_error(upstream.status, body, upstream.head.headers)
+            flight.engine_refused(upstream.status)
+            exchange.reply(upstream.status, error.body(), "application/json",
+                           {**headers, **error.headers()})
+            return
+        usage = usage_of_body(body) if upstream.status == 200 else None
+        if usage:
+            flight.take_usage(usage)
+        exchange.reply(upstream.status, body, upstream.content_type or "application/json",
+                       headers)
+
+    async def _stream(self, exchange: ServerExchange, flight: RelayFlight,
+                      upstream: UpstreamBody, engine: str, client_wants_usage: bool,
+                      headers: Mapping[str, str]) -> None:
+        await exchange.start_stream(headers)
+        scanner = SseScanner(strip_usage=not client_wants_usage)
+        error: WattgateError | None = None
+        last = b""  # the final piece, sent with the end of the stream in one write
+        try:
+            piece = await self._pipe(exchange, flight, upstream, scanner)
+            if piece is None:  # the client went away; the engine request was aborted
+                return
+            last = piece
+        except UpstreamReadTimeout:
+            flight.engine_failed = True
+            error = UpstreamTimeoutError("the engine stream stalled longer than the read timeout",
+                                         code="upstream_timeout")
+        except UpstreamFailure as exc:
+            flight.engine_failed = True
+            log.warning("request %s: engine stream broke: %s", flight.request_id,
+                        type(exc).__name__)
+            error = UpstreamError("the engine stream ended before the response was complete",
+                                  code="upstream_stream_error")
+        except asyncio.CancelledError:
+            upstream.abort()  # the client went away (handler cancelled): abort the engine request
+            raise
+        finally:
+            stream_tokens(flight, scanner)  # however the stream ended
+        if error is not None:
+            self.upstream_error(engine, "stream")
+            flight.fail(error)
+            last = b"data: " + error_body(error.message, error.error_type, error.code) + b"\n\n"
+        else:
+            last += scanner.pending()
+            if scanner.error:
+                flight.end("upstream_error_event")
+        await exchange.end_stream(last)
+
+    async def _pipe(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
+                    scanner: SseScanner) -> bytes | None:
+        """Relay from the engine connection's own callback straight to the client: no task
+        wake-up per engine read. Returns the final piece (to go out with the end of the
+        stream), None if the client went away."""
+        clock = self.clock
+        last = b""
+        gone = False
+
+        def drop() -> None:
+            nonlocal gone
+            gone = True
+            upstream.abort()  # drops the connection: the engine aborts the request
+
+        def drained() -> None:
+            if exchange.client_gone:
+                drop()
+            else:
+                upstream.resume()
+
+        def on_body(data: bytes, at_end: bool) -> None:
+            nonlocal last
+            now = clock()
+            out, tokens = scanner.feed(data)
+            if tokens:
+                flight.token_read(now, tokens)
+            if at_end:
+                last = out
+            elif out:
+                if not exchange.write_now(out):
+                    drop()
+                    return
+                if scanner.complete:
+                    flight.delivered = True
+                if exchange.write_paused:  # the client reads slower than the engine writes
+                    upstream.pause()
+                    exchange.when_drained(drained)
+
+        upstream.stream_to(on_body)
+        try:
+            await upstream.finished()
+        except UpstreamFailure:
+            if not gone:
+                raise
+        if gone:
+            flight.client_gone()
+            return None
+        return last
+
+
+def stream_tokens(flight: RelayFlight, scanner: SseScanner) -> None:
+    """The stream's tokens, however it ended: the engine's usage when it came; otherwise the
+    token events relayed (less the chat role chunk, which carries none)."""
+    if scanner.usage:
+        flight.take_usage(scanner.usage)
+    elif flight.read_events:
+        flight.completion_tokens = max(0, sum(flight.read_events) - scanner.role_events)

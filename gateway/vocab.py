@@ -1,0 +1,47 @@
+"""The gateway's fixed vocabularies, each written once as a `Literal`, and the SLO class.
+
+The config parser takes each field's allowed values from these (`typing.get_args`), so a new
+precision or policy is added here and its spelling is checked by mypy wherever it is used.
+This module imports nothing of ours: loadgen and the pure modules (timing) may use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+EngineKind = Literal["vllm", "trtllm", "openai"]  # an engine server's dialect (adapters)
+PolicyName = Literal["round_robin", "least_load", "prefix_affinity", "slo_energy"]
+# engines/meters/registry.py builds meters from its own name table (engines import nothing of
+# ours); tests/unit/test_vocab.py holds the two spellings equal
+MeterKind = Literal["nvml", "dcgm", "sim", "agent", "model"]
+LedgerKind = Literal["sqlite", "postgres"]
+# where apportioning runs: a child of `wattgate serve`, the gateway's own event loop, or
+# elsewhere (`wattgate apportioner`, e.g. its own Deployment)
+ApportionerMode = Literal["process", "inline", "external"]
+LogFormat = Literal["text", "json"]  # json: one JSON object per line
+LogLevel = Literal["debug", "info", "warning", "error"]
+# How a request ended, where the ending is fixed; gateway/outcomes.py holds each one's record
+# status and HTTP status (an error's ending is its own code, not one of these)
+Outcome = Literal["ok", "client_disconnected", "internal_error", "upstream_error_event"]
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+ENGINE_KINDS: tuple[EngineKind, ...] = get_args(EngineKind)
+ROUTING_POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
+METER_KIND_NAMES: tuple[MeterKind, ...] = get_args(MeterKind)
+LEDGER_KINDS: tuple[LedgerKind, ...] = get_args(LedgerKind)
+APPORTIONER_MODES: tuple[ApportionerMode, ...] = get_args(ApportionerMode)
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    """A named latency objective; a limit left None is not checked. Seconds.
+
+    Class names are the config's own (`slo_classes:`), so they have no Literal.
+    """
+
+    name: str
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None

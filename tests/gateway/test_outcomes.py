@@ -1,0 +1,72 @@
+"""How a request ended: one table of outcomes, and the flight's endings read from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import RequestError, UpstreamTimeoutError
+from gateway.outcomes import OUTCOMES, engine_outcome, error_outcome
+from gateway.pipeline.flight import Flight
+from gateway.vocab import Outcome
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def flight() -> Flight:
+    return Flight("rid", 1.0, 1000.0, "interactive")
+
+
+def test_each_fixed_outcome_has_its_status_and_http_code() -> None:
+    assert {name: tuple(row) for name, row in OUTCOMES.items()} == {
+        "ok": ("ok", 200), "client_disconnected": ("client_disconnected", 499),
+        "internal_error": ("internal_error", 500),
+        "upstream_error_event": ("upstream_error_event", 200)}
+
+
+def test_every_outcome_name_is_in_the_vocabulary_and_the_table() -> None:
+    from typing import get_args
+    assert set(get_args(Outcome)) == set(OUTCOMES)
+
+
+def test_a_client_that_leaves_before_the_end_is_disconnected_after_it_ok() -> None:
+    early = flight()
+    early.client_gone()
+    assert (early.status, early.http_status) == ("client_disconnected", 499)
+    late = flight()
+    late.delivered = True
+    late.client_gone()
+    assert (late.status, late.http_status) == ("ok", 200)
+
+
+def test_an_error_ends_the_request_with_its_own_code_and_status() -> None:
+    f = flight()
+    f.fail(UpstreamTimeoutError("slow"))
+    assert (f.status, f.http_status) == ("upstream_timeout", 504)
+    assert error_outcome(RequestError("bad", code="invalid_type")) == ("invalid_type", 400)
+
+
+def test_an_engines_own_refusal_is_named_by_its_status() -> None:
+    f = flight()
+    f.engine_refused(429)
+    assert (f.status, f.http_status) == ("upstream_http_429", 429) == engine_outcome(429)
+
+
+def test_end_sets_a_fixed_outcome() -> None:
+    f = flight()
+    f.end("upstream_error_event")
+    assert (f.status, f.http_status) == ("upstream_error_event", 200)
+
+
+def test_response_headers_name_the_request_endpoint_and_the_tenant_controls() -> None:
+    from gateway.config import Endpoint
+    from gateway.tenancy.admission import Ticket
+    from gateway.upstreams import EndpointState
+
+    f = flight()
+    assert f.response_headers() == {"x-wattgate-request-id": "rid"}
+    f.ticket = Ticket("t", headers={"x-ratelimit-remaining-requests": "4"})
+    f.endpoint = EndpointState("m", Endpoint(name="e1", url="http://127.0.0.1:1",
+                                                   kind="vllm", precision="fp8"))
+    assert f.response_headers() == {"x-wattgate-request-id": "rid",
+                                    "x-ratelimit-remaining-requests": "4",
+                                    "x-wattgate-endpoint": "e1", "x-wattgate-precision": "fp8"}
