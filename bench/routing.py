@@ -35,7 +35,8 @@ from gateway.routing.capacity import slo_capacity
 from gateway.routing.models import EndpointModel
 from gateway.routing.priors import prior_for
 from loadgen import traces
-from loadgen.truth.fleet import ADMIN_KEY, MODEL, _digest, free_port, process, wait_ready, wattgate
+from loadgen.procs import free_port, process, wait_http, wattgate
+from loadgen.truth.fleet import ADMIN_KEY, MODEL, _digest
 
 ENGINES = (("vllm-bf16", "vllm", "bf16"), ("vllm-fp8", "vllm", "fp8"),
            ("trt-bf16", "trtllm", "bf16"), ("trt-fp8", "trtllm", "fp8"))
@@ -134,7 +135,7 @@ def fleet(work: Path, s: Settings) -> Iterator[dict[str, str]]:
     with open(work / "fleet.log", "wb") as log, \
             process(wattgate("sim", "fleet", str(work / "fleet.yaml")), log) as sims:
         for url in urls.values():
-            wait_ready(f"{url}/health", sims, 60)
+            wait_http(f"{url}/health", sims, 60)
         yield urls
 
 
@@ -191,7 +192,7 @@ def one_policy(work: Path, urls: dict[str, str], policy: str, s: Settings, rate_
     with open(work / f"gateway-{policy}.log", "wb") as log, \
             process(wattgate("serve", "--config", str(cfg), "--log-level", "warning"), log) as gw:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(f"{base}/health", gw, 60)
+        wait_http(f"{base}/health", gw, 60)
         time.sleep(2.5)  # first health checks and scrapes
         plan = [("poisson", f"warmup-{s.loads[0]}", s.loads[0], s.warmup_s, s.seed + 1)]
         plan += [(sched, f"{sched}-{share}", share, s.duration_s, s.seed)

@@ -32,7 +32,7 @@ import yaml
 
 from bench.provenance import commit
 from bench.soak_load import Engine, Tally, churn, load, sample
-from bench.soak_procs import free_port, gateway_config, process, wait_ready, wattgate
+from bench.soak_procs import free_port, gateway_config, process, wait_http, wattgate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SLOPE_TARGET_MB_PER_H = 1.0
@@ -73,7 +73,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 wattgate("serve", "--config", str(work / "gateway.yaml"), "--log-level",
                          "warning"), glog) as gw:
             url = f"http://127.0.0.1:{port}"
-            await asyncio.to_thread(wait_ready, f"{url}/readyz", gw, 60)
+            await asyncio.to_thread(wait_http, f"{url}/readyz", gw, 60)
             tally = Tally()
             samples: list[tuple[float, float, int]] = []
             t0 = time.monotonic()

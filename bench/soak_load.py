@@ -18,7 +18,7 @@ from typing import IO
 import aiohttp
 import orjson
 
-from bench.soak_procs import MODEL, api_key, spawn, stop, wait_ready, wattgate
+from bench.soak_procs import MODEL, api_key, spawn, stop, wait_http, wattgate
 
 DISCONNECT_SHARE = 0.1  # requests whose client closes the stream after its first chunk
 INJECTED_GRACE_S = 3.0  # an error this close to an engine kill is the kill's doing
@@ -54,7 +54,7 @@ class Engine:
         cmd = wattgate("sim", "--gpu", "h100", "--model", MODEL, "--precision", self.precision,
                        "--port", str(self.port), "--served-model-name", MODEL)
         self.proc = spawn(cmd, self.log)
-        wait_ready(f"{self.url}/health", self.proc, 60)
+        wait_http(f"{self.url}/health", self.proc, 60)
 
     def kill(self) -> None:
         if self.proc is not None:

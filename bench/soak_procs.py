@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 # processes are started and stopped as the accounting-truth harness does
-from loadgen.truth.fleet import MODEL, free_port, process, spawn, stop, wait_ready, wattgate
+from loadgen.procs import free_port, process, spawn, stop, wait_http, wattgate
+from loadgen.truth.fleet import MODEL
 
 TENANTS = ("t0", "t1", "t2")
 
@@ -44,4 +45,4 @@ def gateway_config(engines: dict[str, tuple[str, str]], ledger: Path, port: int
 
 
 __all__ = ["MODEL", "api_key", "free_port", "gateway_config", "process", "spawn", "stop",
-           "wait_ready", "wattgate"]
+           "wait_http", "wattgate"]

@@ -13,9 +13,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 _PR_SET_PDEATHSIG = 1
@@ -71,26 +71,50 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait_s: float = 15.0) -> None:
+    """Signal the process group (SIGTERM: graceful, a gateway flushes its ledger), then SIGKILL
+    after `wait_s`."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
-        proc.wait(10)
+        proc.wait(wait_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(5)
 
 
+def wattgate(*args: str) -> list[str]:
+    """The `wattgate` CLI run with this interpreter (no console script needed)."""
+    return [sys.executable, "-m", "wattgate_cli", *args]
+
+
+def spawn(cmd: Sequence[str], log: IO[bytes] | TextIO, *, die_with_parent: bool = False
+          ) -> subprocess.Popen[bytes]:
+    """Start `cmd` from the repository root in a process group of its own, output to `log`.
+    `die_with_parent`: the kernel stops it when the thread that started it ends (use it only
+    from a thread that lives as long as the process should)."""
+    return subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=_PRE_EXEC if die_with_parent else None)
+
+
 @contextlib.contextmanager
-def started(args: list[str], log: TextIO) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "wattgate_cli", *args]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            preexec_fn=_PRE_EXEC)  # one prctl call, resolved before the fork
+def process(cmd: Sequence[str], log: IO[bytes] | TextIO, *, die_with_parent: bool = False
+            ) -> Iterator[subprocess.Popen[bytes]]:
+    """`spawn`, always stopped on exit."""
+    proc = spawn(cmd, log, die_with_parent=die_with_parent)
     try:
         yield proc
     finally:
-        _stop(proc)
+        stop(proc)
+
+
+@contextlib.contextmanager
+def started(args: list[str], log: TextIO) -> Iterator[subprocess.Popen[bytes]]:
+    """`wattgate ARGS` for the demo: stopped on exit, and with the demo if it is killed."""
+    with process(wattgate(*args), log, die_with_parent=True) as proc:
+        yield proc

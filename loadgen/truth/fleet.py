@@ -6,19 +6,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
+
+from loadgen.procs import free_port, process, wait_http, wattgate
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "llama-3.1-8b"
@@ -50,12 +47,6 @@ def api_key(tenant: str) -> str:
     return f"sk-truth-{tenant}"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -83,59 +74,6 @@ def gateway_config(engine_urls: dict[str, str], specs: Sequence[EngineSpec],
     }
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} was up")
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status < 500:
-                    return
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code < 500:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Signal the process group (SIGTERM: graceful, the gateway flushes its ledger), then
-    SIGKILL."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-
-
-def spawn(cmd: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Start `cmd` in a process group of its own, output to `log`."""
-    return subprocess.Popen(list(cmd), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-@contextlib.contextmanager
-def process(cmd: Sequence[str], log: IO[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = spawn(cmd, log)
-    try:
-        yield proc
-    finally:
-        stop(proc)
-
-
-def wattgate(*args: str) -> list[str]:
-    return [sys.executable, "-m", "wattgate_cli", *args]
-
-
 @contextlib.contextmanager
 def running_fleet(work_dir: Path, tenants: Sequence[str],
                   specs: Sequence[EngineSpec] = FLEET, max_batch: int = 256) -> Iterator[Fleet]:
@@ -155,11 +93,11 @@ def running_fleet(work_dir: Path, tenants: Sequence[str],
     with open(work_dir / "fleet.log", "wb") as flog, open(work_dir / "gateway.log", "wb") as glog, \
             process(wattgate("sim", "fleet", str(work_dir / "fleet.yaml")), flog) as sims:
         for url in urls.values():
-            wait_ready(f"{url}/health", sims, 60)
+            wait_http(f"{url}/health", sims, 60)
         with process(wattgate("serve", "--config", str(work_dir / "gateway.yaml"),
                               "--log-level", "warning"), glog) as gw:
             gw_url = f"http://127.0.0.1:{gw_port}"
-            wait_ready(f"{gw_url}/health", gw, 60)
+            wait_http(f"{gw_url}/health", gw, 60)
             yield Fleet(gw_url, urls, ledger, gw.pid)
 
 

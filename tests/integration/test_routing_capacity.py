@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from gateway.routing.learner import STALE_S
-from loadgen.truth.fleet import ADMIN_KEY, MODEL, _digest, free_port, process, wait_ready, wattgate
+from loadgen.procs import free_port, process, wait_http, wattgate
+from loadgen.truth.fleet import ADMIN_KEY, MODEL, _digest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 API_KEY = "sk-capacity-test"
@@ -91,10 +92,10 @@ def test_engines_needed_rises_with_load_and_falls_back(tmp_path: Path) -> None:
     with open(tmp_path / "fleet.log", "wb") as flog, open(tmp_path / "gw.log", "wb") as glog, \
             process(wattgate("sim", "fleet", str(tmp_path / "fleet.yaml")), flog) as sims:
         for url in urls.values():
-            wait_ready(f"{url}/health", sims, 60)
+            wait_http(f"{url}/health", sims, 60)
         with process(wattgate("serve", "--config", str(tmp_path / "gateway.yaml"),
                               "--log-level", "warning"), glog) as gw:
-            wait_ready(f"{base}/health", gw, 60)
+            wait_http(f"{base}/health", gw, 60)
             assert needed(base) == 0.0  # nothing routed yet
             light = watch(base, load(base, 2, 8, tmp_path / "light.log"), 60.0)
             heavy = watch(base, load(base, 60, 240, tmp_path / "heavy.log"), 60.0)
