@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +12,11 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from loadgen.procs import free_port, stop
+
+__all__ = ["REPO", "free_port", "running", "stop", "wait_http", "wattgate_cmd"]
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wattgate_cmd(*args: str) -> list[str]:
@@ -47,19 +43,6 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] |
             last = exc
         time.sleep(0.05)
     raise TimeoutError(f"{url} not ready after {timeout_s}s: {last}")
-
-
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 @contextlib.contextmanager
