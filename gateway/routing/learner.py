@@ -124,7 +124,7 @@ class RoutingModels:
                 pending = self.pending[c.name]
                 # a dispatched prompt stays pending about as long as the TTFT predicted here,
                 # behind the prefill already pending
-                drain_s = self.models[c.name].curves().ttft_burst(c.load, pending.prompt_mean,
+                drain_s = self.models[c.name].latest_curves().ttft_burst(c.load, pending.prompt_mean,
                                                                   pending.tokens)
                 pending.observe(t_s, c.inflight, drain_s)
         if t_s - self._ticked_s >= self.poll_s:

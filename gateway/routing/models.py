@@ -219,6 +219,7 @@ class EndpointModel:
         self.latency_samples = 0
         self.energy_windows = 0
         self._curves: Curves | None = None
+        self._last: Curves | None = None  # the last curves built, kept when a sample arrives
 
     def observe_latency(self, load: float, prompt_tokens: int, ttft_s: float | None,
                         tpot_s: float | None, decode_load: float | None = None) -> None:
@@ -248,8 +249,14 @@ class EndpointModel:
     def curves(self) -> Curves:
         """The current predictions (cached until the next sample)."""
         if self._curves is None:
-            self._curves = self._build()
+            self._curves = self._last = self._build()
         return self._curves
+
+    def latest_curves(self) -> Curves:
+        """The curves as last built, without rebuilding for samples that came since: for
+        bookkeeping on every routing decision (a rebuild costs hundreds of µs; `curves()`
+        rebuilds when a policy asks for predictions)."""
+        return self._last if self._last is not None else self.curves()
 
     def _build(self) -> Curves:
         p, s = self.prior, self.settings
