@@ -114,7 +114,7 @@ def verdict(strategy: str, totals: dict[str, tuple[float, float, int]]) -> str |
 def test_strategist_pays_at_least_its_truth_minus_two_percent(fleet: Fleet, strategy: str
                                                               ) -> None:
     plan = sorted([*honest(), *STRATEGIES[strategy]], key=lambda p: p.at_s)
-    passed, failures = 0, []
+    passed, failures = 0, list[str]()
     while passed < 2 and len(failures) < 2:
         why = verdict(strategy, run_strategy(fleet, plan))
         if why is None:
