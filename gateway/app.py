@@ -17,7 +17,7 @@ from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.accounting.supervisor import ApportionerChild
 from gateway.config import GatewayConfig
 from gateway.errors import AuthError, ConfigError, WattgateError, error_body
-from gateway.front.aiohttp_errors import SERVER_NAME
+from gateway.front.aiohttp_errors import SERVER_NAME, refuse_shape
 from gateway.front.connections import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
@@ -70,6 +70,19 @@ async def json_errors(request: web.Request, handler: Callable[[web.Request], obj
         return web.Response(status=500, content_type="application/json",
                             body=error_body("internal gateway error", "server_error",
                                             "internal_error"))
+
+
+@web.middleware
+async def http_shape(request: web.Request, handler: Callable[[web.Request], object]
+                     ) -> web.StreamResponse:
+    """Requests on connections aiohttp serves get the lean front's refusals too (HTTP/0.9,
+    another version than 1.x, a transfer coding other than chunked)."""
+    refused = refuse_shape(request)
+    if refused is not None:
+        return refused
+    response = await handler(request)  # type: ignore[misc]
+    assert isinstance(response, web.StreamResponse)
+    return response
 
 
 @web.middleware
@@ -279,7 +292,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     `apportioner`: the apportioner child `wattgate serve` started (this process then only
     records; without one, `accounting.apportioner: process` apportions inline)."""
     app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[edge_activity, json_errors])
+                          middlewares=[http_shape, edge_activity, json_errors])
     app.on_response_prepare.append(no_server_header)
     app[CONFIG] = config
     app[CONNECTIONS] = FrontConnections()

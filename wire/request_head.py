@@ -6,10 +6,13 @@ HTTP/1.1, a `Content-Length` body within the limit, no `Transfer-Encoding`, `Exp
 connection to a complete server (the gateway: aiohttp), which answers it fully (including its
 errors), so this parser never has to be complete; it only has to be sure.
 
-Three faults it answers itself, as a `Refusal` (status and a bounded reason), because no
+The faults it answers itself, as a `Refusal` (status and a bounded reason), because no
 server should take them: a bare LF in the head (a request-smuggling vector; waiting for a
 CRLF CRLF that never comes would hold the client to the head deadline), a request line longer
-than MAX_HEAD_BYTES (414) and a head longer than that (431).
+than MAX_HEAD_BYTES (414) and a head longer than that (431); and, by `shape_refusal` (which
+the aiohttp side asks too), a request line with no HTTP version (HTTP/0.9: 400), a version
+other than 1.0 and 1.1 (505) and a transfer coding other than `chunked` alone (501: a server
+must not serve a body whose coding it does not undo).
 """
 
 from __future__ import annotations
@@ -43,6 +46,34 @@ class Refusal:
 BARE_LF: Final = Refusal(400, "bad_request")
 URI_TOO_LONG: Final = Refusal(414, "uri_too_long")
 HEAD_TOO_LARGE: Final = Refusal(431, "head_too_large")
+NO_VERSION: Final = Refusal(400, "bad_request")
+VERSION_NOT_SUPPORTED: Final = Refusal(505, "http_version_not_supported")
+CODING_NOT_IMPLEMENTED: Final = Refusal(501, "transfer_coding_not_implemented")
+
+
+def shape_refusal(version: tuple[int, int] | None, transfer_encoding: bytes | None
+                  ) -> Refusal | None:
+    """A request's HTTP `version` (None: its request line named none) and its
+    `Transfer-Encoding` value: the Refusal they earn, or None."""
+    if version is None:
+        return NO_VERSION
+    if version not in ((1, 1), (1, 0)):
+        return VERSION_NOT_SUPPORTED
+    if transfer_encoding is not None and transfer_encoding.strip(b" \t").lower() != b"chunked":
+        return CODING_NOT_IMPLEMENTED
+    return None
+
+
+def _version_of(request_line: list[bytes]) -> tuple[int, int] | None:
+    """The HTTP version a request line names; None for none (`GET /`); (0, 0) for one that
+    is not HTTP/<digit>.<digit> (aiohttp answers that as malformed)."""
+    if len(request_line) == 2:
+        return None
+    v = request_line[-1]
+    if len(v) == 8 and v.startswith(b"HTTP/") and v[5:6].isdigit() and v[6:7] == b"." \
+            and v[7:8].isdigit():
+        return int(v[5:6]), int(v[7:8])
+    return (1, 1)  # malformed: not this check's to answer
 
 
 class RequestHead:
@@ -82,6 +113,12 @@ def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes:
     request_line = lines[0].split(b" ")
     if (len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1"
             or request_line[1] not in routes):
+        if 2 <= len(request_line) <= 3:
+            te = next((ln.partition(b":")[2] for ln in lines[1:]
+                       if ln[:18].lower() == b"transfer-encoding:"), None)
+            refusal = shape_refusal(_version_of(request_line), te)
+            if refusal is not None:
+                return refusal
         return HANDOFF
     headers: dict[bytes, bytes] = {}
     raw: list[tuple[bytes, bytes]] = []
@@ -98,6 +135,9 @@ def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes:
         else:
             headers[lname] = value
         raw.append((name, value))
+    te = headers.get(b"transfer-encoding")
+    if te is not None and (refusal := shape_refusal((1, 1), te)) is not None:
+        return refusal
     length = headers.get(b"content-length")
     if (length is None or not length.isdigit() or len(length) > 15
             or not _REFUSED.isdisjoint(headers)):

@@ -28,6 +28,7 @@ from aiohttp.web_request import BaseRequest
 
 from gateway.errors import error_body
 from gateway.front.refusals import EDGE_ERRORS, OTHER_CLIENT_ERROR
+from wire.request_head import shape_refusal
 
 log = logging.getLogger("wattgate.edge")
 
@@ -64,7 +65,7 @@ class SafeRequestHandler(RequestHandler):
         log.warning("HTTP %d on a client connection: %s", status,
                     type(exc).__name__ if exc is not None else "no exception")
         edge = EDGE_ERRORS.get(status)
-        if 400 <= status < 500 and self.on_reject is not None:
+        if (400 <= status < 500 or edge is not None) and self.on_reject is not None:
             self.on_reject(edge.reason if edge is not None else OTHER_CLIENT_ERROR)
         if request.writer.output_size > 0:  # part of an answer went out: nothing can follow
             raise ConnectionError("response already started; closing the connection")
@@ -79,6 +80,28 @@ class SafeRequestHandler(RequestHandler):
                             headers={"Server": SERVER_NAME, "Connection": "close"})
         resp.force_close()
         return resp
+
+
+def refuse_shape(request: BaseRequest) -> web.StreamResponse | None:
+    """The answer to a request aiohttp parsed but no server should serve (wire's
+    `shape_refusal`: HTTP/0.9, another version than 1.x, a transfer coding it would not undo),
+    or None. Answered and counted as the lean front answers it, and the connection closed."""
+    coding = request.headers.getall("Transfer-Encoding", None)
+    version = (request.version.major, request.version.minor)
+    refusal = shape_refusal(None if version == (0, 9) else version,
+                            ", ".join(coding).encode("latin-1") if coding else None)
+    if refusal is None:
+        return None
+    handler = request.protocol
+    if isinstance(handler, SafeRequestHandler):
+        return handler.handle_error(request, refusal.status)
+    edge = EDGE_ERRORS[refusal.status]
+    resp = web.Response(status=refusal.status, content_type="application/json",
+                        body=error_body(edge.message, "invalid_request_error"
+                                        if refusal.status < 500 else "server_error", edge.code),
+                        headers={"Connection": "close"})
+    resp.force_close()
+    return resp
 
 
 def safe_handler_factory(server: web.Server, on_reject: Callable[[str], None] | None = None

@@ -112,7 +112,8 @@ class FrontProtocol(asyncio.Protocol):
     def _reject(self, status: int, code: bytes, message: bytes, *, retry_after: bool = False,
                 reason: str | None = None, linger: bool = False) -> None:
         """Answer with an OpenAI-style error and close the connection."""
-        body = (b'{"error":{"message":"' + message + b'","type":"invalid_request_error",'
+        kind = b"server_error" if status >= 500 else b"invalid_request_error"
+        body = (b'{"error":{"message":"' + message + b'","type":"' + kind + b'",'
                 b'"param":null,"code":"' + code + b'"}}')
         head = [STATUS_LINES[status], b"Content-Type: application/json\r\n",
                 b"Content-Length: %d\r\n" % len(body), b"Connection: close\r\n", date_header()]
@@ -190,7 +191,8 @@ class FrontProtocol(asyncio.Protocol):
             self._next()
 
     def _refuse(self, refusal: Refusal) -> None:
-        """A head no server should take (bare LF, oversized): say why at once, send FIN, and
+        """A head no server should take (bare LF, oversized, no or another HTTP version, a
+        transfer coding not undone): say why at once, send FIN, and
         close after REFUSAL_LINGER_S, dropping what still comes."""
         self._buf.clear()
         self.refused = True

@@ -22,5 +22,10 @@ EDGE_ERRORS: Final = {
                    "uri_too_long"),
     431: EdgeError("request_header_too_large", "the request's header fields are too large",
                    "head_too_large"),
+    501: EdgeError("transfer_coding_not_implemented",
+                   "the gateway takes request bodies as they are or chunked, in no other "
+                   "transfer coding", "transfer_coding_not_implemented"),
+    505: EdgeError("http_version_not_supported", "the gateway speaks HTTP/1.1 (and 1.0)",
+                   "http_version_not_supported"),
 }
 OTHER_CLIENT_ERROR: Final = "other_client_error"  # the reason for any other 4xx

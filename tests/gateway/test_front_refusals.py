@@ -1,5 +1,6 @@
 """Heads no server should take, on a real socket: a bare LF is 400 at once, an oversized head
-431 and an oversized request line 414, on the lean front and on connections it handed to
+431 and an oversized request line 414, no HTTP version 400, another version than 1.x 505 and a
+transfer coding other than chunked 501, on the lean front and on connections it handed to
 aiohttp, each answered in JSON and counted in wattgate_client_connection_errors_total."""
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ FRONT = {  # refused by the lean front before any handover
                      431, "request_header_too_large"),
     "url-100k": (b"GET /healthz?q=" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
                  414, "uri_too_long"),
+    # no version (HTTP/0.9), another major version, a transfer coding nobody undoes
+    "http-0.9": (b"GET /healthz\r\n\r\n", 400, "bad_request"),
+    "http-2.0": (b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505,
+                 "http_version_not_supported"),
+    "te-gzip-chunked": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 501,
+                        "transfer_coding_not_implemented"),
 }
 HANDED = {  # heads under the front's 16 KiB that it hands to aiohttp, which refuses them
     "header-10k": (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n",
@@ -44,7 +52,8 @@ HANDED = {  # heads under the front's 16 KiB that it hands to aiohttp, which ref
     "nul-in-header": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
     "obs-fold": b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
 }
-REASONS = {400: "bad_request", 414: "uri_too_long", 431: "head_too_large"}
+REASONS = {400: "bad_request", 414: "uri_too_long", 431: "head_too_large",
+           501: "transfer_coding_not_implemented", 505: "http_version_not_supported"}
 
 
 def _case(value: object) -> tuple[bytes, int, str]:

@@ -6,12 +6,16 @@ import pytest
 
 from wire.request_head import (
     BARE_LF,
+    CODING_NOT_IMPLEMENTED,
     HANDOFF,
     HEAD_TOO_LARGE,
     MAX_HEAD_BYTES,
+    NO_VERSION,
     URI_TOO_LONG,
+    VERSION_NOT_SUPPORTED,
     RequestHead,
     parse_head,
+    shape_refusal,
 )
 
 ROUTES = frozenset({b"/v1/completions", b"/v1/chat/completions"})
@@ -105,3 +109,30 @@ def test_repeated_headers_are_joined_for_lookup_and_kept_apart_for_forwarding() 
     assert isinstance(head, RequestHead)
     assert head.headers[b"x-tag"] == b"a, b"
     assert [v for n, v in head.raw_headers if n == b"X-Tag"] == [b"a", b"b"]
+
+
+@pytest.mark.parametrize(("request_bytes", "refusal"), [
+    (b"GET /healthz\r\n\r\n", NO_VERSION),  # HTTP/0.9
+    (GOOD.replace(b"HTTP/1.1", b"HTTP/2.0"), VERSION_NOT_SUPPORTED),
+    (GOOD.replace(b"HTTP/1.1", b"HTTP/0.9"), VERSION_NOT_SUPPORTED),
+    (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", VERSION_NOT_SUPPORTED),  # the HTTP/2 preface
+    (GOOD.replace(b"Content-Length: 2", b"Transfer-Encoding: gzip, chunked"),
+     CODING_NOT_IMPLEMENTED),
+    (GOOD.replace(b"Content-Length: 2", b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip"),
+     CODING_NOT_IMPLEMENTED),
+    (GOOD.replace(b"Content-Length: 2", b"Transfer-Encoding: identity"), CODING_NOT_IMPLEMENTED),
+    (GOOD.replace(b"HTTP/1.1", b"HTTP/1.0").replace(b"Content-Length: 2",
+                                                    b"Transfer-Encoding: gzip"),
+     CODING_NOT_IMPLEMENTED),
+])
+def test_no_version_another_version_or_an_unknown_coding_is_refused(
+        request_bytes: bytes, refusal: object) -> None:
+    assert parse_head(request_bytes, ROUTES, 1024) is refusal
+
+
+def test_the_shape_rules_aiohttp_asks_too() -> None:
+    assert shape_refusal((1, 1), None) is None
+    assert shape_refusal((1, 0), b" Chunked ") is None
+    assert shape_refusal(None, None) is NO_VERSION
+    assert shape_refusal((2, 0), None) is VERSION_NOT_SUPPORTED
+    assert shape_refusal((1, 1), b"chunked, gzip") is CODING_NOT_IMPLEMENTED
