@@ -6,12 +6,11 @@ for the ledger and the interval grid: wall(t) = arrived_wall_s + (t - arrived_s)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gateway.timing import Latency
+from gateway.vocab import value_type
 
 
-@dataclass(frozen=True, slots=True)
+@value_type
 class RequestRecord:
     request_id: str
     tenant: str

@@ -16,11 +16,10 @@ All times are seconds on one monotonic clock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import islice
 from operator import sub
 
-from gateway.vocab import SloClass
+from gateway.vocab import SloClass, value_type
 
 
 def tpot_s(first_token_s: float | None, last_token_s: float | None, completion_tokens: int
@@ -38,7 +37,7 @@ def tokens_per_event(completion_tokens: int, events: int) -> float:
     return max(1.0, (completion_tokens - 1) / (events - 1))
 
 
-@dataclass(frozen=True, slots=True)
+@value_type
 class Latency:
     """The user-felt latencies of one request, seconds."""
 

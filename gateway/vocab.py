@@ -8,7 +8,7 @@ This module imports nothing of ours: loadgen and the pure modules (timing) may u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, TypeVar, dataclass_transform, get_args
 
 Precision = Literal["bf16", "fp16", "fp8", "int8", "int4"]
 EngineKind = Literal["vllm", "trtllm", "openai"]  # an engine server's dialect (adapters)
@@ -25,6 +25,19 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 # How a request ended, where the ending is fixed; gateway/outcomes.py holds each one's record
 # status and HTTP status (an error's ending is its own code, not one of these)
 Outcome = Literal["ok", "client_disconnected", "internal_error", "upstream_error_event"]
+
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def value_type(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass to the type checker, a plain slotted dataclass at run time, for the
+    values the request path builds on every request (its record, latencies, routing
+    candidates). A frozen dataclass's `__init__` sets each field through `object.__setattr__`:
+    3-4x slower (a RequestRecord took 4.6 µs to build, 1.2 µs now). mypy still refuses any
+    assignment to a field; instances are not hashable."""
+    return dataclass(slots=True)(cls)
+
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 ENGINE_KINDS: tuple[EngineKind, ...] = get_args(EngineKind)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
+
+from gateway.vocab import value_type
 
 if TYPE_CHECKING:
     from gateway.routing.models import Curves
 
 
-@dataclass(frozen=True, slots=True)
+@value_type
 class Candidate:
     """One healthy endpoint that may take the request, with its load at snapshot time."""
 
@@ -28,7 +30,7 @@ class Candidate:
         return (max(float(self.inflight), self.running + self.waiting)) / self.weight
 
 
-@dataclass(frozen=True, slots=True)
+@value_type
 class RoutingContext:
     sequence: int  # a per-pool counter, for round robin
     prefix_key: bytes  # a prompt prefix, for affinity ("" when none)

@@ -92,6 +92,9 @@ class RoutingModels:
         self.windows = {n: EnergyWindows(grid_s) for n in self.info}
         self.loads = {n: _LoadTrace() for n in self.info}
         self.pending = {n: PendingPrefill() for n in self.info}
+        # what a routing decision updates per endpoint, in one lookup
+        self._per_endpoint = {n: (self.loads[n], self.pending[n], self.models[n],
+                                  self.windows[n]) for n in self.info}
         self.energy_reader = energy_reader
         self.poll_s = poll_s
         self._polled_s = float("-inf")
@@ -117,15 +120,17 @@ class RoutingModels:
 
     def observe_loads(self, t_s: float, candidates: Iterable[Candidate]) -> None:
         """The loads routing saw at `t_s` (monotonic), one per candidate."""
+        per_endpoint = self._per_endpoint
         for c in candidates:
-            trace = self.loads.get(c.name)
-            if trace is not None:
-                trace.add(t_s, c.load)
-                pending = self.pending[c.name]
+            found = per_endpoint.get(c.name)
+            if found is not None:
+                trace, pending, model, _ = found
+                load = c.load
+                trace.add(t_s, load)
                 # a dispatched prompt stays pending about as long as the TTFT predicted here,
                 # behind the prefill already pending
-                drain_s = self.models[c.name].latest_curves().ttft_burst(c.load, pending.prompt_mean,
-                                                                  pending.tokens)
+                drain_s = model.latest_curves().ttft_burst(load, pending.prompt_mean,
+                                                           pending.tokens)
                 pending.observe(t_s, c.inflight, drain_s)
         if t_s - self._ticked_s >= self.poll_s:
             self.tick(t_s)
@@ -144,18 +149,17 @@ class RoutingModels:
         self.surplus.advance(now_s, surplus, {n: c.idle_w for n, c in curves.items()})
 
     def __call__(self, rec: RequestRecord) -> None:
-        model = self.models.get(rec.engine)
-        if model is None or rec.dispatched_s is None:
+        found = self._per_endpoint.get(rec.engine)
+        if found is None or rec.dispatched_s is None:
             return
-        self.pending[rec.engine].observe_request(float(rec.prompt_tokens),
-                                                 float(rec.completion_tokens))
+        trace, pending, model, windows = found
+        pending.observe_request(float(rec.prompt_tokens), float(rec.completion_tokens))
         if rec.status == "ok":
-            trace = self.loads[rec.engine]
             load = trace.at(rec.dispatched_s)
             if load is not None:
                 model.observe_latency(load, rec.prompt_tokens, rec.latency.ttft_s,
                                       rec.latency.tpot_s, decode_load(trace, rec))
-        self.windows[rec.engine].add_record(rec)
+        windows.add_record(rec)
         if self.energy_reader is not None and rec.finished_s - self._polled_s >= self.poll_s:
             self._polled_s = rec.finished_s
             self.poll_energy()

@@ -58,14 +58,26 @@ class EnergyWindows:
     def add_record(self, rec: RequestRecord) -> None:
         if rec.dispatched_s is None:
             return
-        start = rec.wall(rec.dispatched_s)
-        end = rec.wall(rec.finished_s)
-        _spread(self.slots, start, end, self.grid_s, "resident_s", 0.0)
-        first = rec.wall(rec.first_token_s) if rec.first_token_s is not None else end
-        last = rec.wall(rec.read_times[-1]) if rec.read_times else end
-        _spread(self.slots, first, first, self.grid_s, "prompt", float(rec.prompt_tokens))
-        _spread(self.slots, first, max(last, first), self.grid_s, "output",
-                float(rec.completion_tokens))
+        shift = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
+        start = rec.dispatched_s + shift
+        end = rec.finished_s + shift
+        first = rec.first_token_s + shift if rec.first_token_s is not None else end
+        last = max(rec.read_times[-1] + shift, first) if rec.read_times else max(end, first)
+        grid = self.grid_s
+        k = math.floor(start / grid)
+        lo, hi = k * grid, (k + 1) * grid
+        if lo <= first and end < hi and last < hi:
+            # the usual request: all of it inside one grid slot
+            slot = self.slots.get(k)
+            if slot is None:
+                slot = self.slots[k] = _Slot()
+            slot.resident_s += max(end - start, 0.0)
+            slot.prompt += float(rec.prompt_tokens)
+            slot.output += float(rec.completion_tokens)
+            return
+        _spread(self.slots, start, end, grid, "resident_s", 0.0)
+        _spread(self.slots, first, first, grid, "prompt", float(rec.prompt_tokens))
+        _spread(self.slots, first, last, grid, "output", float(rec.completion_tokens))
 
     def add_boundary(self, end_s: float, energy_j: float) -> EnergyWindow | None:
         """The service's new boundary; the window since the previous one, or None (the first
