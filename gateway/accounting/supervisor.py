@@ -28,6 +28,8 @@ import aiohttp
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gateway.accounting.apportioner_cli import CHILD_NICE
+
 log = logging.getLogger("wattgate.apportioner")
 
 BACKOFF_FIRST_S = 0.5
@@ -83,7 +85,7 @@ class ApportionerChild:
     def argv(self) -> list[str]:
         argv = [*self._command, "apportioner", "--config", self.config_path,
                 "--host", "127.0.0.1", "--port", "0", "--port-file", str(self.port_file),
-                "--parent-pid", str(os.getpid())]
+                "--parent-pid", str(os.getpid()), "--nice", str(CHILD_NICE)]
         if self._log_level:
             argv += ["--log-level", self._log_level]
         return argv

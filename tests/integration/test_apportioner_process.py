@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.accounting.apportioner_cli import CHILD_NICE
 from tests.support.gateway import ADMIN_KEY, KEY_A, digest, raw_config
 from tests.support.procs import free_port, running, wattgate_cmd
 
@@ -124,11 +125,18 @@ def stack(tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
         yield gw, proc, ledger
 
 
+def nice_of(pid: int) -> int:
+    """The nice value of `pid` (field 19 of /proc/PID/stat)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 def test_serve_runs_the_apportioner_as_a_restarted_child_that_conserves_energy(
         stack: tuple[str, Any, Path]) -> None:
     gw, proc, ledger = stack
     first_child = wait_for("the apportioner child", lambda: children(proc.pid))
     assert len(first_child) == 1 and first_child[0] != proc.pid
+    # on a core it shares with the gateway, requests go first
+    assert nice_of(first_child[0]) == nice_of(proc.pid) + CHILD_NICE
     wait_for("a healthy engine", lambda: healthy(gw))
     ids = traffic(gw, 12)
     wait_for("the first requests apportioned", lambda: final(gw, ids))

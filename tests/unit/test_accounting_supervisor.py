@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.accounting import supervisor
+from gateway.accounting.apportioner_cli import CHILD_NICE
 from gateway.accounting.supervisor import ApportionerChild
 
 pytestmark = pytest.mark.timeout(30)
@@ -72,8 +73,8 @@ async def test_a_dead_child_is_restarted_and_counted_then_stopped_with_sigterm()
     await child.start()
     first = await wait_pid(child)
     assert registry.get_sample_value("wattgate_apportioner_up") == 1.0
-    assert child.argv()[-6:] == ["--port", "0", "--port-file", str(child.port_file),
-                                 "--parent-pid", str(os.getpid())]
+    assert child.argv()[-8:] == ["--port", "0", "--port-file", str(child.port_file),
+                                 "--parent-pid", str(os.getpid()), "--nice", str(CHILD_NICE)]
     os.kill(first, signal.SIGKILL)
     second = await wait_pid(child, not_pid=first)
     assert second != first and child.restarts == 1
