@@ -17,7 +17,6 @@ from typing import IO, Any
 import orjson
 
 from gateway.records import RequestRecord
-from gateway.yielding import lower_this_thread
 
 _STOP = b""
 
@@ -63,7 +62,6 @@ class AccessLog:
             self._thread = None
 
     def _write(self, out: IO[bytes]) -> None:
-        lower_this_thread()
         try:
             while True:
                 lines = [self._queue.get()]

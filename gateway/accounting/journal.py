@@ -35,7 +35,6 @@ import orjson
 
 from gateway.records import RequestRecord
 from gateway.timing import Latency
-from gateway.yielding import lower_this_thread
 
 log = logging.getLogger("wattgate.accounting.journal")
 
@@ -190,7 +189,6 @@ class Journal:
     # --- writer thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        lower_this_thread()
         while True:
             stopping = self._stop.wait(self.fsync_s)
             t0 = time.thread_time()

@@ -1,5 +1,5 @@
 """The recorder, on every gateway process: finished requests queued in O(1) on the hot path
-(and journalled), turned into ledger rows off it in short time slices, written in batches with
+(and journalled), turned into ledger rows off it in bounded chunks, written in batches with
 this replica's watermark, and the watermark re-published as a heartbeat while requests are
 open, so the apportioner (wherever it runs) knows what may still arrive.
 """
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.accounting.chunks import in_chunks
 from gateway.accounting.config import AccountingConfig
 from gateway.accounting.journal import Journal, recover
 from gateway.accounting.ledger.base import (
@@ -30,13 +30,8 @@ from gateway.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
 
-# Ingest takes the event loop in slices between requests: at most this share of the loop's
-# time while requests flow (it needs about 10 µs per record: 3.5 % of a core at 3,500
-# requests/s), each slice at least INGEST_MIN_SLICE_S, and the clock read every INGEST_BATCH
-# records.
-INGEST_SHARE = 0.1
-INGEST_MIN_SLICE_S = 30e-6
-INGEST_BATCH = 4
+INGEST_CHUNK = 32  # records turned into rows between two yields to the event loop, at least
+INGEST_SLICES = 16  # at most: a backlog goes in bigger slices, not over more loop turns
 HEARTBEAT_S = 1.0  # a replica with requests open re-publishes its watermark at least this often
 
 
@@ -130,34 +125,23 @@ class Recorder:
         log.error("request journal unavailable, running without it: %s", exc)
         self.journal = None
 
-    async def ingest_chunked(self, share: float = INGEST_SHARE,
-                             min_slice_s: float = INGEST_MIN_SLICE_S) -> None:
-        """`ingest` in time slices, yielding to the loop between them. A slice lasts `share` /
-        (1 - `share`) of the loop turn that ran before it, at least `min_slice_s`: between
-        requests at c=1 (turns of tens of µs) a few records, so no request waits behind more
-        than that at any of its steps (fixed 32-record chunks held each step up to 0.4 ms and
-        tripled the gateway's p99); on a saturated gateway (turns of milliseconds) hundreds,
-        so a backlog is not spread over seconds and the ledger keeps up with the requests."""
+    async def ingest_chunked(self, chunk: int = INGEST_CHUNK,
+                             slices: int = INGEST_SLICES) -> None:
+        """`ingest` in chunks, yielding to the loop between them so a burst of records never
+        holds up request handling for long (~10 us of CPU per record), in at most `slices`
+        chunks. On a saturated gateway one loop turn serves every ready connection and lasts
+        milliseconds; fixed 32-record chunks then spread one step's ingest over most of a
+        second, and the ledger fell seconds behind the requests (a crash would have lost them)."""
         pending, self._pending = self._pending, []
         cut = self._journal_cut(pending)
-        clock = time.perf_counter
-        n, done = len(pending), 0
-        budget = min_slice_s
-        scale = share / (1.0 - share)
+        chunk = max(chunk, -(-len(pending) // slices))
+        done = 0
         try:
-            while done < n:
-                end = clock() + budget
-                while done < n:
-                    self._rows_from(pending[done:done + INGEST_BATCH])
-                    done = min(done + INGEST_BATCH, n)
-                    if clock() >= end:
-                        break
-                if done < n:
-                    yielded = clock()
-                    await asyncio.sleep(0)
-                    budget = max(min_slice_s, scale * (clock() - yielded))
+            async for part in in_chunks(pending, chunk):
+                self._rows_from(part)
+                done += len(part)
         finally:
-            if done < n:  # cancelled (stopping): the rest waits for the last ingest
+            if done < len(pending):  # cancelled (stopping): the rest waits for the last ingest
                 self._pending[:0] = pending[done:]
         self._journal_ingested = max(self._journal_ingested, cut)
 

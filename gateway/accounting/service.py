@@ -35,7 +35,7 @@ from gateway.accounting.metering import (
     metered_engines,
 )
 from gateway.accounting.metrics import ApportionerMetrics, RecorderMetrics
-from gateway.accounting.recorder import Recorder
+from gateway.accounting.recorder import INGEST_CHUNK, Recorder
 from gateway.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -159,9 +159,9 @@ class AccountingService:
         assert self.poller is not None
         await self.poller.poll()
 
-    async def ingest_chunked(self) -> None:
+    async def ingest_chunked(self, chunk: int = INGEST_CHUNK) -> None:
         assert self.recorder is not None
-        await self.recorder.ingest_chunked()
+        await self.recorder.ingest_chunked(chunk)
 
     def ingest(self) -> None:
         assert self.recorder is not None

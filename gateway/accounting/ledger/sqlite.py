@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import LedgerError
 from gateway.accounting.ledger.common import Batch, Decide, SqlLedger
-from gateway.yielding import lower_this_thread
 
 T = TypeVar("T")
 
@@ -44,8 +43,7 @@ class SqliteLedger(SqlLedger):
     def __init__(self, path: str | Path):
         super().__init__()
         self.path = Path(path)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger",
-                                        initializer=lower_this_thread)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
