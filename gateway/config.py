@@ -334,6 +334,10 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), f"invalid YAML: {exc}") from None
+    if isinstance(data, dict) and "engines" in data and "models" not in data:
+        raise ConfigError(str(p), "a simulator fleet file (it lists `engines`), not a gateway "
+                                  "config: `wattgate sim fleet` reads it; a gateway config lists "
+                                  "`models` (deploy/examples/local.yaml)")
     return parse_config(data, env, p.resolve().parent)
 
 

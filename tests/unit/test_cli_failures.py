@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 import wattgate_cli
 
+REPO = Path(__file__).resolve().parents[2]
 LOAD = ["--rate", "5", "--duration", "30", "--no-energy", "--quiet", "--tokenizer", "words"]
 
 
@@ -88,6 +89,13 @@ def test_config_check_of_a_missing_file_exits_2_naming_it(tmp_path: Path) -> Non
     result = invoke("config", "check", str(tmp_path / "gw.yaml"))
     assert result.exit_code == 2
     assert "gw.yaml" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_config_check_of_a_fleet_file_says_what_it_is() -> None:
+    result = invoke("config", "check", str(REPO / "deploy" / "examples" / "fleet.yaml"))
+    assert result.exit_code == 2
+    assert "simulator fleet file" in result.output and "wattgate sim fleet" in result.output
     assert len(result.output.strip().splitlines()) == 1
 
 
