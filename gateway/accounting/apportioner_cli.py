@@ -8,12 +8,9 @@ from pathlib import Path
 
 import click
 
+from gateway.accounting.config import CHILD_NICE
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import ConfigError
-
-# The nice value `wattgate serve` adds to its apportioner child: where the two share a core,
-# requests are served first and the bookkeeping takes the time between them.
-CHILD_NICE = 10
 
 
 def _load_or_exit(path: str) -> GatewayConfig:

@@ -49,6 +49,11 @@ from gateway.vocab import (
     LedgerKind,
 )
 
+# The nice value `wattgate serve` adds to its apportioner child (`accounting.apportioner:
+# process`): where the two share a core, requests are served first and the bookkeeping takes
+# the time between them.
+CHILD_NICE = 10
+
 # with a shared (postgres) ledger each replica journals to its own disk, in this directory
 POSTGRES_JOURNAL_DIR = "wattgate-journal"
 

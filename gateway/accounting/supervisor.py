@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.accounting.apportioner_cli import CHILD_NICE
+from gateway.accounting.config import CHILD_NICE
 
 log = logging.getLogger("wattgate.apportioner")
 

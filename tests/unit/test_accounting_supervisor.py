@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.accounting import supervisor
-from gateway.accounting.apportioner_cli import CHILD_NICE
+from gateway.accounting.config import CHILD_NICE
 from gateway.accounting.supervisor import ApportionerChild
 
 pytestmark = pytest.mark.timeout(30)
