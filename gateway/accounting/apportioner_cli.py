@@ -44,10 +44,20 @@ def _load_or_exit(path: str) -> GatewayConfig:
               help="Add this to the process's nice value: on a core it shares with a gateway, "
                    "the gateway's requests go first (`wattgate serve` starts its child with "
                    f"{CHILD_NICE}).")
+@click.option("--records-fd", default=None, type=int,
+              help="Read a gateway's finished requests from this socket and record them to "
+                   "the ledger for it (set by `wattgate serve`).")
+@click.option("--idle-class", is_flag=True,
+              help="Run in the idle scheduling class while keeping up with --records-fd, in "
+                   "the normal class at --nice when behind (set by `wattgate serve`).")
+@click.option("--replica", default=None,
+              help="The replica name those requests are recorded under (the gateway's).")
 def apportioner(config_path: str, host: str, port: int, port_file: str | None,
-                parent_pid: int | None, log_level: str | None, niceness: int) -> None:
+                parent_pid: int | None, log_level: str | None, niceness: int,
+                records_fd: int | None, idle_class: bool, replica: str | None) -> None:
     """Poll the engines' meters and apportion their energy to the ledger's requests, in this
-    process; leader-elected through the ledger, so several may run and one apportions.
+    process; leader-elected through the ledger, so several may run and one apportions. Started
+    by `wattgate serve`, it also records that gateway's requests (--records-fd).
     Exits 2 on a bad config, 1 when the ledger cannot be opened or the port bound."""
     config = _load_or_exit(config_path)
     if niceness:
@@ -63,7 +73,8 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
     try:
         uvloop.run(run_apportioner(config, host=host, port=port,
                                    port_file=Path(port_file) if port_file else None,
-                                   parent_pid=parent_pid))
+                                   parent_pid=parent_pid, records_fd=records_fd,
+                                   replica=replica, idle_class=idle_class))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)
         sys.exit(1)

@@ -49,13 +49,13 @@ _FIELDS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", 
            "engine_done_s")
 _LATENCY = ("ttft_s", "tpot_s", "e2e_s")
 # A line's values in one C call (dotted names reach into the latency).
-_line_values = attrgetter(*_FIELDS, *(f"latency.{f}" for f in _LATENCY))
+line_values = attrgetter(*_FIELDS, *(f"latency.{f}" for f in _LATENCY))
 _LINE_LEN = len(_FIELDS) + len(_LATENCY)
 
 
 def encode(rec: RequestRecord) -> bytes:
     """One journal line (JSON array, newline-terminated) for `rec`."""
-    return orjson.dumps(_line_values(rec), option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(line_values(rec), option=orjson.OPT_APPEND_NEWLINE)
 
 
 def decode(line: bytes) -> RequestRecord | None:
@@ -64,6 +64,11 @@ def decode(line: bytes) -> RequestRecord | None:
         v = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
+    return decode_values(v)
+
+
+def decode_values(v: object) -> RequestRecord | None:
+    """The record of one line's values (`line_values`); None where they are not a record."""
     if not isinstance(v, list) or len(v) != _LINE_LEN:
         return None
     kw = dict(zip(_FIELDS, v, strict=False))

@@ -27,6 +27,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.accounting.link import RecordIntake
+from gateway.accounting.priority import Background
 from gateway.accounting.service import AccountingService, EngineInfo
 from gateway.accounting.supervisor import TOKEN_ENV
 from gateway.auth import Authenticator
@@ -36,6 +38,7 @@ from gateway.errors import error_body
 log = logging.getLogger("wattgate.apportioner")
 
 PARENT_CHECK_S = 0.5  # how often a child checks that its gateway is still there
+DRAIN_S = 5.0  # a child whose gateway is gone reads its socket to the end for at most this
 SERVICE = web.AppKey("service", AccountingService)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 AUTH = web.AppKey("auth", Authenticator)
@@ -111,15 +114,26 @@ def _write_port(path: Path, port: int) -> None:
 
 
 async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
-                          port_file: Path | None = None, parent_pid: int | None = None) -> None:
+                          port_file: Path | None = None, parent_pid: int | None = None,
+                          records_fd: int | None = None, replica: str | None = None,
+                          idle_class: bool = False) -> None:
     """Apportion until SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone);
-    then store the counters and release the lock."""
+    then store the counters and release the lock. With `records_fd`, also record the requests
+    a gateway sends on that socket (link.py), under `replica`; with `idle_class`, in the idle
+    scheduling class while it keeps up with them (priority.py)."""
     assert config.accounting is not None
     registry = CollectorRegistry()
+    linked = records_fd is not None
     service = AccountingService(
-        config.accounting, engine_infos(config), registry=registry, record=False,
-        replica=f"{socket.gethostname()}:{os.getpid()}:apportioner")
+        config.accounting, engine_infos(config), registry=registry, record=linked,
+        replica=(replica or f"{socket.gethostname()}:{os.getppid()}") if linked
+        else f"{socket.gethostname()}:{os.getpid()}:apportioner")
     await service.start()
+    intake: RecordIntake | None = None
+    if records_fd is not None:
+        assert service.recorder is not None
+        intake = RecordIntake(service.recorder, Background(idle_class))
+        await intake.start(records_fd)
     # Ready (the port file written) once the meters were read: work a gateway records from
     # then on falls in metered intervals (work before an engine's first reading gets no share).
     await service.first_step()
@@ -134,13 +148,13 @@ async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
         log.info("apportioner pid %d serving /metrics on %s:%d", os.getpid(), host, bound)
         if port_file is not None:
             _write_port(port_file, bound)
-        await _until_stopped(parent_pid)
+        await _until_stopped(parent_pid, intake)
     finally:
         await runner.cleanup()
         await service.stop()
 
 
-async def _until_stopped(parent_pid: int | None) -> None:
+async def _until_stopped(parent_pid: int | None, intake: RecordIntake | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,4 +164,8 @@ async def _until_stopped(parent_pid: int | None) -> None:
             await asyncio.wait_for(stop.wait(), PARENT_CHECK_S)
         if parent_pid is not None and os.getppid() != parent_pid:
             log.warning("gateway process %d is gone: the apportioner stops", parent_pid)
+            if intake is not None:
+                # What the gateway sent before it went is still in the socket: read it all
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(intake.closed.wait(), DRAIN_S)
             return

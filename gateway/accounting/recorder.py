@@ -25,7 +25,7 @@ from gateway.accounting.ledger.base import (
 )
 from gateway.accounting.metrics import RecorderMetrics
 from gateway.accounting.prefill import PrefillRates
-from gateway.accounting.work import Work, work_rows
+from gateway.accounting.work import work_rows
 from gateway.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -58,6 +58,8 @@ class Recorder:
         self.journal = (Journal(Path(jc.directory(config.ledger)), jc.fsync_s)
                         if jc.enabled else None)
         self._journal_ingested = 0  # records of journal segments below this are ingested
+        self.records_written = 0  # records whose rows are in the ledger, in recording order
+        self.on_written: Callable[[int], None] | None = None  # told `records_written` per flush
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """Where to learn the wall-clock arrival of the oldest request still being served
@@ -190,6 +192,9 @@ class Recorder:
         self._published = (since, now)
         if self.journal is not None:
             self.journal.release(self._journal_ingested)
+        self.records_written += len(requests)
+        if self.on_written is not None:
+            self.on_written(self.records_written)
 
     def _watermark(self) -> float | None:
         """The earliest wall-clock time this replica may still record work at: the arrival of
@@ -224,27 +229,33 @@ class Recorder:
         """Forget the records queued and not yet ingested (benchmarks of `record` only)."""
         self._pending.clear()
 
-    def work_rows_of(self, rec: RequestRecord) -> list[Work]:
-        rates = self.prefill_rates
-        return work_rows(rec, self.config.interval_s, rates.rate(rec.engine, rec.prompt_tokens),
-                         rates.tpot(rec.engine))
-
     def pending_request(self, request_id: str, estimated: Callable[[str], bool]
                         ) -> dict[str, Any] | None:
         """A request recorded here but not yet written to the ledger (within one flush);
         `estimated(engine)`: whether that engine's energy is estimated."""
-        dt = self.config.interval_s
-        rows = [RequestRow.from_record(r, dt, self.replica, self.work_rows_of(r))
-                for r in self._pending if r.request_id == request_id]
-        rows += [r for r in self._requests if r.request_id == request_id]
-        if not rows:
-            return None
-        r = rows[0]
-        return {"request_id": r.request_id, "tenant": r.tenant, "model": r.model,
-                "engine": r.engine, "precision": r.precision, "slo_class": r.slo_class,
-                "status": r.status, "stream": bool(r.stream), "arrived_s": r.arrived_s,
-                "finished_s": r.finished_s, "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": r.completion_tokens, "slo_met": bool(r.slo_met),
-                "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
-                "final": False, "estimated": estimated(r.engine), "replica": r.replica,
-                "prompt_source": r.prompt_source}
+        return pending_request(request_id, self._pending, self._requests, self.config,
+                               self.replica, self.prefill_rates, estimated)
+
+
+def pending_request(request_id: str, records: Sequence[RequestRecord],
+                    rows: Sequence[RequestRow], config: AccountingConfig, replica: str,
+                    rates: PrefillRates, estimated: Callable[[str], bool]
+                    ) -> dict[str, Any] | None:
+    """The request `request_id` among records not yet turned into rows and rows not yet
+    written, as the ledger's request read shows it (no energy yet, not final)."""
+    dt = config.interval_s
+    found = [RequestRow.from_record(r, dt, replica, work_rows(
+                 r, dt, rates.rate(r.engine, r.prompt_tokens), rates.tpot(r.engine)))
+             for r in records if r.request_id == request_id]
+    found += [r for r in rows if r.request_id == request_id]
+    if not found:
+        return None
+    r = found[0]
+    return {"request_id": r.request_id, "tenant": r.tenant, "model": r.model,
+            "engine": r.engine, "precision": r.precision, "slo_class": r.slo_class,
+            "status": r.status, "stream": bool(r.stream), "arrived_s": r.arrived_s,
+            "finished_s": r.finished_s, "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens, "slo_met": bool(r.slo_met),
+            "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
+            "final": False, "estimated": estimated(r.engine), "replica": r.replica,
+            "prompt_source": r.prompt_source}

@@ -4,9 +4,13 @@ and, where this process apportions, the meter poller and the apportioner.
 - inline (`apportion=True`, `record=True`): all three on this event loop (tests, and
   `accounting.apportioner: inline`);
 - recorder only (`apportion=False`): a gateway whose apportioner runs in another process
-  (`process`, started by `wattgate serve`; or `external`, e.g. a Kubernetes Deployment); it
-  reads the engines' apportioned boundaries back from the ledger for the routing models;
-- apportioner only (`record=False`): the apportioner process (process.py).
+  (`external`, e.g. a Kubernetes Deployment); it reads the engines' apportioned boundaries
+  back from the ledger for the routing models;
+- linked (`link=`): a gateway with an accounting child (`process`, started by `wattgate
+  serve`): its records go to the child over a socket (link.py), which records, journals and
+  writes them and apportions; the gateway only queues them and reads the boundaries back;
+- apportioner only (`record=False`), or apportioner and recorder of a linked gateway's
+  records: the accounting child (process.py).
 
 Wiring in an aiohttp app:  app.cleanup_ctx.append(service.cleanup_ctx)
 and hand every finished RequestRecord to `service.record(rec)`.
@@ -27,6 +31,7 @@ from engines.meters.base import Meter
 from gateway.accounting.apportioner import Apportioner, CounterDebt
 from gateway.accounting.config import AccountingConfig
 from gateway.accounting.ledger.base import EngineState, Ledger, LedgerError
+from gateway.accounting.link import RecordLink
 from gateway.accounting.metering import (
     EngineInfo,
     MeteredEngine,
@@ -35,7 +40,8 @@ from gateway.accounting.metering import (
     metered_engines,
 )
 from gateway.accounting.metrics import ApportionerMetrics, RecorderMetrics
-from gateway.accounting.recorder import INGEST_CHUNK, Recorder
+from gateway.accounting.prefill import PrefillRates
+from gateway.accounting.recorder import INGEST_CHUNK, Recorder, pending_request
 from gateway.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -43,13 +49,15 @@ log = logging.getLogger("wattgate.accounting")
 __all__ = ["AccountingService", "EngineInfo", "make_ledger"]
 
 STATES_EVERY_S = 1.0  # a recorder-only process re-reads the apportioned boundaries this often
+LINK_DRAIN_S = 5.0  # a stopping linked gateway waits this long for its child to write its records
 
 
 class AccountingService:
     def __init__(self, config: AccountingConfig, engines: Sequence[EngineInfo], *,
                  ledger: Ledger | None = None, meters: dict[str, Meter] | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.time,
-                 replica: str | None = None, record: bool = True, apportion: bool = True):
+                 replica: str | None = None, record: bool = True, apportion: bool = True,
+                 link: RecordLink | None = None):
         self.config = config
         self.ledger = ledger if ledger is not None else make_ledger(config.ledger)
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
@@ -58,9 +66,15 @@ class AccountingService:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._stepped = asyncio.Event()  # one step done: the meters read, the ledger reached
+        self.link = link
         self.recorder = (Recorder(config, self.ledger, self.replica, clock=clock,
                                   metrics=RecorderMetrics(registry) if registry is not None else None)
-                         if record else None)
+                         if record and link is None else None)
+        # Queue a finished request for the ledger (O(1), no I/O): the link's or the
+        # recorder's own `record`, with no call in between on the hot path.
+        self.record: Callable[[RequestRecord], None] = (
+            link.record if link is not None
+            else self.recorder.record if self.recorder is not None else self._no_record)
         self.engines: dict[str, MeteredEngine] = {}
         self.poller: MeterPoller | None = None
         self.apportioner: Apportioner | None = None
@@ -79,15 +93,16 @@ class AccountingService:
 
     # --- hot path ---------------------------------------------------------------------------
 
-    def record(self, rec: RequestRecord) -> None:
-        """Queue a finished request for the ledger (O(1), no I/O)."""
-        assert self.recorder is not None
-        self.recorder.record(rec)
+    @staticmethod
+    def _no_record(rec: RequestRecord) -> None:
+        raise AssertionError("this accounting service does not record")
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """See `Recorder.watch`."""
         if self.recorder is not None:
             self.recorder.watch(open_since)
+        if self.link is not None:
+            self.link.watch(open_since)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -109,6 +124,8 @@ class AccountingService:
             self._task = None
         if self.recorder is not None:
             await self.recorder.stop()
+        if self.link is not None:
+            await self.link.drain(LINK_DRAIN_S)
         if self.poller is not None and self.is_apportioner:
             await self.poller.store_counters()
         await self.ledger.close()
@@ -142,6 +159,8 @@ class AccountingService:
             await self.poller.poll()
         if self.recorder is not None:
             await self.recorder.step()
+        if self.link is not None:
+            self.link.step()
         if self.apportioner is not None:
             await self.apportioner.step(self._clock())
         else:
@@ -214,6 +233,9 @@ class AccountingService:
 
     def pending_request(self, request_id: str) -> dict[str, Any] | None:
         """A request recorded here but not yet written to the ledger (within one flush)."""
+        if self.link is not None:
+            return pending_request(request_id, self.link.unwritten_records(), [], self.config,
+                                   self.replica, PrefillRates(), self.estimated)
         if self.recorder is None:
             return None
         return self.recorder.pending_request(request_id, self.estimated)

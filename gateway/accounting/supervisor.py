@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,6 +30,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.accounting.config import CHILD_NICE
+from gateway.accounting.link import RecordLink
 
 log = logging.getLogger("wattgate.apportioner")
 
@@ -68,6 +70,10 @@ class ApportionerChild:
         # Lets this gateway read the child's /metrics and /energy-check where a metrics key is
         # configured (the config holds only its digest)
         self._token = secrets.token_urlsafe(32)
+        # This gateway's finished requests go to the child over a socket pair made per spawn;
+        # the child records them under this gateway's replica name
+        self.link = RecordLink()
+        self.replica = f"{socket.gethostname()}:{os.getpid()}"
 
     def register(self, registry: CollectorRegistry) -> None:
         """Count restarts and show whether the child runs on the gateway's registry."""
@@ -82,10 +88,13 @@ class ApportionerChild:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
-    def argv(self) -> list[str]:
+    def argv(self, records_fd: int | None = None) -> list[str]:
         argv = [*self._command, "apportioner", "--config", self.config_path,
                 "--host", "127.0.0.1", "--port", "0", "--port-file", str(self.port_file),
                 "--parent-pid", str(os.getpid()), "--nice", str(CHILD_NICE)]
+        if records_fd is not None:
+            argv += ["--records-fd", str(records_fd), "--replica", self.replica,
+                     "--idle-class"]
         if self._log_level:
             argv += ["--log-level", self._log_level]
         return argv
@@ -104,12 +113,22 @@ class ApportionerChild:
     async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.port_file.unlink()
-        # A session of its own: a terminal's Ctrl-C (or a signal to the gateway's process
+        # A process group of its own: a terminal's Ctrl-C (or a signal to the gateway's process
         # group) reaches the gateway, which stops the child after draining; the child exits by
-        # itself if the gateway dies (--parent-pid).
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv(), stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, TOKEN_ENV: self._token})
+        # itself if the gateway dies (--parent-pid). The same session, so the same scheduling
+        # group where the kernel groups sessions (priority.py).
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv(theirs.fileno()), stdin=asyncio.subprocess.DEVNULL,
+                preexec_fn=os.setpgrp, pass_fds=(theirs.fileno(),),
+                env={**os.environ, TOKEN_ENV: self._token})
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.link.attach(ours)
         self._spawned_at = time.monotonic()
         self._answering = True
         log.info("apportioner child started, pid %d", self.proc.pid)
@@ -195,7 +214,7 @@ class ApportionerChild:
                     "%s): killing it to restart it", proc.pid, misses, reason)
         if self._up is not None:
             self._up.set(0.0)
-        # Its whole group (a session of its own): nothing it started outlives it
+        # Its whole process group: nothing it started outlives it
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -220,6 +239,7 @@ class ApportionerChild:
                 await proc.wait()
         if self._up is not None:
             self._up.set(0.0)
+        self.link.detach()
         if self._session is not None:
             await self._session.close()
             self._session = None

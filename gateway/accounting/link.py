@@ -1,0 +1,333 @@
+"""The records' way from a gateway process to its accounting child, so that turning finished
+requests into ledger rows, journalling them and writing them to the ledger never shares the
+gateway's event loop or its GIL.
+
+Gateway side (`RecordLink`): `record` appends to a list (O(1)); a timer armed by the first
+record ships what is queued every SHIP_S as one frame (the journal's line encoding: one C
+call per record) over a Unix socket pair whose other end the child was started with. A frame
+stays in memory until the child acknowledges that its records are in the ledger; when the
+child dies, the frames not acknowledged are sent again to its successor (the ledger keeps
+one row per request id, so a frame written twice is harmless).
+
+Child side (`RecordIntake`): reads frames, hands their records to the child's `Recorder`
+(which journals, ingests and writes them as in a gateway) and acknowledges each frame once
+the records it carried were written.
+
+The watermark travels too: every frame carries the gateway's oldest open request and the
+wall-clock time it was sent; the child publishes the earlier of the two, since a request may
+have arrived at the gateway after its last frame.
+
+Frame, gateway to child: 4-byte body length, 8-byte sequence number (big-endian), then the
+body, an orjson array `[open_since | null, sent_wall_s, [record line, ...]]`.
+Acknowledgement, child to gateway: the 8-byte sequence number of the last frame written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+
+from gateway.accounting.journal import decode_values, line_values
+from gateway.accounting.priority import Background
+from gateway.accounting.recorder import Recorder
+from gateway.records import RequestRecord
+
+log = logging.getLogger("wattgate.accounting")
+
+SHIP_S = 0.02  # a record waits at most this long on the gateway before it is sent
+HEARTBEAT_S = 0.25  # with nothing to send, the watermark is sent this often
+MAX_HELD_RECORDS = 500_000  # sent and not acknowledged: past this the oldest are forgotten
+SOCKET_BUFFER = 4 << 20
+_HEAD = struct.Struct(">IQ")
+_ACK = struct.Struct(">Q")
+MAX_FRAME = 256 << 20
+
+
+def _nothing_open() -> float | None:
+    return None
+
+
+class RecordLink:
+    """The gateway's end: queue, ship, hold until acknowledged, re-send to a new child."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._pending: list[RequestRecord] = []
+        self._held: deque[tuple[int, list[RequestRecord], bytes]] = deque()
+        self._held_records = 0
+        self._seq = 0
+        self._acked = 0
+        self._sock: socket.socket | None = None
+        self._out = bytearray()
+        self._in = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        self._sent_at = 0.0
+        self._open_since: Callable[[], float | None] = _nothing_open
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._acked_event = asyncio.Event()
+        self.forgotten = 0  # records dropped past MAX_HELD_RECORDS (the child may have them)
+
+    # --- hot path ---------------------------------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        """Queue a finished request for the child (O(1), no I/O)."""
+        self._pending.append(rec)
+        if self._timer is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._timer = loop.call_later(SHIP_S, self._ship)
+
+    def watch(self, open_since: Callable[[], float | None]) -> None:
+        """Where to learn the wall-clock arrival of the oldest request being served."""
+        self._open_since = open_since
+
+    # --- the child's socket -----------------------------------------------------------------
+
+    def attach(self, sock: socket.socket) -> None:
+        """A new child's end of the pair: everything held goes to it first."""
+        self.detach()
+        loop = self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        self._sock = sock
+        self._in.clear()
+        self._out.clear()
+        for _seq, _recs, frame in self._held:
+            self._out += frame
+        loop.add_reader(sock.fileno(), self._read_acks)
+        self._flush_out()
+
+    def detach(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        loop = self._loop
+        if loop is not None:
+            loop.remove_reader(sock.fileno())
+            loop.remove_writer(sock.fileno())
+        sock.close()
+        self._out.clear()
+
+    @property
+    def attached(self) -> bool:
+        return self._sock is not None
+
+    def _read_acks(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.warning("accounting child's record socket failed: %s", exc)
+            data = b""
+        if not data:
+            self.detach()  # the child is gone: the supervisor attaches its successor
+            return
+        self._in += data
+        n = len(self._in) - len(self._in) % _ACK.size
+        if n:
+            last = _ACK.unpack_from(self._in, n - _ACK.size)[0]
+            del self._in[:n]
+            self._acknowledged(last)
+
+    def _acknowledged(self, seq: int) -> None:
+        self._acked = max(self._acked, seq)
+        held = self._held
+        while held and held[0][0] <= seq:
+            self._held_records -= len(held.popleft()[1])
+        self._acked_event.set()
+
+    # --- shipping -----------------------------------------------------------------------------
+
+    def _ship(self) -> None:
+        self._timer = None
+        recs, self._pending = self._pending, []
+        now = self._clock()
+        self._seq += 1
+        body = orjson.dumps([self._open_since(), now, [line_values(r) for r in recs]])
+        frame = _HEAD.pack(len(body), self._seq) + body
+        self._sent_at = now
+        self._held.append((self._seq, recs, frame))
+        self._held_records += len(recs)
+        while self._held_records > MAX_HELD_RECORDS and len(self._held) > 1:
+            _seq, old, _frame = self._held.popleft()
+            self._held_records -= len(old)
+            self.forgotten += len(old)
+            log.error("accounting child has not acknowledged %d records: the oldest %d are "
+                      "no longer held for it", MAX_HELD_RECORDS, len(old))
+        if self._sock is not None:
+            self._out += frame
+            self._flush_out()
+
+    def _flush_out(self) -> None:
+        sock = self._sock
+        if sock is None or not self._out:
+            return
+        try:
+            n = sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            log.warning("accounting child's record socket failed: %s", exc)
+            self.detach()
+            return
+        del self._out[:n]
+        assert self._loop is not None
+        if self._out:
+            self._loop.add_writer(sock.fileno(), self._flush_out)
+        else:
+            self._loop.remove_writer(sock.fileno())
+
+    def step(self) -> None:
+        """Off the hot path (the accounting loop): send the watermark when nothing else was
+        sent for HEARTBEAT_S."""
+        if self._timer is None and self._clock() - self._sent_at >= HEARTBEAT_S:
+            self._ship()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Send what is queued and wait until the child acknowledged all of it (False at the
+        deadline: the records not acknowledged are logged)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._ship()
+        deadline = time.monotonic() + timeout_s
+        while self._held and self._held[-1][0] > self._acked:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._sock is None:
+                break
+            self._acked_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked_event.wait(), min(left, 0.1))
+        if self._held_records:
+            log.error("stopping with %d request records the accounting child has not "
+                      "written to the ledger yet (it writes what it received before it stops)",
+                      self._held_records)
+        return not self._held_records
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    @property
+    def unwritten(self) -> int:
+        """Records queued or sent and not yet acknowledged as written."""
+        return len(self._pending) + self._held_records
+
+    def unwritten_records(self) -> list[RequestRecord]:
+        out = list(self._pending)
+        for _seq, recs, _frame in self._held:
+            out += recs
+        return out
+
+
+class RecordIntake:
+    """The child's end: frames in, records to the recorder, acknowledgements out."""
+
+    def __init__(self, recorder: Recorder, priority: Background | None = None):
+        self.recorder = recorder
+        self.priority = priority or Background(False)
+        self.closed = asyncio.Event()
+        self._buf = bytearray()
+        # (records received through it, seq, the gateway's wall-clock time at sending)
+        self._frames: deque[tuple[int, int, float]] = deque()
+        self._received = 0
+        self._open_since: float | None = None
+        self._sent_wall: float | None = None
+        self._transport: asyncio.Transport | None = None
+        self._base = 0
+        recorder.watch(self.open_since)
+        recorder.on_written = self._written
+
+    def open_since(self) -> float | None:
+        """The gateway's oldest open request, or its last frame's time if earlier: requests
+        arriving after that are not known here yet."""
+        a, b = self._open_since, self._sent_wall
+        if a is None:
+            return b
+        return a if b is None else min(a, b)
+
+    async def start(self, fd: int) -> None:
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        self._base = self.recorder.records_written
+        self.priority.start()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: _IntakeProtocol(self), sock)
+
+    def _frame(self, seq: int, body: bytes | bytearray) -> None:
+        v: Any = orjson.loads(body)
+        open_since, sent, lines = v
+        for line in lines:
+            rec = decode_values(line)
+            if rec is None:
+                log.error("accounting child: a record from the gateway could not be read")
+                continue
+            self.recorder.record(rec)
+            self._received += 1
+        self._open_since, self._sent_wall = open_since, sent
+        self._frames.append((self._received, seq, sent))
+        if not lines:
+            self._written(self.recorder.records_written)
+        self._judge_lag()
+
+    def _data(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while len(buf) >= _HEAD.size:
+            size, seq = _HEAD.unpack_from(buf)
+            if size > MAX_FRAME:
+                log.error("accounting child: a frame of %d bytes from the gateway: closing", size)
+                if self._transport is not None:
+                    self._transport.close()
+                return
+            end = _HEAD.size + size
+            if len(buf) < end:
+                break
+            self._frame(seq, buf[_HEAD.size:end])
+            del buf[:end]
+
+    def _written(self, records_written: int) -> None:
+        """The recorder wrote its records through `records_written`: acknowledge the frames
+        whose records all are among them."""
+        done = records_written - self._base
+        last = None
+        frames = self._frames
+        while frames and frames[0][0] <= done:
+            last = frames.popleft()[1]
+        if last is not None and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(_ACK.pack(last))
+        self._judge_lag()
+
+    def _judge_lag(self) -> None:
+        """How far behind the oldest record not yet written is, past the flush period."""
+        if self._frames:
+            age = time.time() - self._frames[0][2] - self.recorder.config.flush_s
+            self.priority.lag(age)
+
+
+class _IntakeProtocol(asyncio.Protocol):
+    def __init__(self, intake: RecordIntake):
+        self.intake = intake
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they implement it
+        self.intake._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.intake._data(data)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.intake._transport = None
+        self.intake.closed.set()
