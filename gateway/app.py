@@ -225,9 +225,9 @@ def _admin_only(handler: Handler) -> Handler:
 
 def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics,
                         child: ApportionerChild | None) -> AccountingService:
-    """Linked to the accounting child where `wattgate serve` started one (the child records,
-    journals and apportions); recorder only for `external`; inline otherwise (`inline`, or
-    `process` without a child: an app built without `wattgate serve`)."""
+    """Linked to the accounting child where `wattgate serve` started one (it records and, for
+    `process`, apportions); recorder only for `external` without a child (an app built
+    without `wattgate serve`); inline otherwise (`inline`, or `process` without a child)."""
     acct = config.accounting
     assert acct is not None
     engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
@@ -235,7 +235,7 @@ def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics,
                for model, ep in config.endpoints()]
     inline = acct.apportioner == "inline" or (acct.apportioner == "process" and child is None)
     return AccountingService(acct, engines, registry=gateway_metrics.registry, apportion=inline,
-                             link=child.link if child is not None and not inline else None)
+                             link=child.link if child is not None else None)
 
 
 def _routing_models(config: GatewayConfig, accounting: AccountingService | None,

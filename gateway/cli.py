@@ -61,8 +61,11 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
     acct = config.accounting
     if acct is not None and acct.enabled:
         await _ledger_or_exit(config)
-    child = (ApportionerChild(config_path, log_level=log_level)
-             if acct is not None and acct.enabled and acct.apportioner == "process" else None)
+    # `process`: the child records and apportions; `external`: it records, and an apportioner
+    # runs elsewhere; `inline`: no child
+    child = (ApportionerChild(config_path, log_level=log_level,
+                              apportion=acct.apportioner == "process")
+             if acct is not None and acct.enabled and acct.apportioner != "inline" else None)
     if child is not None:
         # Started, and its meters read, before requests are taken: on a new ledger the work
         # before an engine's first reading would get no share of its energy.

@@ -50,16 +50,23 @@ def _load_or_exit(path: str) -> GatewayConfig:
 @click.option("--idle-class", is_flag=True,
               help="Run in the idle scheduling class while keeping up with --records-fd, in "
                    "the normal class at --nice when behind (set by `wattgate serve`).")
+@click.option("--record-only", is_flag=True,
+              help="Only record the --records-fd requests; apportion elsewhere (set by "
+                   "`wattgate serve` with `accounting.apportioner: external`).")
 @click.option("--replica", default=None,
               help="The replica name those requests are recorded under (the gateway's).")
 def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                 parent_pid: int | None, log_level: str | None, niceness: int,
-                records_fd: int | None, idle_class: bool, replica: str | None) -> None:
+                records_fd: int | None, idle_class: bool, record_only: bool,
+                replica: str | None) -> None:
     """Poll the engines' meters and apportion their energy to the ledger's requests, in this
     process; leader-elected through the ledger, so several may run and one apportions. Started
     by `wattgate serve`, it also records that gateway's requests (--records-fd).
     Exits 2 on a bad config, 1 when the ledger cannot be opened or the port bound."""
     config = _load_or_exit(config_path)
+    if record_only and records_fd is None:
+        click.echo("wattgate: --record-only needs --records-fd", err=True)
+        sys.exit(2)
     if niceness:
         os.nice(niceness)
     from gateway.logs import configure
@@ -74,7 +81,8 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
         uvloop.run(run_apportioner(config, host=host, port=port,
                                    port_file=Path(port_file) if port_file else None,
                                    parent_pid=parent_pid, records_fd=records_fd,
-                                   replica=replica, idle_class=idle_class))
+                                   replica=replica, idle_class=idle_class,
+                                   apportion=not record_only))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)
         sys.exit(1)

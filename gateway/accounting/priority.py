@@ -1,21 +1,27 @@
 """The accounting child's CPU priority against the gateway it serves, on a core they share.
 
 The child runs in the idle scheduling class while it keeps up: the kernel then hands the core
-to the gateway the moment one of its requests wakes it (a niced process in the normal class
-may first run out its time slice, which on an EEVDF kernel is milliseconds: that was the
-gateway's p99 at c=1 with accounting). Where the gateway leaves the core no idle time, the
-idle class would get almost none and the records would pile up, so a child that falls behind
-(`behind`) returns to the normal class, at its nice value, until it has caught up.
+to the gateway the moment one of its requests wakes it. In the normal class, even at nice
++10, an EEVDF kernel (Linux 6.6 on) first lets the running child finish its protected time
+slice, and the gateway's p99 at c=1 grew by 2-3 ms with accounting against 0.2-0.5 ms in the
+idle class (docs/performance.md). Where the core has no idle time, the idle class gets almost
+none and records would pile up, so a child that falls behind (`lag`) returns to the normal
+class, at its nice value, until it has caught up.
+
+Leaving the idle class needs CAP_SYS_NICE or an RLIMIT_NICE that allows the nice value
+(`ulimit -e 10` for nice +10). Where neither is granted the child would be stuck there, so it
+stays in the normal class instead (`may_leave_idle`, tried on a thread of its own first).
 
 The child stays in the gateway's session: the kernel's autogroup (one scheduling group per
 session) would otherwise put the two in separate groups, each with an equal share of the core
-whatever the nice value or class inside it.
+whatever the class or nice value inside it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 log = logging.getLogger("wattgate.accounting")
@@ -31,17 +37,46 @@ def _threads() -> list[int]:
         return [0]
 
 
+def may_leave_idle() -> bool:
+    """Whether this process may return a thread from the idle class to the normal one at its
+    nice value: tried on a short-lived thread, which may be left in the idle class."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        tid = threading.get_native_id()
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            result.append(False)
+        else:
+            result.append(True)
+
+    thread = threading.Thread(target=probe, name="wattgate-priority-probe")
+    thread.start()
+    thread.join()
+    return result == [True]
+
+
 class Background:
     """Switches every thread of this process between the idle and the normal class."""
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled and hasattr(os, "SCHED_IDLE")
+        self.enabled = enabled
         self.idle = False
         self.switches = 0
 
     def start(self) -> None:
-        if self.enabled:
-            self._set(True)
+        if not self.enabled:
+            return
+        if not may_leave_idle():
+            log.info("the accounting child stays in the normal scheduling class: it could not "
+                     "leave the idle class when behind (needs CAP_SYS_NICE or RLIMIT_NICE)")
+            self.enabled = False
+            return
+        self._set(True)
 
     def lag(self, lag_s: float) -> None:
         """How long the oldest record not yet written has waited past a flush period."""
@@ -59,9 +94,9 @@ class Background:
         for tid in _threads():  # threads started later inherit the class
             try:
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
-            except OSError as exc:  # a thread that just ended; or a kernel without the class
-                if tid == 0 or not Path(f"/proc/self/task/{tid}").exists():
-                    continue
+            except OSError as exc:
+                if not Path(f"/proc/self/task/{tid}").exists():
+                    continue  # a thread that just ended
                 log.warning("cannot set the accounting child's scheduling class: %s", exc)
                 self.enabled = False
                 return

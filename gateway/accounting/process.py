@@ -116,16 +116,18 @@ def _write_port(path: Path, port: int) -> None:
 async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
                           port_file: Path | None = None, parent_pid: int | None = None,
                           records_fd: int | None = None, replica: str | None = None,
-                          idle_class: bool = False) -> None:
+                          idle_class: bool = False, apportion: bool = True) -> None:
     """Apportion until SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone);
     then store the counters and release the lock. With `records_fd`, also record the requests
     a gateway sends on that socket (link.py), under `replica`; with `idle_class`, in the idle
-    scheduling class while it keeps up with them (priority.py)."""
+    scheduling class while it keeps up with them (priority.py); without `apportion`, only
+    that (the apportioner runs elsewhere)."""
     assert config.accounting is not None
     registry = CollectorRegistry()
     linked = records_fd is not None
     service = AccountingService(
         config.accounting, engine_infos(config), registry=registry, record=linked,
+        apportion=apportion,
         replica=(replica or f"{socket.gethostname()}:{os.getppid()}") if linked
         else f"{socket.gethostname()}:{os.getpid()}:apportioner")
     await service.start()
@@ -162,6 +164,11 @@ async def _until_stopped(parent_pid: int | None, intake: RecordIntake | None) ->
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), PARENT_CHECK_S)
+        if intake is not None and intake.closed.is_set():
+            # The gateway closed its end (or sent what could not be read): the gateway's
+            # supervisor starts a new child on a new socket if the gateway still runs
+            log.warning("the gateway's record socket is closed: the child stops")
+            return
         if parent_pid is not None and os.getppid() != parent_pid:
             log.warning("gateway process %d is gone: the apportioner stops", parent_pid)
             if intake is not None:

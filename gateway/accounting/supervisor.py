@@ -48,8 +48,9 @@ TOKEN_ENV = "WATTGATE_APPORTIONER_TOKEN"  # the child's bearer token for this ga
 
 class ApportionerChild:
     def __init__(self, config_path: str, *, log_level: str | None = None,
-                 command: Sequence[str] | None = None):
+                 command: Sequence[str] | None = None, apportion: bool = True):
         self.config_path = config_path
+        self.apportion = apportion  # False: it only records (`accounting.apportioner: external`)
         # `python -m wattgate_cli`: the same interpreter and install as this gateway
         self._command = list(command or (sys.executable, "-m", "wattgate_cli"))
         self._log_level = log_level
@@ -95,6 +96,8 @@ class ApportionerChild:
         if records_fd is not None:
             argv += ["--records-fd", str(records_fd), "--replica", self.replica,
                      "--idle-class"]
+            if not self.apportion:
+                argv.append("--record-only")
         if self._log_level:
             argv += ["--log-level", self._log_level]
         return argv

@@ -104,25 +104,30 @@ def ledger_totals(path: Path) -> dict[str, Any]:
             "next": None if state is None else state[0]}
 
 
+def _config(tmp_path: Path, engine: str, apportioner: str) -> Path:
+    raw = raw_config([{"name": "e0", "url": engine, "precision": "bf16"}], model=MODEL,
+                     metrics={"api_key_sha256": digest("sk-test-metrics")})
+    raw["accounting"] = {"interval_s": 1, "settle_s": 1, "poll_s": 0.1, "flush_s": 0.3,
+                         "hold_s": 5, "apportioner": apportioner,
+                         "ledger": {"kind": "sqlite", "path": str(tmp_path / "ledger.db")},
+                         "meters": {"e0": {"kind": "sim", "url": engine}}}
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    return cfg
+
+
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
     eport, gport = free_port(), free_port()
     engine = f"http://127.0.0.1:{eport}"
-    ledger = tmp_path / "ledger.db"
-    raw = raw_config([{"name": "e0", "url": engine, "precision": "bf16"}], model=MODEL,
-                     metrics={"api_key_sha256": digest("sk-test-metrics")})
-    raw["accounting"] = {"interval_s": 1, "settle_s": 1, "poll_s": 0.1, "flush_s": 0.3,
-                         "hold_s": 5, "ledger": {"kind": "sqlite", "path": str(ledger)},
-                         "meters": {"e0": {"kind": "sim", "url": engine}}}
-    cfg = tmp_path / "gw.yaml"
-    cfg.write_text(yaml.safe_dump(raw))
+    cfg = _config(tmp_path, engine, "process")
     sim = wattgate_cmd("sim", "--gpu", "h100", "--model", MODEL, "--precision", "bf16",
                        "--port", str(eport))
     gw = f"http://127.0.0.1:{gport}"
     with running(sim, engine + "/health", timeout_s=60), \
             running(wattgate_cmd("serve", "--config", str(cfg), "--port", str(gport)),
                     gw + "/readyz", log=tmp_path / "gw.log", timeout_s=60) as proc:
-        yield gw, proc, ledger
+        yield gw, proc, tmp_path / "ledger.db"
 
 
 def nice_of(pid: int) -> int:
@@ -226,3 +231,36 @@ def test_a_ledger_deleted_under_the_gateway_turns_readyz_503_with_the_reason(
 
     body = wait_for("/readyz 503", not_ready)
     assert "deleted" in body["reason"] and str(ledger) in body["reason"]
+
+
+def test_external_the_gateways_child_only_records_and_the_apportioner_elsewhere_bills(
+        tmp_path: Path) -> None:
+    """`apportioner: external`: `wattgate serve` starts a child that records its requests
+    (off the gateway's loop) and does not apportion; a `wattgate apportioner` of its own
+    apportions them."""
+    eport, gport, aport = free_port(), free_port(), free_port()
+    engine = f"http://127.0.0.1:{eport}"
+    cfg = _config(tmp_path, engine, "external")
+    sim = wattgate_cmd("sim", "--gpu", "h100", "--model", MODEL, "--precision", "bf16",
+                       "--port", str(eport))
+    gw = f"http://127.0.0.1:{gport}"
+    with running(sim, engine + "/health", timeout_s=60), \
+            running(wattgate_cmd("apportioner", "--config", str(cfg), "--port", str(aport)),
+                    f"http://127.0.0.1:{aport}/healthz", log=tmp_path / "ap.log",
+                    timeout_s=60), \
+            running(wattgate_cmd("serve", "--config", str(cfg), "--port", str(gport)),
+                    gw + "/readyz", log=tmp_path / "gw.log", timeout_s=60) as proc:
+        child = wait_for("the recording child", lambda: children(proc.pid))
+        assert len(child) == 1
+        argv = Path(f"/proc/{child[0]}/cmdline").read_bytes().split(b"\0")
+        assert b"--record-only" in argv and b"--records-fd" in argv
+        wait_for("a healthy engine", lambda: healthy(gw))
+        ids = traffic(gw, 6)
+        wait_for("the requests apportioned elsewhere", lambda: final(gw, ids))
+        metrics = get(f"{gw}/metrics")[1].decode()
+        assert "wattgate_apportioner_leader 1.0" not in metrics  # not the gateway's child
+        assert get(f"{gw}/admin/v1/energy-check")[0] == 503
+        totals = ledger_totals(tmp_path / "ledger.db")
+        energy_j = sum(e for _, e, _ in totals["intervals"])
+        idle_j = sum(i for _, _, i in totals["intervals"])
+        assert totals["shares_j"] + idle_j == pytest.approx(energy_j, rel=1e-9)

@@ -10,7 +10,7 @@ last few tens of milliseconds before the kill.
   (its group-commit window).
 
 Run as a module it measures the window, journal on and off (ledger batching alone):
-`python -m tests.integration.test_crash_window [--runs 3] [--journal on|off]`.
+`python -m tests.integration.test_crash_window [--runs 3] [--journal on|off] [--gateway-alone]`.
 """
 
 from __future__ import annotations
@@ -152,12 +152,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--journal", choices=["on", "off"], default="on")
     ap.add_argument("--load-s", type=float, default=3.0)
+    ap.add_argument("--gateway-alone", action="store_true",
+                    help="kill only the gateway, not its accounting child")
     args = ap.parse_args()
     for i in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
-            out = crash_once(Path(d), journal=args.journal == "on", load_s=args.load_s)
+            out = crash_once(Path(d), journal=args.journal == "on", load_s=args.load_s,
+                             child_too=not args.gateway_alone)
         worst = max(out.missing, default=0.0)
-        print(orjson.dumps({"run": i, "journal": args.journal, "answered": out.answered,
+        print(orjson.dumps({"run": i, "journal": args.journal,
+                            "killed": "gateway" if args.gateway_alone else "gateway and child",
+                            "answered": out.answered,
                             "missing": len(out.missing), "oldest_missing_s": round(worst, 4),
                             "replayed": out.replayed}).decode(), flush=True)
 

@@ -1,0 +1,187 @@
+"""The records' way from a gateway process to its accounting child (link.py), over a real Unix
+socket pair on one event loop: every field the ledger uses crosses it, a frame is held on the
+gateway until the child acknowledges it written, a failed write is not acknowledged, a dead
+child's successor gets everything not acknowledged, and the watermark the child publishes
+never runs ahead of the gateway's."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.accounting import link as link_mod
+from gateway.accounting.config import JournalConfig
+from gateway.accounting.ledger.base import EngineWork, LedgerError, RequestRow, Watermark
+from gateway.accounting.link import RecordIntake, RecordLink
+from gateway.accounting.recorder import Recorder
+from gateway.records import RequestRecord
+from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
+from tests.unit.test_ledger_sqlite import Clock, make_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Ledger:
+    """Keeps what it is given; fails its first `fail` appends."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.requests: list[RequestRow] = []
+        self.work: list[EngineWork] = []
+        self.watermarks: list[Watermark] = []
+
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+                     watermark: Watermark | None = None) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise LedgerError("down")
+        self.requests += requests
+        self.work += work
+        if watermark is not None:
+            self.watermarks.append(watermark)
+
+
+def records(n: int) -> list[RequestRecord]:
+    recs = run_engine(7, duration_s=10.0).records[:n]
+    assert len(recs) == n
+    return recs
+
+
+def recorder(ledger: Ledger) -> Recorder:
+    config = dataclasses.replace(make_config(), journal=JournalConfig(enabled=False))
+    return Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL))  # type: ignore[arg-type]
+
+
+async def child(ledger: Ledger) -> tuple[RecordIntake, socket.socket]:
+    """A child's intake on one end of a new pair; the gateway's end is returned."""
+    ours, theirs = socket.socketpair()
+    intake = RecordIntake(recorder(ledger))
+    await intake.start(theirs.detach())
+    return intake, ours
+
+
+async def until(check: object, what: str, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not seen"
+        await asyncio.sleep(0.005)
+
+
+async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_written() -> None:
+    recs = records(40)
+    ledger = Ledger(fail=1)
+    intake, ours = await child(ledger)
+    gw = RecordLink()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+    assert gw.unwritten == 40
+    await until(lambda: len(intake.recorder._pending) == 40, "the records in the child")
+
+    with pytest.raises(LedgerError):  # the ledger is down: nothing is acknowledged
+        await intake.recorder.step()
+    await asyncio.sleep(0.05)
+    assert gw.unwritten == 40 and {r.request_id for r in gw.unwritten_records()} == {
+        r.request_id for r in recs}
+
+    await intake.recorder.flush()  # written: acknowledged, no longer held
+    await until(lambda: gw.unwritten == 0, "the acknowledgement")
+    # the rows are those a recorder in the gateway would have written from the same records
+    direct = Ledger()
+    here = recorder(direct)
+    for rec in recs:
+        here.record(rec)
+    await here.stop()
+    assert ledger.requests == direct.requests
+    assert sorted(ledger.work) == sorted(direct.work)
+    gw.detach()
+
+
+async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> None:
+    recs = records(30)
+    first_ledger, second_ledger = Ledger(), Ledger()
+    first, ours = await child(first_ledger)
+    gw = RecordLink()
+    gw.attach(ours)
+    for rec in recs[:10]:
+        gw.record(rec)
+    await until(lambda: len(first.recorder._pending) == 10, "the first ten in the child")
+    await first.recorder.stop()  # these ten are written and acknowledged
+    await until(lambda: gw.unwritten == 0, "the first acknowledgement")
+    for rec in recs[10:]:
+        gw.record(rec)
+    await until(lambda: len(first.recorder._pending) == 20, "the next twenty in the child")
+    assert first._transport is not None
+    first._transport.close()  # the child dies before writing them
+    await until(lambda: not gw.attached, "the gateway noticing")
+    assert gw.unwritten == 20
+
+    second, ours = await child(second_ledger)
+    gw.attach(ours)
+    await until(lambda: len(second.recorder._pending) == 20, "the twenty sent again")
+    await second.recorder.stop()
+    await until(lambda: gw.unwritten == 0, "the second acknowledgement")
+    assert [r.request_id for r in second_ledger.requests] == [r.request_id for r in recs[10:]]
+    gw.detach()
+
+
+async def test_drain_sends_what_is_queued_and_waits_for_it_to_be_written() -> None:
+    recs = records(5)
+    ledger = Ledger()
+    intake, ours = await child(ledger)
+    gw = RecordLink()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+
+    async def child_writes() -> None:
+        await until(lambda: len(intake.recorder._pending) == 5, "the records in the child")
+        intake.recorder.ingest()
+        await intake.recorder.flush()
+
+    task = asyncio.create_task(child_writes())
+    assert await gw.drain(5.0)
+    await task
+    assert len(ledger.requests) == 5
+    # a child that never writes: drain gives up at its deadline and says so
+    gw.record(recs[0])
+    assert not await gw.drain(0.2)
+    gw.detach()
+
+
+async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_could() -> None:
+    ledger = Ledger()
+    intake, ours = await child(ledger)
+    clock = [T0_WALL + 100.0]
+    gw = RecordLink(clock=lambda: clock[0])
+    gw.attach(ours)
+    open_since: list[float | None] = [T0_WALL + 50.0]
+    gw.watch(lambda: open_since[0])
+    gw.step()  # a heartbeat: nothing recorded, the watermark only
+    await until(lambda: intake._sent_wall is not None, "the heartbeat")
+    assert intake.open_since() == T0_WALL + 50.0  # the gateway's oldest open request
+    open_since[0] = None
+    clock[0] += link_mod.HEARTBEAT_S
+    gw.step()
+    await until(lambda: intake._sent_wall == clock[0], "the second heartbeat")
+    # nothing open at the gateway then, but a request may have arrived since its last frame
+    assert intake.open_since() == clock[0]
+    gw.detach()
+
+
+async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_held() -> None:
+    recs = records(3)
+    intake, ours = await child(Ledger())
+    gw = RecordLink()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+    await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
+    ours.send(link_mod._HEAD.pack(5, 99) + b"nope!")  # not a frame of ours
+    await until(lambda: intake.closed.is_set(), "the child closing its end")
+    await until(lambda: not gw.attached, "the gateway noticing")
+    assert gw.unwritten == 3  # held for the next child
