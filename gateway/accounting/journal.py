@@ -27,9 +27,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -51,6 +52,14 @@ _LATENCY = ("ttft_s", "tpot_s", "e2e_s")
 # A line's values in one C call (dotted names reach into the latency).
 line_values = attrgetter(*_FIELDS, *(f"latency.{f}" for f in _LATENCY))
 _LINE_LEN = len(_FIELDS) + len(_LATENCY)
+_READ_TIMES = _FIELDS.index("read_times")
+_READ_EVENTS = _FIELDS.index("read_events")
+_AT_LATENCY = [f.name for f in fields(RequestRecord)].index("latency")
+# A line's fields are the record's in its order (the latency aside): built positionally, a
+# third of the time of keywords; a record whose fields move falls back to keywords
+_POSITIONAL = [f.name for f in fields(RequestRecord)] == [
+    *_FIELDS[:_AT_LATENCY], "latency", *_FIELDS[_AT_LATENCY:]]
+_by_position: Any = RequestRecord  # its fields as a list, which mypy cannot check by count
 
 
 def encode(rec: RequestRecord) -> bytes:
@@ -71,12 +80,15 @@ def decode_values(v: object) -> RequestRecord | None:
     """The record of one line's values (`line_values`); None where they are not a record."""
     if not isinstance(v, list) or len(v) != _LINE_LEN:
         return None
-    kw = dict(zip(_FIELDS, v, strict=False))
-    kw["read_times"] = tuple(kw["read_times"])
-    kw["read_events"] = tuple(kw["read_events"])
-    ttft, tpot, e2e = v[len(_FIELDS):]
+    v[_READ_TIMES] = tuple(v[_READ_TIMES])
+    v[_READ_EVENTS] = tuple(v[_READ_EVENTS])
+    latency = Latency(v[-3], v[-2], v[-1], (), ())
     try:
-        return RequestRecord(**kw, latency=Latency(ttft, tpot, e2e, (), ()))
+        if _POSITIONAL:
+            rec: RequestRecord = _by_position(*v[:_AT_LATENCY], latency,
+                                              *v[_AT_LATENCY:len(_FIELDS)])
+            return rec
+        return RequestRecord(**dict(zip(_FIELDS, v, strict=False)), latency=latency)
     except TypeError:
         return None
 
@@ -123,6 +135,12 @@ class _Cut:
     segment: int  # records queued before this are in segments < segment
 
 
+@dataclass(frozen=True, slots=True)
+class _Encoded:
+    lines: bytes
+    count: int
+
+
 class Journal:
     """One process's journal: `append` on the event loop, everything else on its thread."""
 
@@ -132,7 +150,7 @@ class Journal:
         self.fsync_s = fsync_s
         self.owner = owner or f"{os.getpid()}-{secrets.token_hex(4)}"
         self._fsync = fsync
-        self._queue: deque[RequestRecord | _Cut] = deque()
+        self._queue: deque[RequestRecord | _Cut | _Encoded] = deque()
         self._next_cut = 0  # loop side: the segment the next cut opens
         self._released = 0  # segments below this may be deleted (set by the loop)
         self._stop = threading.Event()
@@ -151,6 +169,12 @@ class Journal:
         """Queue a finished request for the journal (O(1), no I/O)."""
         if not self._failed:
             self._queue.append(rec)
+
+    def append_encoded(self, lines: bytes, count: int) -> None:
+        """Queue `count` records already encoded as journal lines (`encode`), as the accounting
+        child receives them from its gateway."""
+        if not self._failed:
+            self._queue.append(_Encoded(lines, count))
 
     def cut(self) -> int:
         """Start a new segment for the records queued from now on; returns its number: every
@@ -215,18 +239,23 @@ class Journal:
     def _drain(self) -> None:
         queue = self._queue
         lines: list[bytes] = []
+        count = 0
         while queue:
             item = queue.popleft()
             if isinstance(item, _Cut):
-                self._write(lines)
-                lines = []
+                self._write(lines, count)
+                lines, count = [], 0
                 self._close_segment()
                 self._segment = item.segment
+            elif isinstance(item, _Encoded):
+                lines.append(item.lines)
+                count += item.count
             else:
                 lines.append(encode(item))
-        self._write(lines)
+                count += 1
+        self._write(lines, count)
 
-    def _write(self, lines: list[bytes]) -> None:
+    def _write(self, lines: list[bytes], count: int) -> None:
         if not lines:
             return
         if self._fd is None:
@@ -237,7 +266,7 @@ class Journal:
         os.write(self._fd, b"".join(lines))
         if self._fsync:
             os.fsync(self._fd)
-        self.records_written += len(lines)
+        self.records_written += count
 
     def _close_segment(self) -> None:
         if self._fd is not None:

@@ -18,7 +18,8 @@ wall-clock time it was sent; the child publishes the earlier of the two, since a
 have arrived at the gateway after its last frame.
 
 Frame, gateway to child: 4-byte body length, 8-byte sequence number (big-endian), then the
-body, an orjson array `[open_since | null, sent_wall_s, [record line, ...]]`.
+body: the line `[open_since | null, sent_wall_s]`, then one journal line per record
+(journal.py's `encode`), which the child's journal writes as they are.
 Acknowledgement, child to gateway: the 8-byte sequence number of the last frame written.
 """
 
@@ -36,7 +37,7 @@ from typing import Any, cast
 
 import orjson
 
-from gateway.accounting.journal import decode_values, line_values
+from gateway.accounting.journal import decode_values, encode
 from gateway.accounting.priority import Background
 from gateway.accounting.recorder import Recorder
 from gateway.records import RequestRecord
@@ -157,7 +158,9 @@ class RecordLink:
         recs, self._pending = self._pending, []
         now = self._clock()
         self._seq += 1
-        body = orjson.dumps([self._open_since(), now, [line_values(r) for r in recs]])
+        body = orjson.dumps([self._open_since(), now], option=orjson.OPT_APPEND_NEWLINE)
+        if recs:
+            body += b"".join([encode(r) for r in recs])
         frame = _HEAD.pack(len(body), self._seq) + body
         self._sent_at = now
         self._held.append((self._seq, recs, frame))
@@ -265,25 +268,29 @@ class RecordIntake:
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(lambda: _IntakeProtocol(self), sock)
 
-    def _frame(self, seq: int, body: bytes | bytearray) -> None:
+    def _frame(self, seq: int, body: bytes) -> None:
         try:
-            v: Any = orjson.loads(body)
-            open_since, sent, lines = v
+            cut = body.index(b"\n") + 1
+            open_since, sent = orjson.loads(body[:cut])
+            lines = body[cut:]
+            # the lines as one JSON array: one parse (orjson escapes newlines inside strings)
+            values: Any = orjson.loads(b"[" + lines[:-1].replace(b"\n", b",") + b"]"
+                                       ) if lines else []
         except (orjson.JSONDecodeError, TypeError, ValueError):
             log.error("accounting child: a frame from the gateway could not be read: closing")
             if self._transport is not None:
                 self._transport.close()
             return
-        for line in lines:
-            rec = decode_values(line)
-            if rec is None:
-                log.error("accounting child: a record from the gateway could not be read")
-                continue
-            self.recorder.record(rec)
-            self._received += 1
+        recs = [rec for rec in map(decode_values, values) if rec is not None]
+        if len(recs) != len(values):
+            log.error("accounting child: %d records from the gateway could not be read",
+                      len(values) - len(recs))
+        if recs:
+            self.recorder.record_encoded(recs, lines)
+        self._received += len(recs)
         self._open_since, self._sent_wall = open_since, sent
         self._frames.append((self._received, seq, sent))
-        if not lines:
+        if not recs:
             self._written(self.recorder.records_written)
         self._judge_lag()
 
@@ -300,7 +307,7 @@ class RecordIntake:
             end = _HEAD.size + size
             if len(buf) < end:
                 break
-            self._frame(seq, buf[_HEAD.size:end])
+            self._frame(seq, bytes(buf[_HEAD.size:end]))
             del buf[:end]
             if self._transport is None or self._transport.is_closing():
                 return

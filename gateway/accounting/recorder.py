@@ -74,6 +74,13 @@ class Recorder:
         if self.journal is not None:
             self.journal.append(rec)
 
+    def record_encoded(self, recs: list[RequestRecord], lines: bytes) -> None:
+        """Queue finished requests that arrive already encoded as journal lines (the
+        accounting child's, from its gateway): the lines go to the journal as they are."""
+        self._pending += recs
+        if self.journal is not None:
+            self.journal.append_encoded(lines, len(recs))
+
     async def step(self) -> None:
         """Ingest what was recorded; write a batch when one is due."""
         await self.ingest_chunked()
