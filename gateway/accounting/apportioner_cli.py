@@ -53,12 +53,15 @@ def _load_or_exit(path: str) -> GatewayConfig:
 @click.option("--record-only", is_flag=True,
               help="Only record the --records-fd requests; apportion elsewhere (set by "
                    "`wattgate serve` with `accounting.apportioner: external`).")
+@click.option("--open-floor", default=None, type=float,
+              help="The gateway's oldest open or unwritten request (wall-clock s): its "
+                   "watermark until its first frame (set by `wattgate serve`).")
 @click.option("--replica", default=None,
               help="The replica name those requests are recorded under (the gateway's).")
 def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                 parent_pid: int | None, log_level: str | None, niceness: int,
                 records_fd: int | None, idle_class: bool, record_only: bool,
-                replica: str | None) -> None:
+                open_floor: float | None, replica: str | None) -> None:
     """Poll the engines' meters and apportion their energy to the ledger's requests, in this
     process; leader-elected through the ledger, so several may run and one apportions. Started
     by `wattgate serve`, it also records that gateway's requests (--records-fd).
@@ -82,7 +85,7 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                                    port_file=Path(port_file) if port_file else None,
                                    parent_pid=parent_pid, records_fd=records_fd,
                                    replica=replica, idle_class=idle_class,
-                                   apportion=not record_only))
+                                   apportion=not record_only, open_floor=open_floor))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)
         sys.exit(1)

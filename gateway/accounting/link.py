@@ -59,6 +59,21 @@ def _nothing_open() -> float | None:
     return None
 
 
+def _encodable(recs: list[RequestRecord]) -> tuple[list[RequestRecord], bytes]:
+    """The records that encode, and their lines; the others are logged and dropped (a value
+    no journal line can hold: the record could never be written)."""
+    kept: list[RequestRecord] = []
+    lines: list[bytes] = []
+    for rec in recs:
+        try:
+            lines.append(encode(rec))
+        except (orjson.JSONEncodeError, TypeError) as exc:
+            log.error("request %s cannot be recorded (%s): dropped", rec.request_id, exc)
+        else:
+            kept.append(rec)
+    return kept, b"".join(lines)
+
+
 class RecordLink:
     """The gateway's end: queue, ship, hold until acknowledged, re-send to a new child."""
 
@@ -124,6 +139,17 @@ class RecordLink:
     def attached(self) -> bool:
         return self._sock is not None
 
+    def floor(self) -> float:
+        """The earliest wall-clock time a new child must take this gateway to still record
+        work at until its first frame comes: the oldest request open, held or queued here,
+        or now."""
+        times = [self._clock()]
+        since = self._open_since()
+        if since is not None:
+            times.append(since)
+        times += [r.arrived_wall_s for r in self.unwritten_records()]
+        return min(times)
+
     def _read_acks(self) -> None:
         sock = self._sock
         assert sock is not None
@@ -160,7 +186,11 @@ class RecordLink:
         self._seq += 1
         body = orjson.dumps([self._open_since(), now], option=orjson.OPT_APPEND_NEWLINE)
         if recs:
-            body += b"".join([encode(r) for r in recs])
+            try:
+                body += b"".join([encode(r) for r in recs])
+            except (orjson.JSONEncodeError, TypeError):
+                recs, lines = _encodable(recs)
+                body += lines
         frame = _HEAD.pack(len(body), self._seq) + body
         self._sent_at = now
         self._held.append((self._seq, recs, frame))
@@ -209,8 +239,8 @@ class RecordLink:
         deadline = time.monotonic() + timeout_s
         while self._held and self._held[-1][0] > self._acked:
             left = deadline - time.monotonic()
-            if left <= 0 or self._sock is None:
-                break
+            if left <= 0:
+                break  # (a child down meanwhile may be restarted and attached before this)
             self._acked_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._acked_event.wait(), min(left, 0.1))
@@ -237,7 +267,11 @@ class RecordLink:
 class RecordIntake:
     """The child's end: frames in, records to the recorder, acknowledgements out."""
 
-    def __init__(self, recorder: Recorder, priority: Background | None = None):
+    def __init__(self, recorder: Recorder, priority: Background | None = None, *,
+                 floor: float | None = None):
+        """`floor`: the gateway's `RecordLink.floor()` when it started this child, the
+        watermark until its first frame (the default, the time of this call, suits a
+        gateway that had nothing open)."""
         self.recorder = recorder
         self.priority = priority or Background(False)
         self.closed = asyncio.Event()
@@ -246,7 +280,8 @@ class RecordIntake:
         self._frames: deque[tuple[int, int, float]] = deque()
         self._received = 0
         self._open_since: float | None = None
-        self._sent_wall: float | None = None
+        # Until the first frame: requests may be open at the gateway since its floor
+        self._sent_wall: float | None = time.time() if floor is None else floor
         self._transport: asyncio.Transport | None = None
         self._base = 0
         recorder.watch(self.open_since)
@@ -263,7 +298,9 @@ class RecordIntake:
     async def start(self, fd: int) -> None:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
-        self._base = self.recorder.records_written
+        # Records already in the recorder (a journal replay whose write failed) are written
+        # before any of the link's, so they are not counted as the link's
+        self._base = self.recorder.records_written + self.recorder.queued
         self.priority.start()
         loop = asyncio.get_running_loop()
         await loop.connect_accepted_socket(lambda: _IntakeProtocol(self), sock)

@@ -90,15 +90,26 @@ class Background:
             self._set(True)
 
     def _set(self, idle: bool) -> None:
-        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-        for tid in _threads():  # threads started later inherit the class
+        if not self._set_all(os.SCHED_IDLE if idle else os.SCHED_OTHER):
+            # Some thread refused: every thread back to the normal class, and no more tries
+            self._set_all(os.SCHED_OTHER)
+            self.enabled = False
+            self.idle = False
+            return
+        self.idle = idle
+        self.switches += 1
+
+    @staticmethod
+    def _set_all(policy: int) -> bool:
+        """Every thread to `policy` (threads started later inherit it); False if one refused
+        (each of the others is set all the same)."""
+        ok = True
+        for tid in _threads():
             try:
                 os.sched_setscheduler(tid, policy, os.sched_param(0))
             except OSError as exc:
                 if not Path(f"/proc/self/task/{tid}").exists():
                     continue  # a thread that just ended
                 log.warning("cannot set the accounting child's scheduling class: %s", exc)
-                self.enabled = False
-                return
-        self.idle = idle
-        self.switches += 1
+                ok = False
+        return ok

@@ -116,12 +116,14 @@ def _write_port(path: Path, port: int) -> None:
 async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
                           port_file: Path | None = None, parent_pid: int | None = None,
                           records_fd: int | None = None, replica: str | None = None,
-                          idle_class: bool = False, apportion: bool = True) -> None:
+                          idle_class: bool = False, apportion: bool = True,
+                          open_floor: float | None = None) -> None:
     """Apportion until SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone);
     then store the counters and release the lock. With `records_fd`, also record the requests
     a gateway sends on that socket (link.py), under `replica`; with `idle_class`, in the idle
     scheduling class while it keeps up with them (priority.py); without `apportion`, only
-    that (the apportioner runs elsewhere)."""
+    that (the apportioner runs elsewhere). `open_floor`: the gateway's oldest open or
+    unwritten request when it started this child (link.py, `RecordLink.floor`)."""
     assert config.accounting is not None
     registry = CollectorRegistry()
     linked = records_fd is not None
@@ -130,11 +132,14 @@ async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
         apportion=apportion,
         replica=(replica or f"{socket.gethostname()}:{os.getppid()}") if linked
         else f"{socket.gethostname()}:{os.getpid()}:apportioner")
-    await service.start()
     intake: RecordIntake | None = None
     if records_fd is not None:
         assert service.recorder is not None
-        intake = RecordIntake(service.recorder, Background(idle_class))
+        # Before the service starts: a journal replay's write publishes this gateway's
+        # watermark, which must already be the gateway's floor, not "nothing open"
+        intake = RecordIntake(service.recorder, Background(idle_class), floor=open_floor)
+    await service.start()
+    if intake is not None and records_fd is not None:
         await intake.start(records_fd)
     # Ready (the port file written) once the meters were read: work a gateway records from
     # then on falls in metered intervals (work before an engine's first reading gets no share).

@@ -223,6 +223,11 @@ class Recorder:
         return last_since is None or now - last_at >= HEARTBEAT_S
 
     @property
+    def queued(self) -> int:
+        """Records recorded and not yet written, whether turned into rows or not."""
+        return len(self._pending) + len(self._requests)
+
+    @property
     def unwritten(self) -> int:
         """Requests turned into rows and not yet written to the ledger."""
         return len(self._requests)

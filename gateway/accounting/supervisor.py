@@ -95,7 +95,7 @@ class ApportionerChild:
                 "--parent-pid", str(os.getpid()), "--nice", str(CHILD_NICE)]
         if records_fd is not None:
             argv += ["--records-fd", str(records_fd), "--replica", self.replica,
-                     "--idle-class"]
+                     "--idle-class", "--open-floor", repr(self.link.floor())]
             if not self.apportion:
                 argv.append("--record-only")
         if self._log_level:

@@ -15,6 +15,20 @@ if TYPE_CHECKING:
 REQUEST_ID_HEADER = "x-wattgate-request-id"
 
 
+MAX_TOKEN_COUNT = 1 << 31  # an engine's usage past this is its error, not a count
+
+
+def token_count(v: Any) -> int:
+    """An engine's token count as the ledger can store it: 0 for what is not a number (or
+    negative), at most MAX_TOKEN_COUNT (an unbounded integer would not fit the ledger's
+    columns nor the accounting child's frames)."""
+    try:
+        n = int(v or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return min(max(n, 0), MAX_TOKEN_COUNT)
+
+
 class Flight:
     """Mutable timeline and outcome of one request while it is served."""
 
@@ -56,8 +70,8 @@ class Flight:
         self.ticket: Ticket | None = None  # what tenant controls hold for it
 
     def take_usage(self, usage: dict[str, Any]) -> None:
-        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        self.completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.prompt_tokens = token_count(usage.get("prompt_tokens"))
+        self.completion_tokens = token_count(usage.get("completion_tokens"))
         self.usage_known = True
 
     def needs_prompt_count(self) -> bool:

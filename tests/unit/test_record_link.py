@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -56,10 +58,40 @@ def recorder(ledger: Ledger) -> Recorder:
     return Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL))  # type: ignore[arg-type]
 
 
+# What a test opened, closed after it whether it passed or not (a transport left open keeps
+# the event loop from closing, and a failing test would hang instead of failing)
+OPENED: list[Callable[[], None]] = []
+
+
+def closes(test: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    @functools.wraps(test)
+    async def run() -> None:
+        try:
+            await test()
+        finally:
+            while OPENED:
+                OPENED.pop()()
+    return run
+
+
+def gateway_end(**kw: Any) -> RecordLink:
+    gw = RecordLink(**kw)
+    OPENED.append(gw.detach)
+    return gw
+
+
+def watched(intake: RecordIntake) -> RecordIntake:
+    def close() -> None:
+        if intake._transport is not None:
+            intake._transport.close()
+    OPENED.append(close)
+    return intake
+
+
 async def child(ledger: Ledger) -> tuple[RecordIntake, socket.socket]:
     """A child's intake on one end of a new pair; the gateway's end is returned."""
     ours, theirs = socket.socketpair()
-    intake = RecordIntake(recorder(ledger))
+    intake = watched(RecordIntake(recorder(ledger)))
     await intake.start(theirs.detach())
     return intake, ours
 
@@ -71,11 +103,12 @@ async def until(check: object, what: str, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
+@closes
 async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_written() -> None:
     recs = records(40)
     ledger = Ledger(fail=1)
     intake, ours = await child(ledger)
-    gw = RecordLink()
+    gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
         gw.record(rec)
@@ -101,11 +134,12 @@ async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_wri
     gw.detach()
 
 
+@closes
 async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> None:
     recs = records(30)
     first_ledger, second_ledger = Ledger(), Ledger()
     first, ours = await child(first_ledger)
-    gw = RecordLink()
+    gw = gateway_end()
     gw.attach(ours)
     for rec in recs[:10]:
         gw.record(rec)
@@ -129,11 +163,12 @@ async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> N
     gw.detach()
 
 
+@closes
 async def test_drain_sends_what_is_queued_and_waits_for_it_to_be_written() -> None:
     recs = records(5)
     ledger = Ledger()
     intake, ours = await child(ledger)
-    gw = RecordLink()
+    gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
         gw.record(rec)
@@ -153,16 +188,17 @@ async def test_drain_sends_what_is_queued_and_waits_for_it_to_be_written() -> No
     gw.detach()
 
 
+@closes
 async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_could() -> None:
     ledger = Ledger()
     intake, ours = await child(ledger)
     clock = [T0_WALL + 100.0]
-    gw = RecordLink(clock=lambda: clock[0])
+    gw = gateway_end(clock=lambda: clock[0])
     gw.attach(ours)
     open_since: list[float | None] = [T0_WALL + 50.0]
     gw.watch(lambda: open_since[0])
     gw.step()  # a heartbeat: nothing recorded, the watermark only
-    await until(lambda: intake._sent_wall is not None, "the heartbeat")
+    await until(lambda: intake._frames or intake._open_since is not None, "the heartbeat")
     assert intake.open_since() == T0_WALL + 50.0  # the gateway's oldest open request
     open_since[0] = None
     clock[0] += link_mod.HEARTBEAT_S
@@ -173,10 +209,11 @@ async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_coul
     gw.detach()
 
 
+@closes
 async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_held() -> None:
     recs = records(3)
     intake, ours = await child(Ledger())
-    gw = RecordLink()
+    gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
         gw.record(rec)
@@ -185,3 +222,94 @@ async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_h
     await until(lambda: intake.closed.is_set(), "the child closing its end")
     await until(lambda: not gw.attached, "the gateway noticing")
     assert gw.unwritten == 3  # held for the next child
+
+
+@closes
+async def test_rows_queued_before_the_link_are_not_taken_for_its_records() -> None:
+    """A journal replay whose write failed is still queued when the link starts: writing it
+    later must not acknowledge the link's first records."""
+    recs = records(5)
+    ledger = Ledger()
+    rec = recorder(ledger)
+    for r in recs[:3]:  # the replay, turned into rows, not written
+        rec.record(r)
+    rec.ingest()
+    ours, theirs = socket.socketpair()
+    intake = watched(RecordIntake(rec))
+    await intake.start(theirs.detach())
+    gw = gateway_end()
+    gw.attach(ours)
+    for r in recs[3:]:
+        gw.record(r)
+    await until(lambda: len(rec._pending) == 2, "the link's records in the child")
+    await rec.flush()  # writes the replay's three rows only
+    await asyncio.sleep(0.05)
+    assert gw.unwritten == 2
+    rec.ingest()
+    await rec.flush()
+    await until(lambda: gw.unwritten == 0, "the acknowledgement")
+    gw.detach()
+
+
+@closes
+async def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
+    recs = records(3)
+    recs[1] = dataclasses.replace(recs[1], completion_tokens=1 << 70)
+    intake, ours = await child(Ledger())
+    gw = gateway_end()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+    await until(lambda: len(intake.recorder._pending) == 2, "the two others in the child")
+    assert [r.request_id for r in intake.recorder._pending] == [recs[0].request_id,
+                                                               recs[2].request_id]
+    gw.detach()
+
+
+@closes
+async def test_a_new_child_holds_the_gateways_floor_until_its_first_frame() -> None:
+    recs = records(2)
+    gw = gateway_end(clock=lambda: T0_WALL + 1000.0)
+    assert gw.floor() == T0_WALL + 1000.0  # nothing open or held: now
+    for rec in recs:
+        gw.record(rec)
+    assert gw.floor() == min(r.arrived_wall_s for r in recs)
+    intake = RecordIntake(recorder(Ledger()), floor=gw.floor())
+    assert intake.open_since() == gw.floor()  # not "nothing open"
+
+
+@closes
+async def test_drain_waits_through_a_child_restart() -> None:
+    recs = records(2)
+    first, ours = await child(Ledger())
+    gw = gateway_end()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+    await until(lambda: len(first.recorder._pending) == 2, "the records in the child")
+    assert first._transport is not None
+    first._transport.close()  # dies before writing them
+    await until(lambda: not gw.attached, "the gateway noticing")
+    ledger = Ledger()
+
+    async def restarted() -> None:
+        await asyncio.sleep(0.3)
+        second, ours = await child(ledger)
+        gw.attach(ours)
+        await until(lambda: len(second.recorder._pending) == 2, "the records sent again")
+        await second.recorder.stop()
+
+    task = asyncio.create_task(restarted())
+    assert await gw.drain(5.0)
+    await task
+    assert len(ledger.requests) == 2
+    gw.detach()
+
+
+def test_an_engines_token_counts_are_bounded_numbers() -> None:
+    from gateway.pipeline.flight import MAX_TOKEN_COUNT, token_count
+
+    assert token_count(12) == 12 and token_count("7") == 7 and token_count(None) == 0
+    assert token_count("many") == 0 and token_count(float("inf")) == 0
+    assert token_count(float("nan")) == 0 and token_count(-5) == 0
+    assert token_count(1 << 70) == MAX_TOKEN_COUNT and token_count(1e300) == MAX_TOKEN_COUNT
