@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("wattgate.accounting")
@@ -43,9 +44,11 @@ def may_leave_idle() -> bool:
     if not hasattr(os, "SCHED_IDLE"):
         return False
     result: list[bool] = []
+    tids: list[int] = []
 
     def probe() -> None:
         tid = threading.get_native_id()
+        tids.append(tid)
         try:
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
@@ -57,6 +60,11 @@ def may_leave_idle() -> bool:
     thread = threading.Thread(target=probe, name="wattgate-priority-probe")
     thread.start()
     thread.join()
+    # The thread's task outlives join() briefly: wait for it to go, so that no thread of this
+    # process is left in the idle class when this returns
+    deadline = time.monotonic() + 1.0
+    while tids and Path(f"/proc/self/task/{tids[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
     return result == [True]
 
 
