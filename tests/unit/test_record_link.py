@@ -10,41 +10,22 @@ import asyncio
 import dataclasses
 import functools
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from gateway.accounting import link as link_mod
 from gateway.accounting.config import JournalConfig
-from gateway.accounting.ledger.base import EngineWork, LedgerError, RequestRow, Watermark
+from gateway.accounting.ledger.base import LedgerError
 from gateway.accounting.link import RecordIntake, RecordLink
 from gateway.accounting.recorder import Recorder
 from gateway.records import RequestRecord
 from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
+from tests.unit.test_accounting_recorder import FlakyLedger
 from tests.unit.test_ledger_sqlite import Clock, make_config
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Ledger:
-    """Keeps what it is given; fails its first `fail` appends."""
-
-    def __init__(self, fail: int = 0) -> None:
-        self.fail = fail
-        self.requests: list[RequestRow] = []
-        self.work: list[EngineWork] = []
-        self.watermarks: list[Watermark] = []
-
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
-                     watermark: Watermark | None = None) -> None:
-        if self.fail:
-            self.fail -= 1
-            raise LedgerError("down")
-        self.requests += requests
-        self.work += work
-        if watermark is not None:
-            self.watermarks.append(watermark)
 
 
 def records(n: int) -> list[RequestRecord]:
@@ -53,7 +34,7 @@ def records(n: int) -> list[RequestRecord]:
     return recs
 
 
-def recorder(ledger: Ledger) -> Recorder:
+def recorder(ledger: FlakyLedger) -> Recorder:
     config = dataclasses.replace(make_config(), journal=JournalConfig(enabled=False))
     return Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL))  # type: ignore[arg-type]
 
@@ -88,7 +69,7 @@ def watched(intake: RecordIntake) -> RecordIntake:
     return intake
 
 
-async def child(ledger: Ledger) -> tuple[RecordIntake, socket.socket]:
+async def child(ledger: FlakyLedger) -> tuple[RecordIntake, socket.socket]:
     """A child's intake on one end of a new pair; the gateway's end is returned."""
     ours, theirs = socket.socketpair()
     intake = watched(RecordIntake(recorder(ledger)))
@@ -106,7 +87,7 @@ async def until(check: object, what: str, timeout_s: float = 5.0) -> None:
 @closes
 async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_written() -> None:
     recs = records(40)
-    ledger = Ledger(fail=1)
+    ledger = FlakyLedger(fail=1)
     intake, ours = await child(ledger)
     gw = gateway_end()
     gw.attach(ours)
@@ -124,7 +105,7 @@ async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_wri
     await intake.recorder.flush()  # written: acknowledged, no longer held
     await until(lambda: gw.unwritten == 0, "the acknowledgement")
     # the rows are those a recorder in the gateway would have written from the same records
-    direct = Ledger()
+    direct = FlakyLedger(fail=0)
     here = recorder(direct)
     for rec in recs:
         here.record(rec)
@@ -137,7 +118,7 @@ async def test_every_field_the_ledger_uses_crosses_and_a_frame_is_held_until_wri
 @closes
 async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> None:
     recs = records(30)
-    first_ledger, second_ledger = Ledger(), Ledger()
+    first_ledger, second_ledger = FlakyLedger(fail=0), FlakyLedger(fail=0)
     first, ours = await child(first_ledger)
     gw = gateway_end()
     gw.attach(ours)
@@ -166,7 +147,7 @@ async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> N
 @closes
 async def test_drain_sends_what_is_queued_and_waits_for_it_to_be_written() -> None:
     recs = records(5)
-    ledger = Ledger()
+    ledger = FlakyLedger(fail=0)
     intake, ours = await child(ledger)
     gw = gateway_end()
     gw.attach(ours)
@@ -190,7 +171,7 @@ async def test_drain_sends_what_is_queued_and_waits_for_it_to_be_written() -> No
 
 @closes
 async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_could() -> None:
-    ledger = Ledger()
+    ledger = FlakyLedger(fail=0)
     intake, ours = await child(ledger)
     clock = [T0_WALL + 100.0]
     gw = gateway_end(clock=lambda: clock[0])
@@ -212,7 +193,7 @@ async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_coul
 @closes
 async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_held() -> None:
     recs = records(3)
-    intake, ours = await child(Ledger())
+    intake, ours = await child(FlakyLedger(fail=0))
     gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
@@ -229,7 +210,7 @@ async def test_rows_queued_before_the_link_are_not_taken_for_its_records() -> No
     """A journal replay whose write failed is still queued when the link starts: writing it
     later must not acknowledge the link's first records."""
     recs = records(5)
-    ledger = Ledger()
+    ledger = FlakyLedger(fail=0)
     rec = recorder(ledger)
     for r in recs[:3]:  # the replay, turned into rows, not written
         rec.record(r)
@@ -255,7 +236,7 @@ async def test_rows_queued_before_the_link_are_not_taken_for_its_records() -> No
 async def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
     recs = records(3)
     recs[1] = dataclasses.replace(recs[1], completion_tokens=1 << 70)
-    intake, ours = await child(Ledger())
+    intake, ours = await child(FlakyLedger(fail=0))
     gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
@@ -274,14 +255,14 @@ async def test_a_new_child_holds_the_gateways_floor_until_its_first_frame() -> N
     for rec in recs:
         gw.record(rec)
     assert gw.floor() == min(r.arrived_wall_s for r in recs)
-    intake = RecordIntake(recorder(Ledger()), floor=gw.floor())
+    intake = RecordIntake(recorder(FlakyLedger(fail=0)), floor=gw.floor())
     assert intake.open_since() == gw.floor()  # not "nothing open"
 
 
 @closes
 async def test_drain_waits_through_a_child_restart() -> None:
     recs = records(2)
-    first, ours = await child(Ledger())
+    first, ours = await child(FlakyLedger(fail=0))
     gw = gateway_end()
     gw.attach(ours)
     for rec in recs:
@@ -290,7 +271,7 @@ async def test_drain_waits_through_a_child_restart() -> None:
     assert first._transport is not None
     first._transport.close()  # dies before writing them
     await until(lambda: not gw.attached, "the gateway noticing")
-    ledger = Ledger()
+    ledger = FlakyLedger(fail=0)
 
     async def restarted() -> None:
         await asyncio.sleep(0.3)
