@@ -176,7 +176,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                 "duration_s": res.duration_s, "rps": res.rps,
                                 "p50_ms": res.p50_ms, "p99_ms": res.p99_ms, "errors": res.errors,
                                 "proxy_cpu_s": res.proxy_cpu_s, "engine_cpu_s": res.engine_cpu_s,
-                                "client_cpu_s": res.client_cpu_s,
+                                "client_cpu_s": res.client_cpu_s, "settled_s": res.settled_s,
                                 "proxy_cpu_us_per_req": res.proxy_cpu_us_per_req,
                                 "core0_busy": res.core0_busy})
                     done = len(raw)
@@ -212,7 +212,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--settle", type=float, default=4.0,
                    help="seconds after each run of the accounting gateway still counted in "
                         "its CPU, so deferred work is charged to the run that caused it: "
-                        "accounting apportions an interval settle_s (2 s) after it ends")
+                        "accounting apportions an interval settle_s (2 s) after it ends; "
+                        "longer while its processes still work (up to 30 s more)")
     p.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--modes", nargs="+", default=list(report.MODES), choices=report.MODES)
     p.add_argument("--targets", nargs="+", default=list(PROXIES), choices=PROXIES)

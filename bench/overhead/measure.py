@@ -1,9 +1,11 @@
 """One measured load run: wrk (pinned beside the engine) against one target, with CPU accounting.
 
 Proxy CPU is utime+stime of the proxy's processes from /proc/PID/stat, read before the run and
-`settle_s` after it ends, so work a proxy defers past the response (wattgate's accounting
-apportions each 1-s interval once it has closed) is charged to the run whose requests caused it,
-not to whichever run comes next; idle CPU in that window is charged too. The load client's CPU
+at least `settle_s` after it ends, and then only once the proxy is quiet (under QUIET_SHARE of a
+core over QUIET_WINDOW_S, for at most SETTLE_MAX_S more), so work a proxy defers past the
+response (wattgate's accounting child records and apportions in the core's idle time, and
+apportions each 1-s interval once it has closed) is charged to the run whose requests caused
+it, not to whichever run comes next; idle CPU in that window is charged too. The load client's CPU
 comes from wait4's rusage; the engine's like the proxy's.
 """
 
@@ -21,6 +23,9 @@ import orjson
 from bench.overhead.targets import API_KEY, ENGINE_CORE, HERE
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+QUIET_SHARE = 0.05  # a proxy using less of a core than this has no deferred work left
+QUIET_WINDOW_S = 0.5
+SETTLE_MAX_S = 30.0
 PATH = "/v1/completions"
 
 MODELS = ("m", "m2")  # the two aliases of the gateway's user configuration
@@ -57,6 +62,7 @@ class RunResult:
     proxy_cpu_s: float
     engine_cpu_s: float
     client_cpu_s: float
+    settled_s: float = 0.0  # seconds waited after the run before the proxy's CPU was read
 
     @property
     def proxy_cpu_us_per_req(self) -> float:
@@ -105,8 +111,7 @@ def run_wrk(url: str, mode: str, connections: int, duration_s: float,
         proc.kill()
         proc.wait()
         raise TimeoutError(f"wrk against {url} ran past {duration_s + 20:.0f} s")
-    if settle_s > 0:
-        time.sleep(settle_s)
+    settled_s = _settle(proxy_pids, settle_s) if settle_s > 0 else 0.0
     proxy1, engine1 = cpu_s(proxy_pids()), cpu_s(engine_pids)
     assert proc.stdout is not None
     out = proc.stdout.read().decode(errors="replace")
@@ -123,4 +128,19 @@ def run_wrk(url: str, mode: str, connections: int, duration_s: float,
                      rps=r["requests"] / duration if duration else 0.0,
                      p50_ms=r["p50_us"] / 1000, p99_ms=r["p99_us"] / 1000, errors=errors,
                      proxy_cpu_s=proxy1 - proxy0, engine_cpu_s=engine1 - engine0,
-                     client_cpu_s=rusage.ru_utime + rusage.ru_stime)
+                     client_cpu_s=rusage.ru_utime + rusage.ru_stime, settled_s=settled_s)
+
+
+def _settle(proxy_pids: Callable[[], list[int]], settle_s: float) -> float:
+    """Wait `settle_s`, then until the proxy is quiet (at most SETTLE_MAX_S more); returns
+    the seconds waited."""
+    t0 = time.monotonic()
+    time.sleep(settle_s)
+    before = cpu_s(proxy_pids())
+    while time.monotonic() - t0 < settle_s + SETTLE_MAX_S:
+        time.sleep(QUIET_WINDOW_S)
+        now = cpu_s(proxy_pids())
+        if now - before < QUIET_SHARE * QUIET_WINDOW_S:
+            break
+        before = now
+    return time.monotonic() - t0

@@ -221,8 +221,9 @@ def _intro(meta: dict[str, Any]) -> list[str]:
         "Columns: req/s (streams/s for streaming), p50/p99 latency to the end of the response, "
         "added p50/p99 against the direct path in the same run, proxy CPU-µs per request "
         "(utime+stime of the proxy's processes over the run; for the accounting gateway until "
-        f"{meta.get('settle_s', 0):g} s after it, so the work its requests defer is charged to "
-        "them; idle CPU included; for `direct` the engine's own), `vs vllm-router` = req/s "
+        f"at least {meta.get('settle_s', 0):g} s after it and until its processes are quiet "
+        "(under 5 % of a core), so the work its requests defer is charged to them; idle CPU "
+        "included; for `direct` the engine's own), `vs vllm-router` = req/s "
         "ratio, core-0 busy (engine + client; near 1.0 means they, not the proxy, were the "
         "limit).",
         "",

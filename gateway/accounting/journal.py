@@ -154,6 +154,9 @@ class Journal:
         self._next_cut = 0  # loop side: the segment the next cut opens
         self._released = 0  # segments below this may be deleted (set by the loop)
         self._stop = threading.Event()
+        # Set when there is work for the thread (records, a cut, a release, stopping): an idle
+        # journal's thread sleeps instead of waking every fsync_s
+        self._work = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock_fd: int | None = None
         self._failed = False  # a write failed: the journal stops, the ledger path goes on
@@ -162,6 +165,7 @@ class Journal:
         self._closed: list[int] = []  # written segments below the current one, not deleted
         self.records_written = 0
         self.cpu_s = 0.0  # the writer thread's CPU time (encoding, syscalls), for benchmarks
+        self.turns = 0  # the writer thread's wake-ups
 
     # --- event loop side ----------------------------------------------------------------------
 
@@ -169,23 +173,30 @@ class Journal:
         """Queue a finished request for the journal (O(1), no I/O)."""
         if not self._failed:
             self._queue.append(rec)
+            if not self._work.is_set():
+                self._work.set()
 
     def append_encoded(self, lines: bytes, count: int) -> None:
         """Queue `count` records already encoded as journal lines (`encode`), as the accounting
         child receives them from its gateway."""
         if not self._failed:
             self._queue.append(_Encoded(lines, count))
+            if not self._work.is_set():
+                self._work.set()
 
     def cut(self) -> int:
         """Start a new segment for the records queued from now on; returns its number: every
         record queued before the call is in a lower one."""
         self._next_cut += 1
         self._queue.append(_Cut(self._next_cut))
+        self._work.set()
         return self._next_cut
 
     def release(self, segment: int) -> None:
         """Records in segments below `segment` are in the ledger: their files may go."""
-        self._released = max(self._released, segment)
+        if segment > self._released:
+            self._released = segment
+            self._work.set()
 
     @property
     def failed(self) -> bool:
@@ -206,6 +217,7 @@ class Journal:
         """Write what is queued, stop the thread, delete released segments and the lock. A
         segment not released stays, and the next start replays it (its owner is gone)."""
         self._stop.set()
+        self._work.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -219,7 +231,12 @@ class Journal:
 
     def _run(self) -> None:
         while True:
+            self._work.wait()
+            # The group window: what is appended within fsync_s of the first record goes in
+            # one write and one fsync
             stopping = self._stop.wait(self.fsync_s)
+            self._work.clear()  # before draining: an append from here on wakes the next turn
+            self.turns += 1
             t0 = time.thread_time()
             try:
                 self._drain()

@@ -93,6 +93,29 @@ def test_journal_writes_cuts_and_deletes_released_segments(tmp_path: Path) -> No
     assert not list((tmp_path / "j").glob("*.lock"))
 
 
+def test_an_idle_journal_thread_sleeps_until_there_is_work(tmp_path: Path) -> None:
+    """No wake-up every fsync window while nothing is queued (the accounting child's idle
+    cost): a record, a cut or a release wakes it."""
+    j = Journal(tmp_path / "j", fsync_s=0.002)
+    j.open()
+    try:
+        time.sleep(0.1)  # 50 windows
+        assert j.turns == 0
+        j.append(records(1)[0])
+        wait_written(j, 1)
+        turns = j.turns
+        time.sleep(0.1)
+        assert j.turns == turns
+        j.release(j.cut())
+        deadline = time.monotonic() + 20
+        while segments(tmp_path / "j"):  # the written segment, released, goes
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert j.turns > turns
+    finally:
+        j.close()
+
+
 def test_recover_skips_segments_of_a_live_owner(tmp_path: Path) -> None:
     live = Journal(tmp_path, fsync_s=0.005)
     live.open()
