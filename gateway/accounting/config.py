@@ -103,6 +103,10 @@ class AccountingConfig:
     settle_s: float = 2.0
     max_lag_s: float = 10.0
     hold_s: float = 60.0
+    # The accounting child of `wattgate serve` works in the core's idle time (the idle
+    # scheduling class) until its oldest record waits this long past a flush; then it takes
+    # its share of a busy core at nice +10 until it has caught up (priority.py)
+    behind_s: float = 2.0
     ledger: LedgerConfig = LedgerConfig()
     journal: JournalConfig = JournalConfig()
     region: str = "WORLD"
@@ -250,6 +254,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         settle_s=r.number("settle_s", d.settle_s, inclusive=True),
         max_lag_s=r.number("max_lag_s", d.max_lag_s),
         hold_s=r.number("hold_s", d.hold_s, inclusive=True),
+        behind_s=r.number("behind_s", d.behind_s),
         apportioner=r.choice("apportioner", APPORTIONER_MODES, d.apportioner),
         ledger=ledger,
         journal=_journal(r.sub("journal"), base, ledger),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import struct
 import time
@@ -273,7 +274,7 @@ class RecordIntake:
         watermark until its first frame (the default, the time of this call, suits a
         gateway that had nothing open)."""
         self.recorder = recorder
-        self.priority = priority or Background(False)
+        self.priority = priority or Background(False, behind_s=math.inf)
         self.closed = asyncio.Event()
         self._buf = bytearray()
         # (records received through it, seq, the gateway's wall-clock time at sending)

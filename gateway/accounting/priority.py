@@ -27,8 +27,7 @@ from pathlib import Path
 
 log = logging.getLogger("wattgate.accounting")
 
-BEHIND_S = 2.0  # records unwritten this long past a flush period: the normal class
-CAUGHT_UP_S = 0.5  # and back to the idle class once they are written within this
+CAUGHT_UP_S = 0.5  # back to the idle class once records are written within this
 
 
 def _threads() -> list[int]:
@@ -71,8 +70,11 @@ def may_leave_idle() -> bool:
 class Background:
     """Switches every thread of this process between the idle and the normal class."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, behind_s: float):
+        """`behind_s`: how long past a flush period the oldest record not yet written may
+        wait before the process leaves the idle class (`accounting.behind_s`)."""
         self.enabled = enabled
+        self.behind_s = behind_s
         self.idle = False
         self.switches = 0
 
@@ -90,7 +92,7 @@ class Background:
         """How long the oldest record not yet written has waited past a flush period."""
         if not self.enabled:
             return
-        if self.idle and lag_s > BEHIND_S:
+        if self.idle and lag_s > self.behind_s:
             log.warning("accounting child %.1f s behind its gateway: leaving the idle "
                         "scheduling class until it catches up", lag_s)
             self._set(False)

@@ -137,7 +137,8 @@ async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
         assert service.recorder is not None
         # Before the service starts: a journal replay's write publishes this gateway's
         # watermark, which must already be the gateway's floor, not "nothing open"
-        intake = RecordIntake(service.recorder, Background(idle_class), floor=open_floor)
+        intake = RecordIntake(service.recorder, Background(
+            idle_class, behind_s=config.accounting.behind_s), floor=open_floor)
     await service.start()
     if intake is not None and records_fd is not None:
         await intake.start(records_fd)

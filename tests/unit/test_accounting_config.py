@@ -24,12 +24,14 @@ def test_full_section_parses_meters_ledger_and_prices(tmp_path: Path) -> None:
     cfg = parse_accounting({
         "interval_s": 2, "flush_s": 0.5, "region": "de", "intensity": {"csv": "grid.csv"},
         "pue": 1.2, "price_usd_per_kwh": 0.1, "gpu_hour_usd": 3.6, "embodied_g_per_gpu_s": 0.01,
+        "behind_s": 30,
         "ledger": {"kind": "postgres", "dsn_env": "PGDSN"},
         "meters": {"a": {"kind": "sim", "url": "http://127.0.0.1:1/", "idle_power_w": 70},
                    "b": {"kind": "nvml", "gpus": [0, 1], "alpha": 0.1, "beta": 1},
                    "c": {"kind": "model", "decode_j_per_token": 0.3}},
     }, env={"PGDSN": "postgresql://x@127.0.0.1/db"}, base_dir=tmp_path)
     assert cfg.ledger.dsn == "postgresql://x@127.0.0.1/db"
+    assert cfg.behind_s == 30.0
     assert cfg.meter_for("a").meter.url == "http://127.0.0.1:1"
     assert cfg.meter_for("a").idle_power_w == 70
     assert cfg.meter_for("b").meter.gpus == (0, 1)
@@ -50,6 +52,7 @@ def test_full_section_parses_meters_ledger_and_prices(tmp_path: Path) -> None:
     ({"region": "ATLANTIS"}, "accounting.region"),
     ({"intensity": {"csv": "missing.csv"}}, "accounting.intensity.csv"),
     ({"flush_s": 5}, "accounting.flush_s"),
+    ({"behind_s": 0}, "accounting.behind_s"),
     ({"colour": 1}, "accounting.colour"),
 ])
 def test_bad_values_name_the_field(raw: dict[str, object], path: str) -> None:

@@ -26,7 +26,7 @@ sys.path.insert(0, sys.argv[1])
 from priority import Background
 os.nice(10)
 threading.Thread(target=lambda: threading.Event().wait(5), daemon=True).start()
-b = Background(True)
+b = Background(True, behind_s=2.0)
 b.start()
 def classes():
     return sorted({os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")})
@@ -78,3 +78,27 @@ def test_a_child_that_could_not_leave_the_idle_class_never_enters_it(tmp_path: P
         shutil.rmtree(where, ignore_errors=True)
     assert enabled is False
     assert started == behind == caught_up == [os.SCHED_OTHER]
+
+
+class Recorded(priority.Background):
+    """Its class switches recorded instead of made."""
+
+    def __init__(self, behind_s: float):
+        super().__init__(True, behind_s=behind_s)
+        self.idle = True
+        self.policies: list[int] = []
+
+    def _set_all(self, policy: int) -> bool:  # type: ignore[override]
+        self.policies.append(policy)
+        return True
+
+
+@pytest.mark.parametrize(("behind_s", "leaves"), [(1.0, True), (3.0, False)])
+def test_the_idle_class_is_left_past_behind_s(behind_s: float, leaves: bool) -> None:
+    b = Recorded(behind_s)
+    b.lag(0.4)
+    b.lag(2.0)
+    assert b.policies == ([os.SCHED_OTHER] if leaves else [])
+    b.lag(0.1)  # caught up
+    assert b.idle
+    assert b.policies == ([os.SCHED_OTHER, os.SCHED_IDLE] if leaves else [])
