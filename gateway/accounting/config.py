@@ -6,6 +6,8 @@
       settle_s: 2             # an interval is apportioned this long after it ends
       hold_s: 60              # and once no request in flight over it is still being served,
                               # waiting at most this long (0: do not wait)
+      behind_s: 2             # the accounting child of `wattgate serve` works in the core's
+                              # idle time until its records wait this long (priority.py)
       ledger: {kind: sqlite, path: wattgate-ledger.db}   # or {kind: postgres, dsn_env: PGDSN}
       journal: {enabled: true, path: <ledger path>.journal, fsync_ms: 20}   # write-ahead
                               # journal of finished requests (journal.py); with postgres the

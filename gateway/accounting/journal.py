@@ -2,8 +2,9 @@
 milliseconds of them instead of its last ledger flush window.
 
 The event loop only appends the record to a deque (`Journal.append`, tens of ns). A writer
-thread wakes every `fsync_s`, encodes what is queued as JSON lines, writes them with one
-`write` and makes them durable with one `fsync` (group commit). A SIGKILL loses only what
+thread wakes when records come (it sleeps while none do), waits `fsync_s` for more, encodes
+what is queued as JSON lines, writes them with one `write` and makes them durable with one
+`fsync` (group commit). A SIGKILL loses only what
 was not yet written (records finished in the last window, at most about `fsync_s` plus
 one write); a power loss, what was not yet fsynced.
 
@@ -234,8 +235,11 @@ class Journal:
             self._work.wait()
             # The group window: what is appended within fsync_s of the first record goes in
             # one write and one fsync
-            stopping = self._stop.wait(self.fsync_s)
+            self._stop.wait(self.fsync_s)
             self._work.clear()  # before draining: an append from here on wakes the next turn
+            # Read after the clear: `close` sets stop before work, so a wake-up the clear
+            # wiped is still seen here, not waited for forever
+            stopping = self._stop.is_set()
             self.turns += 1
             t0 = time.thread_time()
             try:

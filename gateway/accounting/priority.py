@@ -75,6 +75,8 @@ class Background:
         wait before the process leaves the idle class (`accounting.behind_s`)."""
         self.enabled = enabled
         self.behind_s = behind_s
+        # below behind_s, so a steady lag between the two does not switch at every report
+        self.caught_up_s = min(CAUGHT_UP_S, behind_s / 2)
         self.idle = False
         self.switches = 0
 
@@ -96,7 +98,7 @@ class Background:
             log.warning("accounting child %.1f s behind its gateway: leaving the idle "
                         "scheduling class until it catches up", lag_s)
             self._set(False)
-        elif not self.idle and lag_s < CAUGHT_UP_S:
+        elif not self.idle and lag_s < self.caught_up_s:
             self._set(True)
 
     def _set(self, idle: bool) -> None:

@@ -102,3 +102,14 @@ def test_the_idle_class_is_left_past_behind_s(behind_s: float, leaves: bool) -> 
     b.lag(0.1)  # caught up
     assert b.idle
     assert b.policies == ([os.SCHED_OTHER, os.SCHED_IDLE] if leaves else [])
+
+
+def test_a_short_behind_s_does_not_switch_at_every_report() -> None:
+    """With behind_s under the caught-up mark, a steady lag between the two leaves the idle
+    class once and stays out until the records are written within half of behind_s."""
+    b = Recorded(0.1)
+    for _ in range(5):
+        b.lag(0.3)
+    assert b.policies == [os.SCHED_OTHER]
+    b.lag(0.04)
+    assert b.policies == [os.SCHED_OTHER, os.SCHED_IDLE]

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +115,35 @@ def test_an_idle_journal_thread_sleeps_until_there_is_work(tmp_path: Path) -> No
         assert j.turns > turns
     finally:
         j.close()
+
+
+def test_close_is_not_lost_between_the_window_and_the_next_turn(tmp_path: Path) -> None:
+    """`close` landing after the writer's group window ended and before it took the turn's
+    wake-up: the writer still stops (it used to wait for a wake-up that never came)."""
+    at_clear, go = threading.Event(), threading.Event()
+
+    class Held(threading.Event):
+        def clear(self) -> None:
+            if threading.current_thread().name == "wattgate-journal" and not go.is_set():
+                at_clear.set()
+                go.wait(10)
+            super().clear()
+
+    j = Journal(tmp_path / "j", fsync_s=0.002, fsync=False)
+    j._work = Held()
+    j.open()
+    j.append(records(1)[0])
+    assert at_clear.wait(10)  # the window is over; the writer is about to take the wake-up
+    closer = threading.Thread(target=j.close, daemon=True)
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not (j._stop.is_set() and j._work.is_set()):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    go.set()  # the writer goes on: its clear takes close's wake-up too
+    closer.join(10)
+    assert not closer.is_alive()
+    assert j.records_written == 1
 
 
 def test_recover_skips_segments_of_a_live_owner(tmp_path: Path) -> None:
