@@ -140,7 +140,7 @@ def _settle(proxy_pids: Callable[[], list[int]], settle_s: float) -> float:
     while True:
         if time.monotonic() - t0 >= settle_s + SETTLE_MAX_S:
             log(f"the proxy was still busy {SETTLE_MAX_S:g} s after --settle: its CPU is read "
-                "anyway (idle cost above 5 % of a core, or work deferred longer)")
+                f"anyway (idle cost above {QUIET_SHARE:.0%} of a core, or work deferred longer)")
             break
         time.sleep(QUIET_WINDOW_S)
         now = cpu_s(proxy_pids())

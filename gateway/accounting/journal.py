@@ -4,9 +4,9 @@ milliseconds of them instead of its last ledger flush window.
 The event loop only appends the record to a deque (`Journal.append`, tens of ns). A writer
 thread wakes when records come (it sleeps while none do), waits `fsync_s` for more, encodes
 what is queued as JSON lines, writes them with one `write` and makes them durable with one
-`fsync` (group commit). A SIGKILL loses only what
-was not yet written (records finished in the last window, at most about `fsync_s` plus
-one write); a power loss, what was not yet fsynced.
+`fsync` (group commit). A SIGKILL loses only what was not yet written (records finished in
+the last window, at most about `fsync_s` plus one write); a power loss, what was not yet
+fsynced.
 
 Files, in the journal directory (one per ledger, shared by the processes on a host):
 `<owner>.lock` held with an exclusive `flock` for as long as the owner lives, and
@@ -173,17 +173,18 @@ class Journal:
     def append(self, rec: RequestRecord) -> None:
         """Queue a finished request for the journal (O(1), no I/O)."""
         if not self._failed:
-            self._queue.append(rec)
-            if not self._work.is_set():
-                self._work.set()
+            self._push(rec)
 
     def append_encoded(self, lines: bytes, count: int) -> None:
         """Queue `count` records already encoded as journal lines (`encode`), as the accounting
         child receives them from its gateway."""
         if not self._failed:
-            self._queue.append(_Encoded(lines, count))
-            if not self._work.is_set():
-                self._work.set()
+            self._push(_Encoded(lines, count))
+
+    def _push(self, item: RequestRecord | _Encoded) -> None:
+        self._queue.append(item)
+        if not self._work.is_set():  # set once per turn, not per record
+            self._work.set()
 
     def cut(self) -> int:
         """Start a new segment for the records queued from now on; returns its number: every

@@ -77,6 +77,17 @@ async def child(ledger: FlakyLedger) -> tuple[RecordIntake, socket.socket]:
     return intake, ours
 
 
+async def sent_to_child(recs: list[RequestRecord]
+                        ) -> tuple[RecordIntake, socket.socket, RecordLink]:
+    """A child on a healthy ledger, a gateway attached to it, and `recs` recorded there."""
+    intake, ours = await child(FlakyLedger(fail=0))
+    gw = gateway_end()
+    gw.attach(ours)
+    for rec in recs:
+        gw.record(rec)
+    return intake, ours, gw
+
+
 async def until(check: object, what: str, timeout_s: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():  # type: ignore[operator]
@@ -193,11 +204,7 @@ async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_coul
 @closes
 async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_held() -> None:
     recs = records(3)
-    intake, ours = await child(FlakyLedger(fail=0))
-    gw = gateway_end()
-    gw.attach(ours)
-    for rec in recs:
-        gw.record(rec)
+    intake, ours, gw = await sent_to_child(recs)
     await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
     ours.send(link_mod._HEAD.pack(5, 99) + b"nope!")  # not a frame of ours
     await until(lambda: intake.closed.is_set(), "the child closing its end")
@@ -236,11 +243,7 @@ async def test_rows_queued_before_the_link_are_not_taken_for_its_records() -> No
 async def test_a_record_that_cannot_be_encoded_is_dropped_alone() -> None:
     recs = records(3)
     recs[1] = dataclasses.replace(recs[1], completion_tokens=1 << 70)
-    intake, ours = await child(FlakyLedger(fail=0))
-    gw = gateway_end()
-    gw.attach(ours)
-    for rec in recs:
-        gw.record(rec)
+    intake, _ours, gw = await sent_to_child(recs)
     await until(lambda: len(intake.recorder._pending) == 2, "the two others in the child")
     assert [r.request_id for r in intake.recorder._pending] == [recs[0].request_id,
                                                                recs[2].request_id]
@@ -262,11 +265,7 @@ async def test_a_new_child_holds_the_gateways_floor_until_its_first_frame() -> N
 @closes
 async def test_drain_waits_through_a_child_restart() -> None:
     recs = records(2)
-    first, ours = await child(FlakyLedger(fail=0))
-    gw = gateway_end()
-    gw.attach(ours)
-    for rec in recs:
-        gw.record(rec)
+    first, _ours, gw = await sent_to_child(recs)
     await until(lambda: len(first.recorder._pending) == 2, "the records in the child")
     assert first._transport is not None
     first._transport.close()  # dies before writing them
