@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench install clean
+.PHONY: demo test test-extras lint typecheck unit bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,14 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit
+
+# The suites that need the optional components (vLLM, GuideLLM, PostgreSQL, Chromium,
+# promtool), with every one of them required: `.ci/run` installs them first.
+EXTRAS_SUITES := tests/realengine tests/deploy tests/integration/test_loadgen_demo.py
+test-extras: $(STAMP)
+	$(BIN)/mypy
+	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q $(EXTRAS_SUITES)
+	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q -m postgres
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.apportion

@@ -5,6 +5,21 @@ The status string is `RequestRecord.status`, the access log's `status`, the ledg
 readers). Two families have no fixed row: a `WattgateError` the gateway raised ends a
 request with the error's own `code` and HTTP status (`error_outcome`), and an engine's
 4xx answer relayed to the client ends it as `upstream_http_<status>` (`engine_outcome`).
+
+Every status falls in one of four classes (`outcome_class`), and every reader that counts
+requests counts by class: the metrics' `outcome` label, the recording rules and alerts, the
+dashboard, `wattgate report`, `/v1/usage`, the demo and the load generator's grading.
+
+- served: the engine answered (`ok`).
+- refused: the gateway said no by policy or validation (its 4xx: 401, 403, 404, 413, 415,
+  429, ...), or the engine said the request itself is invalid (`upstream_http_4xx` but 429).
+- failed: an engine or the gateway broke: 5xx, `upstream_http_429` (an engine out of
+  capacity), `upstream_error_event` (an error after the client had its 200), timeouts,
+  protocol errors.
+- cancelled: the client left before the answer ended (`client_disconnected`, 499).
+
+SLO attainment and goodput are over served and failed requests (a failure is a miss);
+refusals and cancellations are counted apart; the error ratio is failed / (served + failed).
 """
 
 from __future__ import annotations
@@ -13,9 +28,10 @@ from collections.abc import Mapping
 from typing import Final, NamedTuple
 
 from gateway.errors import WattgateError
-from gateway.vocab import Outcome
+from gateway.vocab import Outcome, OutcomeClass
 
-__all__ = ["OUTCOMES", "Outcome", "OutcomeRow", "engine_outcome", "error_outcome"]
+__all__ = ["OUTCOMES", "Outcome", "OutcomeClass", "OutcomeRow", "engine_outcome", "error_outcome",
+           "outcome_class"]
 
 
 class OutcomeRow(NamedTuple):
@@ -47,3 +63,23 @@ def error_outcome(exc: WattgateError) -> OutcomeRow:
 def engine_outcome(http_status: int) -> OutcomeRow:
     """An engine's 4xx answer, relayed to the client with the engine's status."""
     return OutcomeRow(f"upstream_http_{http_status}", http_status)
+
+
+ENGINE_BUSY_STATUS = "upstream_http_429"  # an engine out of capacity: its failure, not a refusal
+
+
+def outcome_class(status: str, http_status: int) -> OutcomeClass:
+    """The class of a request's ending, from its record status and HTTP status (table above)."""
+    if status == "ok":
+        return "served"
+    if status == "client_disconnected":
+        return "cancelled"
+    if status == ENGINE_BUSY_STATUS or http_status >= 500 or http_status < 400:
+        # below 400: a failure after the answer's head (the client already has 200)
+        return "failed"
+    return "refused"
+
+
+def counts_for_slo(cls: OutcomeClass) -> bool:
+    """Attainment, goodput and the error ratio are over served and failed requests."""
+    return cls == "served" or cls == "failed"

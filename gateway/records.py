@@ -6,8 +6,9 @@ for the ledger and the interval grid: wall(t) = arrived_wall_s + (t - arrived_s)
 
 from __future__ import annotations
 
+from gateway.outcomes import outcome_class
 from gateway.timing import Latency
-from gateway.vocab import value_type
+from gateway.vocab import OutcomeClass, value_type
 
 
 @value_type
@@ -45,6 +46,11 @@ class RequestRecord:
     # engine sends once the whole body is ready. None for streams (their last token event
     # marks it) and for requests that never got an answer.
     engine_done_s: float | None = None
+
+    @property
+    def outcome(self) -> OutcomeClass:
+        """served, refused, failed or cancelled (gateway/outcomes.py)."""
+        return outcome_class(self.status, self.http_status)
 
     @property
     def token_events(self) -> int:

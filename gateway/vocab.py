@@ -25,6 +25,11 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 # How a request ended, where the ending is fixed; gateway/outcomes.py holds each one's record
 # status and HTTP status (an error's ending is its own code, not one of these)
 Outcome = Literal["ok", "client_disconnected", "internal_error", "upstream_error_event"]
+# The four kinds of ending every reader counts by (gateway/outcomes.py `outcome_class`):
+# served (the engine answered), refused (the gateway, or the engine about the request itself,
+# said no: 4xx), failed (an engine or the gateway broke: 5xx, an engine's 429, timeouts,
+# protocol errors), cancelled (the client left first)
+OutcomeClass = Literal["served", "refused", "failed", "cancelled"]
 
 _T = TypeVar("_T")
 
@@ -45,6 +50,7 @@ ROUTING_POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
 METER_KIND_NAMES: tuple[MeterKind, ...] = get_args(MeterKind)
 LEDGER_KINDS: tuple[LedgerKind, ...] = get_args(LedgerKind)
 APPORTIONER_MODES: tuple[ApportionerMode, ...] = get_args(ApportionerMode)
+OUTCOME_CLASSES: tuple[OutcomeClass, ...] = get_args(OutcomeClass)
 
 
 @dataclass(frozen=True, slots=True)

