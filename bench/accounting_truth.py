@@ -2,7 +2,7 @@
 
 A simulated fleet (4 engines: BF16 and FP8 on the vllm and trtllm dialects) behind a real
 `wattgate serve` with accounting on (`sim` meters, SQLite ledger) serves a mixed workload of
-four tenants (bench/truth/workload.py): short chat at ~10 req/s, 3,000-token documents with
+four tenants (loadgen/truth/workload.py): short chat at ~10 req/s, 3,000-token documents with
 800-token answers (5 % dropped by the client, half just before the end), on/off bursts of
 medium requests, prompts of 8k-30k tokens with max_tokens 1, non-streamed requests, and an
 adversarial tenant using every strategy that could move its energy onto others. Every

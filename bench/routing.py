@@ -46,7 +46,7 @@ TPOT_SLO_S = 0.012  # engine time: tight, so that the fleet's SLO capacity stays
 PROMPT_TOKENS, OUTPUT_TOKENS = 128, 96
 API_KEY = "sk-routing-bench"
 # "poisson": Poisson arrivals, fixed lengths; "trace": a replayed Azure-format trace (bursty
-# arrivals, lognormal lengths; bench/routing_trace.py)
+# arrivals, lognormal lengths; `trace_workload` below)
 SCHEDULES = ("poisson", "trace")
 TRACE_BURSTINESS = 0.2  # gamma shape of the trace's inter-arrival times
 

@@ -4,7 +4,7 @@ Pure functions over plain data; nothing here runs a process or reads a file. `en
 prints the specs (`wattgate engines launch-spec`) and runs the vLLM one (`wattgate engines
 launch`).
 
-How each precision maps onto the engines (REFERENCE.md, "Engine surfaces"):
+How each precision maps onto the engines (docs/real-engines.md; docs/architecture.md, "Sources"):
 
 - vLLM: `bf16`/`fp16` are `--dtype bfloat16|float16`. `fp8` is `--quantization fp8`, vLLM's
   dynamic FP8 (weights quantized at load, per-tensor scales; native on Hopper and newer) with an

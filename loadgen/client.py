@@ -1,6 +1,6 @@
 """The load client: sends a plan on an absolute schedule and records each request's timeline.
 
-Timing rules (REFERENCE.md, "coordinated omission"):
+Timing rules (no coordinated omission: docs/loadgen.md, "Timing"):
 - One monotonic clock (`time.monotonic`, system-wide on Linux, so worker processes share it).
 - Absolute schedule (loadgen/schedule.py): request i is due at t0 + intended_s, never early.
 - Per request: intended, sent, one timestamp per read with the token-bearing SSE events that read

@@ -1,6 +1,6 @@
 """Trace replay: read public trace formats into (offset, lengths) rows; scale, de-quantise, merge.
 
-Formats (REFERENCE.md "Traffic traces"):
+Formats (docs/loadgen.md, "Trace replay"):
 - azure: CSV `TIMESTAMP,ContextTokens,GeneratedTokens` (AzurePublicDataset LLM inference).
 - burstgpt: CSV `Timestamp,...,Request tokens,Response tokens,...` (seconds from start).
 - mooncake: JSONL `{"timestamp": ms, "input_length", "output_length", "hash_ids": [...]}`.

@@ -1,4 +1,4 @@
-"""trtllm-serve: `/health`, JSON iteration stats at `/metrics` (REFERENCE.md, "Engine surfaces").
+"""trtllm-serve: `/health`, JSON iteration stats at `/metrics` (docs/architecture.md, "Sources").
 
 Reading `/metrics` may consume the queued stats, so only one scraper should poll it; the last
 (newest) iteration in the list is the current load.

@@ -1,4 +1,4 @@
-"""vLLM's OpenAI server: `/health`, Prometheus text at `/metrics` (REFERENCE.md, "Engine surfaces")."""
+"""vLLM's OpenAI server: `/health`, Prometheus text at `/metrics` (docs/architecture.md, "Sources")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """GPUs, models and precisions the simulator knows, each constant with its source.
 
-GPU figures are dense (no 2:4 sparsity) datasheet peaks; REFERENCE.md "Calibration values
-for the simulator" holds the same numbers. Model shapes are the `config.json` of the public
+GPU figures are dense (no 2:4 sparsity) datasheet peaks; docs/simulator.md "Constants and sources"
+holds the same numbers. Model shapes are the `config.json` of the public
 Hugging Face checkpoints.
 """
 
@@ -26,7 +26,7 @@ class GpuSpec:
     hbm_bytes_per_s: float
     memory_bytes: float
     tdp_w: float
-    idle_w: float  # idle with a CUDA context held (REFERENCE.md: 60-120 W per GPU)
+    idle_w: float  # idle with a CUDA context held (docs/architecture.md, "Sources": 60-120 W per GPU)
     link_bytes_per_s: float  # per-GPU all-reduce bandwidth between TP ranks
     source: str
 
@@ -35,14 +35,14 @@ GPUS: dict[str, GpuSpec] = {
     "h100": GpuSpec(
         "h100", "NVIDIA H100 SXM5 80GB", 989e12, 1979e12, 1979e12, 3.35e12, 80 * GIB, 700.0,
         75.0, 450e9,
-        "NVIDIA H100 datasheet (SXM5, dense); idle with context ~70-80 W (REFERENCE.md); "
+        "NVIDIA H100 datasheet (SXM5, dense); idle with context ~70-80 W (vendor measurements); "
         "NVLink4 900 GB/s bidirectional",
     ),
     "h200": GpuSpec(
         "h200", "NVIDIA H200 SXM 141GB", 989e12, 1979e12, 1979e12, 4.8e12, 141e9, 700.0,
         77.0, 450e9,
-        "NVIDIA H200 datasheet (compute as H100, HBM3e 4.8 TB/s); idle 74-80 W vendor "
-        "measurements (REFERENCE.md)",
+        "NVIDIA H200 datasheet (compute as H100, HBM3e 4.8 TB/s); idle 74-80 W (vendor "
+        "measurements)",
     ),
     "a100": GpuSpec(
         "a100", "NVIDIA A100 SXM4 80GB", 312e12, None, 624e12, 2.039e12, 80 * GIB, 400.0,
@@ -57,7 +57,7 @@ GPUS: dict[str, GpuSpec] = {
     "b200": GpuSpec(
         "b200", "NVIDIA B200 192GB", 2250e12, 4500e12, 4500e12, 8.0e12, 192e9, 1000.0,
         115.0, 900e9,
-        "NVIDIA DGX B200 / HGX B200 figures (dense, ~; REFERENCE.md, low confidence); "
+        "NVIDIA DGX B200 / HGX B200 figures (dense, ~, low confidence); "
         "NVLink5 1.8 TB/s bidirectional",
     ),
 }

@@ -4,7 +4,7 @@ Dynamic power per GPU = (TDP - idle) x activity, activity being a weighted share
 spent streaming HBM (memory-bound decode draws less) or computing on tensor cores
 (compute-bound prefill runs near TDP), capped at 1 so that board power never exceeds TDP.
 The weights are chosen so that H100/H200 decode lands in the 137-300 W measured range at
-small batch and prefill near TDP (REFERENCE.md).
+small batch and prefill near TDP (docs/simulator.md, "Calibration").
 """
 
 from __future__ import annotations

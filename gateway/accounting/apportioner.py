@@ -31,7 +31,7 @@ from gateway.accounting.plan import (
 )
 from gateway.accounting.work import interval_index
 
-DEFAULT_IDLE_W_PER_GPU = 80.0  # REFERENCE.md: 60-120 W per GPU holding a CUDA context
+DEFAULT_IDLE_W_PER_GPU = 80.0  # 60-120 W per GPU holding a CUDA context (docs/architecture.md, "Sources")
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 REPLICA_STALE_S = 10.0  # a replica not heard from this long (killed) holds nothing back
 # (or four flush windows, when flush_s is long: replicas publish at most once per flush)

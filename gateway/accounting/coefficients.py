@@ -8,7 +8,7 @@ the weight streaming of each decode step, shared equally by the sequences in the
 (decode_steps ~ the most tokens any request decoded in the interval; see apportion.py). Only
 ratios within an interval matter.
 Defaults are derived from the public constants of the engine profile the simulator models
-(vLLM serving Llama-3.1-8B on one H100; REFERENCE.md and docs/simulator.md): idle 75 W,
+(vLLM serving Llama-3.1-8B on one H100; docs/simulator.md, "Calibration"): idle 75 W,
 TDP 700 W, HBM 3.35 TB/s, tensor-core peaks, the fitted kernel efficiencies and the power
 weights of each kind of work. Per precision:
 - alpha, a prompt token: its GEMM FLOPs at the precision's tensor-core rate (FP8 and INT8

@@ -27,7 +27,7 @@ from statistics import median
 from gateway.records import RequestRecord
 
 # Cold start: a GPU engine reads tens of thousands of prompt tokens a second (an 8B model on
-# an H100: ~24-37k tok/s, REFERENCE.md's roofline); a lower default only widens the span.
+# an H100: ~24-37k tok/s, docs/architecture.md, "Sources"); a lower default only widens the span.
 DEFAULT_TOKENS_PER_S = 20_000.0
 DEFAULT_TPOT_S = 0.02
 MIN_PROMPT_TOKENS = 128

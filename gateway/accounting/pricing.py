@@ -18,7 +18,7 @@ from pathlib import Path
 
 J_PER_KWH = 3.6e6
 
-# REFERENCE.md, grid intensity 2023, gCO2e/kWh.
+# Grid intensity 2023, gCO2e/kWh (docs/architecture.md, "Sources of the constants").
 REGION_INTENSITY: dict[str, float] = {
     "NO": 30.0, "SE": 41.0, "FR": 56.0, "GB": 238.0, "US": 369.0, "DE": 381.0, "JP": 485.0,
     "CN": 582.0, "PL": 662.0, "IN": 713.0, "WORLD": 475.0,

@@ -2,7 +2,7 @@
 its own samples are in (and keeps as the shape of load bins it has not seen yet).
 
 The values are the simulator's calibration for Llama-3.1-8B on an H100 (docs/simulator.md,
-"Calibration"; itself fitted to ML.ENERGY v3 and vendor figures in REFERENCE.md): TPOT and
+"Calibration"; itself fitted to ML.ENERGY v3 and vendor figures in docs/architecture.md, "Sources of the constants"): TPOT and
 J per output token at batch 1, 8, 16, 64, 128 and 256, interpolated log-log between them.
 All six points matter: TPOT is nearly flat to batch 16 and nearly linear past 64 (attention
 reads grow with the batch), so a power law through batch 1 and 64 alone predicted a
@@ -25,7 +25,7 @@ BATCHES: tuple[float, ...] = (1.0, 8.0, 16.0, 64.0, 128.0, 256.0)
 class Prior:
     tpot_ms: tuple[float, ...]  # TPOT at each of BATCHES
     j_out_at: tuple[float, ...]  # J per output token at each of BATCHES (idle share included)
-    idle_w: float = 75.0  # H100 idle with a CUDA context (REFERENCE.md: 60-120 W)
+    idle_w: float = 75.0  # H100 idle with a CUDA context (docs/architecture.md, "Sources": 60-120 W)
     ttft_base_s: float = 0.03  # a short prompt on an idle engine
     prefill_s_per_token: float = 2e-5  # ~50k prompt tokens/s on an H100 (compute-bound)
     # A prompt token costs a small share of an output token's energy: prefill runs many tokens

@@ -1,4 +1,4 @@
-"""The package direction rules of DESIGN.md and no import cycle between our modules.
+"""The package direction rules of docs/architecture.md and no import cycle between our modules.
 
 Every import statement counts, including those inside functions and under TYPE_CHECKING:
 a lazy import hides a cycle from the interpreter, not from a reader.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("gateway", "engines", "loadgen", "wire")  # the packages of the distribution
-# package -> the packages of ours it may import (DESIGN.md, "Dependency direction")
+# package -> the packages of ours it may import (docs/architecture.md, "Packages and their direction")
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "gateway": frozenset({"engines", "wire"}),
     "loadgen": frozenset({"gateway", "wire"}),
