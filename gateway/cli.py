@@ -14,6 +14,7 @@ import orjson
 
 from gateway.config import GatewayConfig, load_config, normalised
 from gateway.errors import ConfigError
+from wire.ports import taken_message
 
 
 def _load_or_exit(path: str) -> GatewayConfig:
@@ -58,6 +59,11 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
     from gateway.app import build_app
     from gateway.front.server import start
 
+    if not reuse_port:  # a taken port is refused before the ledger and the child
+        taken = taken_message([(config.listen.host, config.listen.port)])
+        if taken is not None:
+            click.echo(f"Error: {taken}", err=True)
+            sys.exit(1)
     acct = config.accounting
     if acct is not None and acct.enabled:
         await _ledger_or_exit(config)

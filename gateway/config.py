@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gateway.accounting.config import AccountingConfig, parse_accounting
+from gateway.accounting.config import AccountingConfig, parse_accounting, paths_base
 from gateway.config_fields import FieldReader, default_of, hash_key, secret_hash, section
 from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
 from gateway.errors import ConfigError
@@ -280,10 +280,13 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
                  base_dir: Path | None = None) -> GatewayConfig:
     """Validate a decoded YAML document into a GatewayConfig (pure; env passed in).
 
-    `base_dir` resolves relative file paths (CSV series, SQLite file) of the accounting section.
+    `base_dir` resolves relative file paths (CSV series, SQLite file, journal, access log); a
+    top-level `paths_relative_to` moves it (a copy of a config written elsewhere, e.g. by
+    `wattgate sim fleet --write-gateway-config`, keeps its paths).
     """
     env = os.environ if env is None else env
     root = FieldReader(data if data is not None else {}, "")
+    base_dir = paths_base(data, base_dir)
     slo_classes = parse_slo_classes(root)
     slo_names = {s.name for s in slo_classes}
     default_slo = root.text("default_slo_class", slo_classes[0].name)
@@ -319,8 +322,10 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
                           "budgets are kept in the ledger: configure accounting")
     if config.auth_required and not tenants:
         raise ConfigError("tenants", "at least one tenant is required when auth_required is true")
+    root.get("paths_relative_to")  # read by paths_base
     root.finish()
     return config
+
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -26,10 +26,11 @@ from loadgen.client import ClientOptions, Target
 from loadgen.demo_precision import RoutingRuns, ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
 from loadgen.precision import PrecisionReport, precision_report, slo_text
-from loadgen.procs import free_port, port_free, started, wait_http
+from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
 from loadgen.workload import TenantSpec, Workload
+from wire.ports import taken_message
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 MODEL = "llama-3.1-8b"
@@ -53,10 +54,9 @@ def write_configs(tmp: Path, ledger: Path | None = None, port: int = 0, base_por
     fleet = yaml.safe_load((EXAMPLES / "fleet.yaml").read_text())
     fixed = [port] if port else []
     fixed += [base_port + i for i in range(len(fleet["engines"]))] if base_port else []
-    taken = [p for p in fixed if not port_free(p)]
-    if taken:
-        raise click.ClickException(
-            f"port {taken[0]} on 127.0.0.1 is in use; pick others, or 0 for free ones")
+    taken = taken_message(("127.0.0.1", p) for p in fixed)
+    if taken is not None:
+        raise click.ClickException(taken)
     gw = yaml.safe_load((EXAMPLES / "local.yaml").read_text())
     remap: dict[str, str] = {}
     urls = []

@@ -47,15 +47,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float, ok: int = 200) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

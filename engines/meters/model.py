@@ -17,7 +17,8 @@ from engines.meters.base import EnergyReading
 
 @dataclass(frozen=True, slots=True)
 class PowerModel:
-    idle_power_w: float = 80.0  # per engine (docs/architecture.md, "Sources": 60-120 W per GPU with a context)
+    # per engine; 60-120 W per GPU holding a context (docs/architecture.md, "Sources")
+    idle_power_w: float = 80.0
     prefill_j_per_token: float = 0.01
     decode_j_per_token: float = 0.15  # ~0.12 J/token at batch 64 on H100 (ML.ENERGY v3)
 

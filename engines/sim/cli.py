@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,15 +11,21 @@ import uvloop
 
 from engines.sim.catalog import GPUS, MODELS, PRECISIONS
 from engines.sim.config import DIALECTS, SimConfig, SimConfigError
-from engines.sim.fleet import load_fleet, serve_until_signal
+from engines.sim.fleet import load_fleet, serve_until_signal, write_gateway_config
+from wire.ports import taken_message
 
 
-def _run(configs: list[SimConfig]) -> None:
+def _run(configs: list[SimConfig],
+         on_ready: Callable[[list[str]], None] | None = None) -> None:
+    taken = taken_message((c.host, c.port) for c in configs)
+    if taken is not None:  # before any engine starts
+        raise click.ClickException(taken)
+
     def announce(line: str) -> None:
         click.echo(line)
 
     try:
-        uvloop.run(serve_until_signal(configs, announce))
+        uvloop.run(serve_until_signal(configs, announce, on_ready))
     except OSError as exc:
         raise click.ClickException(f"cannot serve: {exc}") from None
 
@@ -79,18 +86,33 @@ def sim(ctx: click.Context, gpu: str | None, model: str | None, precision: str |
 @sim.command("fleet")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--base-port", type=click.IntRange(0, 65535), default=None,
-              help="Put the engines on BASE, BASE+1, ... in the file's order instead of their "
-                   "configured ports (0: each on a free port, printed on start).")
-def fleet(file: Path, base_port: int | None) -> None:
+              help="Put engine i on BASE+i instead of its configured port (0: each on a free "
+                   "port, printed on start).")
+@click.option("--gateway-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A gateway config naming the engines at their configured ports.")
+@click.option("--write-gateway-config", "config_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write --gateway-config here with its engine and meter URLs "
+                                 "moved to the ports the engines took, once all are up.")
+def fleet(file: Path, base_port: int | None, gateway_config: Path | None,
+          config_out: Path | None) -> None:
     """Run every engine of a fleet YAML file in this process; one `ready NAME URL` line each."""
+    if (gateway_config is None) != (config_out is None):
+        raise click.UsageError("--gateway-config and --write-gateway-config go together")
     try:
         configs = load_fleet(file)
     except SimConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    configured = [f"http://{c.host}:{c.port}" for c in configs]
     if base_port is not None:
         if base_port + len(configs) - 1 > 65535:
             raise click.BadParameter(f"{len(configs)} engines do not fit from {base_port}",
                                      param_hint="--base-port")
         configs = [replace(c, port=base_port + i if base_port else 0)
                    for i, c in enumerate(configs)]
-    _run(configs)
+
+    def write(urls: list[str]) -> None:
+        assert gateway_config is not None and config_out is not None
+        write_gateway_config(gateway_config, config_out, dict(zip(configured, urls, strict=True)))
+        click.echo(f"wrote {config_out}")
+
+    _run(configs, write if gateway_config is not None else None)

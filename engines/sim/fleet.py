@@ -48,9 +48,38 @@ def load_fleet(path: Path) -> list[SimConfig]:
     return configs
 
 
+def rewrite_urls(doc: Any, urls: dict[str, str]) -> Any:
+    """`doc` (parsed YAML or JSON) with every string that names a URL of `urls` (a trailing
+    slash aside) replaced by its new URL: a gateway config's endpoint and meter URLs follow
+    their engines to the ports they took."""
+    if isinstance(doc, dict):
+        return {k: rewrite_urls(v, urls) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [rewrite_urls(v, urls) for v in doc]
+    if isinstance(doc, str):
+        return urls.get(doc.rstrip("/"), doc)
+    return doc
+
+
+def write_gateway_config(source: Path, target: Path, urls: dict[str, str]) -> None:
+    """A copy of the gateway config `source` at `target` whose URLs follow `urls`. Its relative
+    file paths (ledger, journal, CSV series) still name the files `source` names: the copy's
+    `paths_relative_to` is the folder `source`'s were relative to."""
+    doc = rewrite_urls(yaml.safe_load(source.read_text()), urls)
+    base = source.resolve().parent
+    if isinstance(doc.get("paths_relative_to"), str):
+        base = base / doc["paths_relative_to"]
+    doc["paths_relative_to"] = str(base)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    tmp.replace(target)  # whole or not at all: a reader never sees half a config
+
+
 async def serve_until_signal(configs: Sequence[SimConfig],
-                             announce: Callable[[str], None] = print) -> None:
-    """Start every engine, announce `ready NAME URL` per engine, serve until SIGINT/SIGTERM."""
+                             announce: Callable[[str], None] = print,
+                             on_ready: Callable[[list[str]], None] | None = None) -> None:
+    """Start every engine, announce `ready NAME URL` per engine, call `on_ready` with their
+    URLs in order once all are up, serve until SIGINT/SIGTERM."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,6 +90,8 @@ async def serve_until_signal(configs: Sequence[SimConfig],
             engine = await start_engine(cfg)
             started.append(engine)
             announce(f"ready {cfg.label} {engine.url}")
+        if on_ready is not None:
+            on_ready([e.url for e in started])
         await stop.wait()
     finally:
         for engine in reversed(started):

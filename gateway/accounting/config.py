@@ -267,3 +267,14 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
     )
     r.finish()
     return cfg
+
+
+def paths_base(data: Any, base_dir: Path | None) -> Path | None:
+    """The folder relative file paths of a config document are read from: its
+    `paths_relative_to` (itself relative to `base_dir`), else `base_dir`."""
+    moved = data.get("paths_relative_to") if isinstance(data, dict) else None
+    if moved is None:
+        return base_dir
+    if not isinstance(moved, str) or not moved:
+        raise ConfigError("paths_relative_to", "must be a folder path")
+    return (base_dir or Path.cwd()) / moved

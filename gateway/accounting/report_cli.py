@@ -11,7 +11,7 @@ from typing import Any
 import click
 import yaml
 
-from gateway.accounting.config import parse_accounting
+from gateway.accounting.config import parse_accounting, paths_base
 from gateway.accounting.ledger.base import Ledger, LedgerError
 from gateway.accounting.report import GROUP_KEYS, Report, build_report, render
 from gateway.accounting.timeparse import parse_time
@@ -41,7 +41,7 @@ def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger
     try:
         raw: Any = yaml.safe_load(config.read_text()) or {}
         section = raw.get("accounting") if isinstance(raw, dict) else None
-        cfg = parse_accounting(section, os.environ, base_dir=config.parent)
+        cfg = parse_accounting(section, os.environ, base_dir=paths_base(raw, config.parent))
     except OSError as exc:
         raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:

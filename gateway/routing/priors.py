@@ -2,8 +2,9 @@
 its own samples are in (and keeps as the shape of load bins it has not seen yet).
 
 The values are the simulator's calibration for Llama-3.1-8B on an H100 (docs/simulator.md,
-"Calibration"; itself fitted to ML.ENERGY v3 and vendor figures in docs/architecture.md, "Sources of the constants"): TPOT and
-J per output token at batch 1, 8, 16, 64, 128 and 256, interpolated log-log between them.
+"Calibration"; itself fitted to ML.ENERGY v3 and vendor figures, docs/architecture.md,
+"Sources of the constants"): TPOT and J per output token at batch 1, 8, 16, 64, 128 and
+256, interpolated log-log between them.
 All six points matter: TPOT is nearly flat to batch 16 and nearly linear past 64 (attention
 reads grow with the batch), so a power law through batch 1 and 64 alone predicted a
 TensorRT-LLM FP8 engine 8.5 ms at batch 192 where it takes ~15 ms, and packing overshot the
