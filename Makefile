@@ -3,18 +3,26 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: demo test test-extras lint typecheck unit bench install clean
+.PHONY: demo test test-extras lint typecheck unit bench install install-run clean
 
-$(STAMP): pyproject.toml
+# what serving and the demo need (pyproject's dependencies), without the dev toolchain
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel
+	$(BIN)/python -m pip install -q -e .
+	touch $(RUN_STAMP)
+
+# the dev toolchain too (tests, linters, type checker)
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+install-run: $(RUN_STAMP)
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/wattgate demo
 
 lint: $(STAMP)
