@@ -26,7 +26,7 @@ def gateway_error(code: str) -> bytes:
     (429, gateway_error("budget_exceeded"), True, "budget_exceeded", "refused"),
     (429, gateway_error("rate_limit_exceeded"), True, "rate_limit_exceeded", "refused"),
     (401, gateway_error("invalid_api_key"), True, "invalid_api_key", "refused"),
-    (413, gateway_error("body_too_large"), True, "body_too_large", "refused"),
+    (413, gateway_error("request_too_large"), True, "request_too_large", "refused"),
     # the gateway's own failures
     (503, gateway_error("no_healthy_endpoint"), True, "no_healthy_endpoint", "failed"),
     (504, gateway_error("upstream_timeout"), True, "upstream_timeout", "failed"),
