@@ -1,12 +1,14 @@
 """One outcome taxonomy on both sides of a real gateway process: the load generator grades
 each request as the gateway's /metrics counts it. Refusals (a tenant past its rate limit, a
 bad key) are `outcome="refused"` and out of attainment's denominator; an engine's own 429,
-relayed with its own string code, is a failure on both sides."""
+relayed with its own string code, is a failure on both sides; a client that leaves mid-stream
+is `outcome="cancelled"`, also out of the denominator."""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +19,7 @@ from gateway.vocab import SloClass
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.metrics import summarize
 from loadgen.workload import PlannedRequest
-from tests.faults.helpers import ep, gateway_process, metrics_text, write_config
+from tests.faults.helpers import body, ep, gateway_process, metrics_text, wait_for, write_config
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway import KEY_A, KEY_B, raw_config
 
@@ -53,6 +55,25 @@ def slo_met(text: str) -> int:
                for s in family.samples if s.name == "wattgate_slo_met_total")
 
 
+async def leave_mid_stream(s: aiohttp.ClientSession, gw: str) -> None:
+    """tenant-b opens a stream the engine stalls after two tokens, reads its head, leaves."""
+    headers = {"Authorization": f"Bearer {KEY_B}", "x-fault": "hang-mid"}
+    async with s.post(gw + "/v1/completions", json=body(stream=True), headers=headers) as r:
+        assert r.status == 200
+        await r.content.readany()
+        r.close()
+
+
+async def cancelled_in(text: Awaitable[str]) -> str | None:
+    got = await text
+    return got if 'outcome="cancelled"' in got else None
+
+
+def without_the_cancelled(text: str) -> str:
+    """/metrics less the one request that left, so what remains is the load run's."""
+    return "\n".join(line for line in text.splitlines() if 'outcome="cancelled"' not in line)
+
+
 @pytest.mark.parametrize("transport", ["raw", "aiohttp"])
 async def test_refusals_are_graded_apart_by_the_loadgen_and_the_gateways_metrics(
         tmp_path: Path, transport: str) -> None:
@@ -68,7 +89,13 @@ async def test_refusals_are_graded_apart_by_the_loadgen_and_the_gateways_metrics
                                      t0=time.monotonic(), concurrency=1,
                                      opts=ClientOptions(transport=transport))
             async with aiohttp.ClientSession() as s:
-                text = await metrics_text(s, gw)
+                await leave_mid_stream(s, gw)
+                text = await wait_for(lambda: cancelled_in(metrics_text(s, gw)), 30,
+                                      "the client that left counted as cancelled")
+
+    cancelled = requests_by(text, "tenant", "status", "outcome")
+    assert cancelled[("tenant-b", "client_disconnected", "cancelled")] == 1
+    text = without_the_cancelled(text)
 
     graded = Counter((r.tenant, r.outcome) for r in results)
     assert graded == {("tenant-a", "served"): 2, ("tenant-a", "refused"): 6,
