@@ -1,7 +1,11 @@
 """Prometheus metrics on an explicit registry, with bounded labels only.
 
-Labels: model, precision, engine, tenant, slo_class, status — never request ids. Goodput per SLO
-class is `rate(wattgate_slo_met_total[5m])`; attainment divides by `rate(wattgate_requests_total)`.
+Labels: model, precision, engine, tenant, slo_class, status, outcome — never request ids.
+`wattgate_requests_total` carries the request's `status` and its `outcome` class (served, refused,
+failed, cancelled: gateway/outcomes.py). Goodput per SLO class is
+`rate(wattgate_slo_met_total[5m])`; attainment divides it by the served and failed requests
+(`outcome=~"served|failed"`), so refusals and cancellations are neither hits nor misses.
+The definitions are in docs/operations.md ("Outcomes").
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.fastmetrics import FastCollector, FastCounter, FastHistogram
+from gateway.fastmetrics import CounterChild, FastCollector, FastCounter, FastHistogram
+from gateway.outcomes import outcome_class
 from gateway.records import RequestRecord
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
@@ -34,10 +39,11 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = FastCounter("wattgate_requests", "Requests finished, by outcome",
-                                    [*REQUEST_LABELS, "status"])
+        self.requests = FastCounter("wattgate_requests",
+                                    "Requests finished, by status and outcome class",
+                                    [*REQUEST_LABELS, "status", "outcome"])
         self.slo_met = FastCounter("wattgate_slo_met",
-                                   "Requests that met every limit of their SLO class",
+                                   "Served requests that met every limit of their SLO class",
                                    REQUEST_LABELS)
         self.ttft = FastHistogram("wattgate_ttft_seconds", "Time to first token-bearing event",
                                   REQUEST_LABELS, _LATENCY_BUCKETS)
@@ -92,6 +98,9 @@ class GatewayMetrics:
             "Engines of a (model, precision) pool the current load needs to meet its SLO",
             ("model", "precision"), registry=r)
         self._children: dict[tuple[str, ...], tuple[Any, ...]] = {}
+        # (labels, status, http status) -> the requests child: the outcome class is worked
+        # out once per such key, not per request
+        self._request_counters: dict[tuple[tuple[str, ...], str, int], CounterChild] = {}
 
     def _request_children(self, key: tuple[str, ...]) -> tuple[Any, ...]:
         children = self._children.get(key)
@@ -106,12 +115,22 @@ class GatewayMetrics:
             self._children[key] = children
         return children
 
+    def _requests_child(self, key: tuple[str, ...], status: str, http_status: int
+                        ) -> CounterChild:
+        child = self.requests.labels(*key, status, outcome_class(status, http_status))
+        self._request_counters[key, status, http_status] = child
+        return child
+
     def observe(self, rec: RequestRecord) -> None:
         key = (rec.model, rec.precision, rec.engine, rec.tenant, rec.slo_class)
-        self.requests.labels(*key, rec.status).inc()
+        status, http_status = rec.status, rec.http_status
+        counter = self._request_counters.get((key, status, http_status))
+        if counter is None:
+            counter = self._requests_child(key, status, http_status)
+        counter.inc()
         (slo_met, ttft, tpot, e2e, prompt, completion, itl, itl_norm, queue,
          upstream) = self._request_children(key)
-        if rec.slo_met:
+        if rec.slo_met:  # only a served request can meet its SLO (gateway.timing.slo_met)
             slo_met.inc()
         lat = rec.latency
         if rec.status == "ok":

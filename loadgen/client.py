@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadgen.results import Progress, RequestResult
+from loadgen.results import Progress, RequestResult, answer_status
 from loadgen.schedule import closed_loop, open_loop, young_gc_only
 from loadgen.tally import ERROR_CHARS, StreamTally
 from loadgen.workload import PlannedRequest
@@ -34,6 +34,8 @@ from wire.errors import UpstreamFailure
 
 REQUEST_ID_HEADER = "x-wattgate-request-id"
 _RID_BYTES = REQUEST_ID_HEADER.encode()
+ENDPOINT_HEADER = "x-wattgate-endpoint"  # on the answers an engine gave, relayed by the gateway
+_ENDPOINT_BYTES = ENDPOINT_HEADER.encode()
 PRECISION_HEADER = "x-wattgate-precision"
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -145,7 +147,7 @@ class Client:
                         ) -> RequestResult:
         assert self.http is not None
         tally = StreamTally(self.target.api, self.t0)
-        status, http_status, rid, error = "ok", 0, "", ""
+        status, http_status, rid, error, code = "ok", 0, "", "", ""
         self.progress.sent += 1
         sent = time.monotonic() - self.t0
         try:
@@ -158,6 +160,8 @@ class Client:
                         status = f"http_{http_status}"
                         body = await response.read_all()
                         error = body[:ERROR_CHARS].decode("utf-8", "replace")
+                        by_gateway = bool(rid) and not response.head.header(_ENDPOINT_BYTES)
+                        code = answer_status(http_status, body, by_gateway)
                     else:
                         response.stream_to(tally.feed)
                         await response.finished()
@@ -167,20 +171,22 @@ class Client:
             status, error = "timeout", repr(exc)
         except UpstreamFailure as exc:
             status, error = "connect_error", repr(exc)
-        return self._tallied(req, intended_s, sent, tally, status, http_status, rid, error)
+        return self._tallied(req, intended_s, sent, tally, status, http_status, rid, error,
+                             code)
 
     def _tallied(self, req: PlannedRequest, intended_s: float, sent: float, tally: StreamTally,
-                 status: str, http_status: int, rid: str, error: str) -> RequestResult:
+                 status: str, http_status: int, rid: str, error: str, code: str
+                 ) -> RequestResult:
         if http_status == 200:
             tally.finish()
             if status == "ok" and tally.error:
                 status, error = "stream_error", tally.error.decode("utf-8", "replace")
         return self._result(req, intended_s, sent, tally.reads, tally.usage, status,
-                            http_status, rid, error)
+                            http_status, rid, error, code)
 
     def _result(self, req: PlannedRequest, intended_s: float, sent: float,
                 reads: list[tuple[float, int]], usage: tuple[int, int] | None, status: str,
-                http_status: int, rid: str, error: str) -> RequestResult:
+                http_status: int, rid: str, error: str, code: str) -> RequestResult:
         end = time.monotonic() - self.t0
         if status == "ok" and not reads and usage is None:
             status, error = "stream_error", "stream ended without tokens or usage"
@@ -195,12 +201,13 @@ class Client:
             completion_tokens=usage[1] if usage else sum(n for _, n in reads), status=status,
             http_status=http_status, request_id=rid, usage_reported=usage is not None,
             error=error, client_request_id=(f"{self.target.request_id_prefix}{req.index}"
-                                            if self.target.request_id_prefix else ""))
+                                            if self.target.request_id_prefix else ""),
+            code=code)
 
     async def _send(self, req: PlannedRequest, body: bytes, intended_s: float) -> RequestResult:
         assert self.session is not None
         tally = StreamTally(self.target.api, self.t0)
-        status, http_status, rid, error = "ok", 0, "", ""
+        status, http_status, rid, error, code = "ok", 0, "", "", ""
         self.progress.sent += 1
         sent = time.monotonic() - self.t0
         try:
@@ -210,7 +217,10 @@ class Client:
                 rid = resp.headers.get(REQUEST_ID_HEADER, "")
                 if http_status != 200:
                     status = f"http_{http_status}"
-                    error = (await resp.read())[:ERROR_CHARS].decode("utf-8", "replace")
+                    body = await resp.read()
+                    error = body[:ERROR_CHARS].decode("utf-8", "replace")
+                    by_gateway = bool(rid) and ENDPOINT_HEADER not in resp.headers
+                    code = answer_status(http_status, body, by_gateway)
                 else:
                     content = resp.content
                     while chunk := await content.readany():
@@ -221,7 +231,8 @@ class Client:
             status, error = "connect_error", repr(exc)
         except aiohttp.ClientError as exc:
             status, error = "client_error", repr(exc)
-        return self._tallied(req, intended_s, sent, tally, status, http_status, rid, error)
+        return self._tallied(req, intended_s, sent, tally, status, http_status, rid, error,
+                             code)
 
 
 def make_session(opts: ClientOptions) -> aiohttp.ClientSession:

@@ -1,6 +1,11 @@
 """Run summaries (pure): latency distributions from send and from intended arrival, schedule lag,
 achieved vs requested rate, goodput and attainment per SLO class and per tenant.
 
+Requests are counted by outcome class (served, refused, failed, cancelled: gateway/outcomes.py,
+graded from the client's side by loadgen.results.client_outcome), as the gateway's metrics
+count them: attainment is over served and failed requests (a failure is a miss), refusals and
+cancellations are counted apart and are neither hits nor misses.
+
 Latency definitions are gateway.timing's (vLLM `bench serve` names). Each is computed twice:
 - from send: what the server took once the request was on the wire;
 - from intended: what a user arriving on schedule felt, including the client's own lateness.
@@ -16,8 +21,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from gateway.outcomes import counts_for_slo
 from gateway.timing import Latency, latency, slo_met
-from gateway.vocab import SloClass
+from gateway.vocab import OutcomeClass, SloClass
 from loadgen.results import RequestResult
 
 DEFAULT_LAG_THRESHOLD_S = 0.010
@@ -93,12 +99,16 @@ def latency_stats(ms: Sequence[RequestMetrics], pick: Callable[[RequestMetrics],
 
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """One SLO class or tenant. goodput/attainment are None when the run is not graded."""
+    """One SLO class or tenant. goodput/attainment are None when the run is not graded, and
+    attainment also when nothing was served or failed (no request to judge)."""
 
     name: str
     slo: str  # the SLO class (limits) the group was graded against, e.g. "ttft<=0.5s tpot<=0.05s"
     sent: int
-    ok: int
+    ok: int  # served
+    refused: int
+    failed: int
+    cancelled: int
     output_tokens: int
     goodput_rps: float | None
     attainment: float | None
@@ -113,15 +123,28 @@ def describe_slo(slo: SloClass) -> str:
     return f"{slo.name}: " + (" ".join(parts) if parts else "no limits")
 
 
+def outcome_counts(results: Iterable[RequestResult]) -> Counter[OutcomeClass]:
+    """Requests per outcome class."""
+    return Counter(r.outcome for r in results)
+
+
+def attainment_of(met: int, outcomes: Counter[OutcomeClass]) -> float | None:
+    """Met / (served + failed); None when there was neither."""
+    judged = sum(n for cls, n in outcomes.items() if counts_for_slo(cls))
+    return met / judged if judged else None
+
+
 def _group(name: str, slo: str, ms: Sequence[RequestMetrics], duration_s: float, graded: bool
            ) -> GroupStats:
     ok = [m for m in ms if m.result.ok]
     good = sum(1 for m in ms if m.slo_met)
+    outcomes = outcome_counts(m.result for m in ms)
     return GroupStats(
-        name=name, slo=slo, sent=len(ms), ok=len(ok),
+        name=name, slo=slo, sent=len(ms), ok=len(ok), refused=outcomes["refused"],
+        failed=outcomes["failed"], cancelled=outcomes["cancelled"],
         output_tokens=sum(m.result.completion_tokens for m in ok),
         goodput_rps=(good / duration_s if duration_s > 0 else 0.0) if graded else None,
-        attainment=(good / len(ms) if ms else 0.0) if graded else None,
+        attainment=attainment_of(good, outcomes) if graded else None,
         ttft_s=Dist.of(m.from_intended.ttft_s for m in ok if m.from_intended.ttft_s is not None),
         tpot_s=Dist.of(m.from_intended.tpot_s for m in ok if m.from_intended.tpot_s is not None),
         e2e_s=Dist.of(m.from_intended.e2e_s for m in ok if m.from_intended.e2e_s is not None))
@@ -131,8 +154,11 @@ def _group(name: str, slo: str, ms: Sequence[RequestMetrics], duration_s: float,
 class Summary:
     label: str
     requests: int
-    ok: int
-    errors: dict[str, int]
+    ok: int  # served
+    refused: int
+    failed: int
+    cancelled: int
+    errors: dict[str, int]  # requests per client status (http_429, timeout, ...), but ok
     duration_s: float  # first intended arrival -> last response end
     requested_rate_rps: float
     achieved_rate_rps: float  # sends per second over the span of sends
@@ -147,7 +173,7 @@ class Summary:
     per_class: tuple[GroupStats, ...]
     per_tenant: tuple[GroupStats, ...]
     goodput_rps: float | None  # all classes together
-    attainment: float | None
+    attainment: float | None  # over served and failed requests
 
 
 def summarize(results: Sequence[RequestResult], slo_of: Callable[[str], SloClass], *,
@@ -186,8 +212,11 @@ def summarize(results: Sequence[RequestResult], slo_of: Callable[[str], SloClass
         _group(t, ", ".join(sorted({m.result.slo_class for m in ms if m.result.tenant == t})),
                [m for m in ms if m.result.tenant == t], duration, graded) for t in tenants)
     good = sum(1 for m in ms if m.slo_met)
+    outcomes = outcome_counts(results)
     summary = Summary(
-        label=label, requests=len(results), ok=len(ok), errors=dict(errors), duration_s=duration,
+        label=label, requests=len(results), ok=len(ok), refused=outcomes["refused"],
+        failed=outcomes["failed"], cancelled=outcomes["cancelled"], errors=dict(errors),
+        duration_s=duration,
         requested_rate_rps=requested_rate_rps, achieved_rate_rps=achieved,
         throughput_rps=len(ok) / duration,
         output_tokens_per_s=sum(r.completion_tokens for r in ok) / duration, lag_s=lags,
@@ -195,5 +224,5 @@ def summarize(results: Sequence[RequestResult], slo_of: Callable[[str], SloClass
         from_intended=latency_stats(ms, lambda m: m.from_intended), graded=graded,
         grading_note=note, lag_threshold_s=lag_threshold_s, per_class=per_class,
         per_tenant=per_tenant, goodput_rps=good / duration if graded else None,
-        attainment=(good / len(results) if results else 0.0) if graded else None)
+        attainment=attainment_of(good, outcomes) if graded else None)
     return summary, ms

@@ -41,9 +41,12 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-RUN_HEADER = ("arm", "sent", "ok", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-              "E2E p50", "lag p99", "goodput", "attain", "J/req", "J/out-tok", "gCO2e/1M tok",
-              "USD/1M tok")
+# ok: served; refused: 4xx from the gateway (a tenant's limit or budget, a bad key) or an
+# engine's 4xx but 429; failed: 5xx, an engine's 429, timeouts, connect and stream errors
+ATTAINMENT_NOTE = "attain = SLO met / (ok + failed); refused and cancelled are not judged"
+RUN_HEADER = ("arm", "sent", "ok", "refused", "failed", "req/s", "TTFT p50", "TTFT p99",
+              "TPOT p50", "TPOT p99", "E2E p50", "lag p99", "goodput", "attain", "J/req",
+              "J/out-tok", "gCO2e/1M tok", "USD/1M tok")
 
 
 def run_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
@@ -51,7 +54,8 @@ def run_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
     rows = []
     for o in outcomes:
         s, e = o.summary, o.energy_overall
-        rows.append([o.label or "run", str(s.requests), str(s.ok), _num(s.throughput_rps),
+        rows.append([o.label or "run", str(s.requests), str(s.ok), str(s.refused),
+                     str(s.failed), _num(s.throughput_rps),
                      _ms(s.from_intended.ttft_s.p50), _ms(s.from_intended.ttft_s.p99),
                      _ms(s.from_intended.tpot_s.p50), _ms(s.from_intended.tpot_s.p99),
                      _ms(s.from_intended.e2e_s.p50), _ms(s.lag_s.p99),
@@ -78,7 +82,7 @@ def run_notes(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
 def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
               quality: dict[str, float] | None = None) -> str:
     """One row per run (arm): latency from intended arrival, goodput, energy."""
-    text = ("latency in ms, measured from intended arrival\n"
+    text = ("latency in ms, measured from intended arrival; " + ATTAINMENT_NOTE + "\n"
             + text_table(RUN_HEADER, run_rows(outcomes)))
     return text + "\n" + "\n".join(run_notes(outcomes, arm_precisions, quality))
 
@@ -102,7 +106,7 @@ def send_vs_intended(o: RunOutcome) -> str:
                                  "intended p99"], rows)
 
 
-TENANT_HEADER = ("tenant", "slo class", "sent", "ok", "TTFT p50", "TTFT p99", "TPOT p50",
+TENANT_HEADER = ("tenant", "slo class", "sent", "ok", "refused", "failed", "TTFT p50", "TTFT p99", "TPOT p50",
                  "goodput", "attain", "energy J", "gCO2e", "USD", "J/out-tok")
 
 
@@ -112,7 +116,8 @@ def tenant_rows(o: RunOutcome) -> list[list[str]]:
     rows = []
     for g in o.summary.per_tenant:
         e = energy.get(g.name)
-        rows.append([g.name, g.slo, str(g.sent), str(g.ok), _ms(g.ttft_s.p50), _ms(g.ttft_s.p99),
+        rows.append([g.name, g.slo, str(g.sent), str(g.ok), str(g.refused), str(g.failed),
+                     _ms(g.ttft_s.p50), _ms(g.ttft_s.p99),
                      _ms(g.tpot_s.p50), _num(g.goodput_rps), _num(g.attainment, "{:.1%}"),
                      _num(e.energy_j if e else None, "{:.1f}"),
                      _num(e.carbon_g if e else None, "{:.4f}"),
@@ -126,9 +131,10 @@ def tenant_table(o: RunOutcome) -> str:
 
 
 def class_table(o: RunOutcome) -> str:
-    rows = [[g.slo, str(g.sent), str(g.ok), _num(g.goodput_rps), _num(g.attainment, "{:.1%}")]
-            for g in o.summary.per_class]
-    return text_table(["slo class", "sent", "ok", "goodput req/s", "attainment"], rows)
+    rows = [[g.slo, str(g.sent), str(g.ok), str(g.refused), str(g.failed),
+             _num(g.goodput_rps), _num(g.attainment, "{:.1%}")] for g in o.summary.per_class]
+    return text_table(["slo class", "sent", "ok", "refused", "failed", "goodput req/s",
+                       "attainment"], rows)
 
 
 DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
@@ -191,7 +197,8 @@ def request_rows(o: RunOutcome) -> list[dict[str, Any]]:
         e = fetch.row(r) if fetch else None
         rows.append({
             "arm": o.label, "index": r.index, "tenant": r.tenant, "slo_class": r.slo_class,
-            "status": r.status, "http_status": r.http_status, "request_id": r.request_id,
+            "status": r.status, "http_status": r.http_status, "code": r.code,
+            "outcome": r.outcome, "request_id": r.request_id,
             "client_request_id": r.client_request_id,
             "intended_s": r.intended_s, "sent_s": r.sent_s, "first_token_s": r.first_token_s,
             "end_s": r.end_s, "lag_s": r.lag_s, "prompt_tokens": r.prompt_tokens,

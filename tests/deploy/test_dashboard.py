@@ -197,3 +197,36 @@ def test_dashboard_json_is_well_formed() -> None:
         refs = [t["refId"] for t in panel.get("targets", [])]
         assert len(refs) == len(set(refs))
     assert Path(DASHBOARD).stat().st_size > 1000
+
+
+def requests_selectors(expr: str) -> list[str]:
+    """The label matchers of every `wattgate_requests_total{...}` selector in expr."""
+    return re.findall(r"wattgate_requests_total\{([^}]*)\}", expr)
+
+
+def test_attainment_and_error_ratios_count_served_and_failed_requests_only() -> None:
+    """Every ratio over requests (attainment, error ratio), in the rules and the dashboard,
+    divides by served and failed requests: a refusal or a cancellation is neither a hit nor a
+    miss (docs/operations.md, Outcomes)."""
+    exprs, _ = rule_exprs()
+    ratios = [e for e in [*exprs, *dashboard_exprs()]
+              if "wattgate_requests_total" in e and "/" in e]
+    assert len(ratios) >= 4
+    for expr in ratios:
+        matchers = requests_selectors(expr)
+        assert matchers, expr
+        assert all('outcome=~"served|failed"' in m or 'outcome="failed"' in m
+                   or 'outcome="served"' in m for m in matchers), expr
+
+
+def test_refusals_and_cancellations_have_their_own_panels() -> None:
+    doc = orjson.loads(DASHBOARD.read_bytes())
+    outcomes = {}
+    for panel in doc["panels"]:
+        for target in panel.get("targets", []):
+            for m in requests_selectors(target["expr"]):
+                found = re.search(r'outcome="(\w+)"', m)
+                if found:
+                    outcomes[found.group(1)] = panel["title"]
+    assert set(outcomes) == {"refused", "cancelled", "failed"}
+    assert outcomes["refused"] != outcomes["failed"] != outcomes["cancelled"]

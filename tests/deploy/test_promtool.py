@@ -66,18 +66,21 @@ def alert(name: str, labels: dict[str, str], annotations: dict[str, str]) -> dic
     return {"exp_labels": labels, "exp_annotations": annotations}
 
 
-SLO_DESCRIPTION = ("Fewer than 90% of requests of this class met every limit of the class over "
-                   "10 minutes. Check engine saturation (vllm:num_requests_waiting), routing "
-                   "policy and precision mix.")
+SLO_DESCRIPTION = ("Fewer than 90% of the served and failed requests of this class met every "
+                   "limit of the class over 10 minutes (refusals and cancellations are not "
+                   "counted). Check engine saturation (vllm:num_requests_waiting), failures, "
+                   "routing policy and precision mix.")
 
 
 def test_alerts_fire_on_bad_series_and_stay_quiet_on_good_ones(tmp_path: Path) -> None:
     # Per minute: 60 requests per class; `interactive` meets its SLO in 30 (50%), `batch` in
     # all. Engine e1 is down from the start; e2 is healthy. 80% of the energy is idle.
     series = [
-        ('wattgate_requests_total{model="m", slo_class="interactive", status="ok"}', "0+60x200"),
+        ('wattgate_requests_total{model="m", slo_class="interactive", status="ok", '
+         'outcome="served"}', "0+60x200"),
         ('wattgate_slo_met_total{model="m", slo_class="interactive"}', "0+30x200"),
-        ('wattgate_requests_total{model="m", slo_class="batch", status="ok"}', "0+60x200"),
+        ('wattgate_requests_total{model="m", slo_class="batch", status="ok", '
+         'outcome="served"}', "0+60x200"),
         ('wattgate_slo_met_total{model="m", slo_class="batch"}', "0+60x200"),
         ('wattgate_endpoint_healthy{model="m", engine="e1", precision="fp8"}', "0x200"),
         ('wattgate_endpoint_healthy{model="m", engine="e2", precision="bf16"}', "1x200"),

@@ -110,8 +110,10 @@ async def test_closed_loop_keeps_the_set_concurrency_and_sends_every_request() -
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-async def test_http_errors_are_recorded_with_their_status_and_count_against_attainment(
+async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_class(
         transport: str) -> None:
+    """An engine's 404 (the request itself is wrong) is a refusal: not a miss, so with
+    nothing served or failed there is no attainment to report (not 0 %)."""
     engine = SelftestEngine()
     port = await engine.start()
     w = workload(Constant(50.0), duration_s=0.2)
@@ -125,7 +127,8 @@ async def test_http_errors_are_recorded_with_their_status_and_count_against_atta
     assert {r.status for r in results} == {"http_404"}
     summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=50.0)
     assert summary.errors == {"http_404": len(plan)}
-    assert summary.attainment == 0.0
+    assert {r.code for r in results} == {"upstream_http_404"}
+    assert (summary.refused, summary.failed, summary.attainment) == (len(plan), 0, None)
 
 
 @pytest.mark.timeout(30)

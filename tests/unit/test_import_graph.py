@@ -22,7 +22,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "wattgate_cli": frozenset(),  # the root command reaches the packages by name only
 }
 # loadgen may use these gateway modules: definitions that import nothing of ours but each other
-PURE_GATEWAY = frozenset({"gateway.vocab", "gateway.timing", "gateway.tokenizer"})
+PURE_GATEWAY = frozenset({"gateway.vocab", "gateway.timing", "gateway.tokenizer",
+                          "gateway.outcomes"})
 # cycles and edges that other modules still have; each xfail passes strictly once it is gone
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
