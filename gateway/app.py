@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -307,6 +308,9 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         gateway_metrics.inflight.labels(state.model, ep.name).set_function(state.inflight_now)
         gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
             state.healthy_now)
+    for model in upstreams.pools:
+        gateway_metrics.pool_panic.labels(model).set_function(
+            functools.partial(upstreams.panic_now, model))
 
     counter = prompt_counter(config)
     all_sinks = list(sinks)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final, NamedTuple
 
-from gateway.errors import WattgateError
+from gateway.errors import UpstreamHttpError, WattgateError
 from gateway.vocab import Outcome, OutcomeClass
 
 __all__ = ["OUTCOMES", "Outcome", "OutcomeClass", "OutcomeRow", "engine_outcome", "error_outcome",
@@ -56,7 +56,11 @@ OUTCOMES: Final[Mapping[Outcome, OutcomeRow]] = {
 
 
 def error_outcome(exc: WattgateError) -> OutcomeRow:
-    """A request the gateway refused or failed on purpose: the error's code and status."""
+    """A request the gateway refused or failed on purpose: the error's code and status; an
+    engine's error answer (its 5xx or 429, passed on when no other engine answered) as
+    `upstream_http_<status>`, never the engine's own code (the status label stays bounded)."""
+    if isinstance(exc, UpstreamHttpError):
+        return engine_outcome(exc.status)
     return OutcomeRow(exc.code, exc.status)
 
 
