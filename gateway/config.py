@@ -117,7 +117,7 @@ class Routing:
     # each endpoint's recent success ratio (its failures over about the last
     # success_window_s, decayed) weighs its chance to be chosen, never below success_floor
     success_window_s: float = 30.0
-    success_floor: float = 0.05
+    success_floor: float = 0.02
     # assumed output tokens of a request that sets no max_tokens
     default_output_tokens: int = 256
     # quality score per precision (e.g. an eval's accuracy relative to BF16) and the least

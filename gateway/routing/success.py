@@ -8,9 +8,14 @@ the policy, and an engine that recovers is still tried and earns its share back.
 
 Recent success ratio: successes and failures are counted with exponential decay, each outcome
 weighing exp(-age / tau) with tau = window_s / 3 (an outcome `window_s` old weighs 5 %), plus
-one pseudo-success: ratio = (ok + 1) / (ok + failed + 1). With no recent failure the ratio is
-exactly 1 and routing is untouched (no random draw, no work per request); left alone, a failed
-engine's ratio climbs back to 1 as its failures decay.
+a tenth of a pseudo-success: ratio = (ok + 0.1) / (ok + failed + 0.1). A busy engine's one
+failure weighs against its many recent successes (about 1000 at 100 requests/s: 0.999); an
+engine that fails everything drops to the floor within a few failures (0.09 after one, 0.05
+after two), not the ~1/n of a whole pseudo-success (n failures, then at the floor only after
+1/floor of them, sending it sqrt(2N) of the first N requests). With no recent failure the
+ratio is exactly 1 and routing is untouched (no random draw); left alone, a failed engine's
+ratio climbs back to 1 as its failures decay, and at the floor it is still tried, so its
+successes once it recovers earn its share back.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 
 WINDOW_TO_TAU = 3.0  # an outcome window_s old weighs exp(-3), 5 %
 _FORGOTTEN = 0.05  # decayed failure weight below which the engine counts as failure-free
+PRIOR_OK = 0.1  # pseudo-successes: an engine with no history is at 1, one failure takes it far
 
 
 @dataclass(slots=True)
@@ -54,7 +60,7 @@ class SuccessWindow:
         if not self.failed:
             return 1.0
         self._decay(now_s, tau_s)
-        return (self.ok + 1.0) / (self.ok + self.failed + 1.0)
+        return (self.ok + PRIOR_OK) / (self.ok + self.failed + PRIOR_OK)
 
 
 def admitted(ratios: Sequence[float], draw: Callable[[], float], floor: float) -> list[int]:
