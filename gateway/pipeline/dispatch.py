@@ -30,6 +30,7 @@ from gateway.errors import (
     engine_error,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.outcomes import OUTCOMES
 from gateway.pipeline.deadline import Deadlines
 from gateway.pipeline.flight import Flight
 from gateway.pipeline.route import Router
@@ -51,6 +52,7 @@ MAX_FORWARDED_HEADERS = 16  # client x-* headers passed to the engine; more are 
 MAX_FORWARDED_BYTES = 4096  # their names and values in all
 _VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"  # what a forwarded value may hold
 _TOKEN = bytes(c for c in range(0x21, 0x7F) if c != ord(":"))  # what a forwarded name may hold
+CLIENT_GONE_STATUS = OUTCOMES["client_disconnected"].http_status
 DEFAULT_BACKOFF_S = 1.0  # an engine's 429 without a usable Retry-After
 MAX_BACKOFF_S = 60.0  # the longest a 429's Retry-After keeps an engine out
 # the attempt got no answer's head (a read or connect timeout, a closed or broken connection)
@@ -188,7 +190,8 @@ class Dispatch:
         """Relay the engine's answer and tell outlier detection how it went, however the relay
         ends (a stall or a broken body raises). A non-streamed answer the engine broke (cut
         short, not JSON) reached the client in no part: another endpoint may try it. A
-        timeout is not retried: the engine may still be working on it."""
+        timeout is not retried: the engine may still be working on it. A client that left
+        says nothing of the engine: no success to end its run of failures."""
         answered = False
         try:
             await self.relay(exchange, flight, upstream, engine=state.endpoint.name,
@@ -203,7 +206,7 @@ class Dispatch:
         finally:
             if flight.engine_failed:
                 self.upstreams.failed(state)
-            elif answered:
+            elif answered and flight.http_status != CLIENT_GONE_STATUS:
                 self.upstreams.succeeded(state)
 
     def _timed_out(self, state: EndpointState) -> UpstreamTimeoutError:

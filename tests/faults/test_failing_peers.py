@@ -267,3 +267,33 @@ async def test_only_clean_x_headers_reach_the_engine_and_only_so_many() -> None:
     assert sent.get("x-trace") == "fine"
     assert "x-ctl" not in sent and "x-high" not in sent
     assert len(forwarded) == 16, forwarded
+
+
+@pytest.mark.parametrize("cancel", [True, False], ids=["cancelled", "seen-by-relay"])
+async def test_a_client_that_leaves_does_not_end_the_engines_run_of_failures(
+        cancel: bool) -> None:
+    """Two 500s, then a client that leaves mid-stream (its handler cancelled, or the relay
+    finding its socket gone): the engine's run of failures stays at 2 (the client's leaving
+    says nothing of the engine); a served request ends it."""
+    async with fault_engine(FaultEngine(itl_s=0.2)) as eng:
+        config = make_config([ep(eng, "only")], timeouts=TIMEOUTS)
+        async with running_gateway(config, front=cancel, handler_cancellation=cancel) as gw, \
+                aiohttp.ClientSession() as s:
+            for _ in range(2):
+                status, _, _ = await post(s, gw, body(), {"x-fault": "500-text"})
+                assert status == 500
+            async with s.post(gw + "/v1/completions", data=orjson.dumps(body(True, 20)),
+                              headers={"Content-Type": "application/json",
+                                       "Authorization": f"Bearer {KEY_A}"}) as r:
+                assert r.status == 200
+                await r.content.readany()  # the first event, then leave
+                r.close()
+
+            async def settled() -> bool:
+                return (await endpoints(s, gw))["only"]["inflight"] == 0
+
+            await wait_for(settled, 20, "the abandoned stream ended")
+            assert (await endpoints(s, gw))["only"]["consecutive_failures"] == 2
+            status, _, _ = await post(s, gw, body())
+            assert status == 200
+            assert (await endpoints(s, gw))["only"]["consecutive_failures"] == 0
