@@ -116,6 +116,7 @@ class Routing:
     min_samples: int = 20  # latency samples before an endpoint's models are no longer cold
     # each endpoint's recent success ratio (its failures over about the last
     # success_window_s, decayed) weighs its chance to be chosen, never below success_floor
+    # (1: no weighting)
     success_window_s: float = 30.0
     success_floor: float = 0.02
     # assumed output tokens of a request that sets no max_tokens

@@ -142,7 +142,9 @@ class Relay:
             raise
         finally:
             stream_tokens(flight, scanner)  # however the stream ended
-        if error is None and not scanner.done:  # garbage, or cut at an event boundary
+        if error is None and not scanner.done and b"[DONE]" not in scanner.pending():
+            # garbage, or cut at an event boundary (a last `[DONE]` without its blank line
+            # is let through)
             flight.engine_failed = True
             error = UpstreamError("the engine stream ended without its end marker",
                                   code="upstream_stream_error")
