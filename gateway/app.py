@@ -205,6 +205,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
              "running": st.load.running, "waiting": st.load.waiting,
              "kv_usage": st.load.kv_usage, "scrapes": st.scrapes,
              "consecutive_failures": st.consecutive_failures, "ejections": st.ejections,
+             # what routing weighs it by (gateway/routing/success.py); 1: no recent failure
+             "success_ratio": round(st.recent.ratio(now, upstreams.tau_s), 4),
              # wall-clock seconds; null when not ejected
              "ejected_until": (time.time() + st.ejected_until - now if st.ejected(now)
                                else None)}

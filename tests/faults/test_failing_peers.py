@@ -87,6 +87,7 @@ async def test_a_fast_failing_engine_loses_its_traffic_to_the_healthy_peer(
     assert share >= 0.95, (share, bad.completions, good.completions)
     assert bad.completions <= 0.10 * len(results), (bad.completions, len(results))
     assert not is_ejected(rows["bad"])  # the weighting did it, not an ejection
+    assert rows["bad"]["success_ratio"] < 0.5 and rows["good"]["success_ratio"] == 1.0
 
 
 async def test_an_engines_429_is_retried_on_the_peer_and_backs_the_engine_off() -> None:
