@@ -165,8 +165,9 @@ async def test_a_failure_after_the_response_head_counts_for_ejection(mode: str) 
 
 
 async def test_a_stalled_engine_is_ejected_when_its_requests_time_out_together() -> None:
-    """Three concurrent requests hang on the engine after its head until the request
-    deadline: the three timeouts eject it."""
+    """Six concurrent requests, three on the engine that hangs after its head: those three
+    time out together at the request deadline (504), which ejects it; the peer serves the
+    other three."""
     async with fault_engine(FaultEngine(default="hang-body")) as bad, \
             fault_engine(FaultEngine()) as good:
         config = make_config([ep(bad, "bad"), ep(good, "good")],
@@ -174,13 +175,12 @@ async def test_a_stalled_engine_is_ejected_when_its_requests_time_out_together()
                              routing={"policy": "round_robin"},
                              outlier_detection={"consecutive_failures": 3})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
-            # a header picks the fault per request: every request pinned on the stall
-            results = await asyncio.gather(*(post(s, gw, body(), {"x-fault": "hang-body"})
-                                             for _ in range(6)))
+            # all six routed before the first times out: round robin gives each engine three
+            results = await asyncio.gather(*(post(s, gw, body()) for _ in range(6)))
             rows = await endpoints(s, gw)
-    timed_out = [r for r in results if r[0] == 504]
-    assert timed_out and all(error_of(r[1])["code"] == "upstream_timeout" for r in timed_out)
-    assert bad.completions >= 3 and is_ejected(rows["bad"]), rows["bad"]
+    assert sorted(r[0] for r in results) == [200] * 3 + [504] * 3, results
+    assert all(error_of(r[1])["code"] == "upstream_timeout" for r in results if r[0] == 504)
+    assert bad.completions == 3 and is_ejected(rows["bad"]), rows["bad"]
 
 
 async def test_every_health_check_failing_at_once_still_serves_under_panic() -> None:
@@ -291,7 +291,7 @@ async def test_a_client_that_leaves_does_not_end_the_engines_run_of_failures(
                 r.close()
 
             async def settled() -> bool:
-                return (await endpoints(s, gw))["only"]["inflight"] == 0
+                return bool((await endpoints(s, gw))["only"]["inflight"] == 0)
 
             await wait_for(settled, 20, "the abandoned stream ended")
             assert (await endpoints(s, gw))["only"]["consecutive_failures"] == 2
