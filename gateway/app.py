@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -204,6 +205,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
              "running": st.load.running, "waiting": st.load.waiting,
              "kv_usage": st.load.kv_usage, "scrapes": st.scrapes,
              "consecutive_failures": st.consecutive_failures, "ejections": st.ejections,
+             # what routing weighs it by (gateway/routing/success.py); 1: no recent failure
+             "success_ratio": round(st.recent.ratio(now, upstreams.tau_s), 4),
              # wall-clock seconds; null when not ejected
              "ejected_until": (time.time() + st.ejected_until - now if st.ejected(now)
                                else None)}
@@ -307,6 +310,9 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         gateway_metrics.inflight.labels(state.model, ep.name).set_function(state.inflight_now)
         gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
             state.healthy_now)
+    for model in upstreams.pools:
+        gateway_metrics.pool_panic.labels(model).set_function(
+            functools.partial(upstreams.panic_now, model))
 
     counter = prompt_counter(config)
     all_sinks = list(sinks)

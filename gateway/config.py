@@ -84,13 +84,15 @@ class Retries:
 @dataclass(frozen=True, slots=True)
 class OutlierDetection:
     """Envoy-style passive ejection: an engine that keeps failing requests (connect errors,
-    first-byte timeouts, invalid HTTP, 5xx, broken streams) leaves the pool for a while,
-    whatever its health endpoint says."""
+    timeouts and stalls, invalid HTTP, 5xx and 429, broken, truncated or unparsable answers)
+    leaves the pool for a while, whatever its health endpoint says; and Envoy's healthy-panic
+    threshold: under panic_threshold_percent of a pool available, route to all of it."""
 
     consecutive_failures: int = 5
     base_ejection_s: float = 30.0  # times the number of times it was ejected
     max_ejection_s: float = 300.0
     max_ejection_percent: float = 50.0  # of a pool at once (one may always be ejected)
+    panic_threshold_percent: float = 50.0  # 0: never panic (answer 503 when none is healthy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,11 @@ class Routing:
     slo_margin: float = 0.8
     hysteresis: float = 0.15
     min_samples: int = 20  # latency samples before an endpoint's models are no longer cold
+    # each endpoint's recent success ratio (its failures over about the last
+    # success_window_s, decayed) weighs its chance to be chosen, never below success_floor
+    # (1: no weighting)
+    success_window_s: float = 30.0
+    success_floor: float = 0.02
     # assumed output tokens of a request that sets no max_tokens
     default_output_tokens: int = 256
     # quality score per precision (e.g. an eval's accuracy relative to BF16) and the least
@@ -232,10 +239,20 @@ def _routing(rr: FieldReader, slo_names: set[str]) -> Routing:
     scores = {"quality": _scores(rr, "quality", set(PRECISIONS)),
               "min_quality": _scores(rr, "min_quality", slo_names)}
     routing = section(rr, Routing, minimums={"load_bound": 1.0, "hysteresis": 0.0}, given=scores)
-    if routing.slo_margin > 1.0 or routing.hysteresis >= 1.0:
-        raise ConfigError("routing.slo_margin" if routing.slo_margin > 1.0
-                          else "routing.hysteresis", "must be at most 1 (a share)")
+    too_big = [name for name, bad in (("slo_margin", routing.slo_margin > 1.0),
+                                      ("hysteresis", routing.hysteresis >= 1.0),
+                                      ("success_floor", routing.success_floor > 1.0)) if bad]
+    if too_big:
+        raise ConfigError(f"routing.{too_big[0]}", "must be at most 1 (a share)")
     return routing
+
+
+def _outlier_detection(r: FieldReader) -> OutlierDetection:
+    policy = section(r, OutlierDetection, minimums={"panic_threshold_percent": 0.0})
+    for name in ("max_ejection_percent", "panic_threshold_percent"):
+        if getattr(policy, name) > 100.0:
+            raise ConfigError(f"outlier_detection.{name}", "must be at most 100 (a percentage)")
+    return policy
 
 
 def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None,
@@ -311,7 +328,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         routing=_routing(root.sub("routing"), slo_names),
         timeouts=section(root.sub("timeouts"), Timeouts),
         retries=section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0}),
-        outlier_detection=section(root.sub("outlier_detection"), OutlierDetection),
+        outlier_detection=_outlier_detection(root.sub("outlier_detection")),
         health=section(root.sub("health"), HealthCheck),
         logging=section(root.sub("logging"), Logging),
         tenant_controls=section(root.sub("tenant_controls"), TenantControlsConfig),

@@ -20,6 +20,9 @@ class WattgateError(Exception):
     status: int = 500  # an instance may carry another (an engine's own error status)
     error_type: ClassVar[str] = "server_error"
     default_code: ClassVar[str] = "internal_error"
+    # the engine's own error answer, passed on (its record status is upstream_http_<status>,
+    # and the client's answer names the engine in x-wattgate-endpoint)
+    from_engine: ClassVar[bool] = False
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
                  retry_after_s: float | None = None):
@@ -116,6 +119,8 @@ class UpstreamError(WattgateError):
 
 class UpstreamHttpError(UpstreamError):
     """The engine answered with an error status: its status and message, in our shape."""
+
+    from_engine = True
 
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  error_type: str | None = None, retry_after_s: float | None = None):

@@ -91,6 +91,10 @@ class GatewayMetrics:
         self.endpoint_healthy = Gauge("wattgate_endpoint_healthy",
                                       "1 when the endpoint passes health checks",
                                       ("model", "engine", "precision"), registry=r)
+        self.pool_panic = Gauge("wattgate_pool_panic",
+                                "1 while too few of the pool's endpoints are healthy and "
+                                "routing uses all of them (outlier_detection."
+                                "panic_threshold_percent)", ("model",), registry=r)
         # The capacity signal for an autoscaler (docs/routing.md): engines of a pool the
         # current load needs to meet its SLO when packed as slo_energy packs it
         self.pool_engines_needed = Gauge(

@@ -64,9 +64,16 @@ class CodedError(Protocol):
     @property
     def status(self) -> int: ...
 
+    @property
+    def from_engine(self) -> bool: ...
+
 
 def error_outcome(exc: CodedError) -> OutcomeRow:
-    """A request the gateway refused or failed on purpose: the error's code and status."""
+    """A request the gateway refused or failed on purpose: the error's code and status; an
+    engine's error answer (its 5xx or 429, passed on when no other engine answered) as
+    `upstream_http_<status>`, never the engine's own code (the status label stays bounded)."""
+    if exc.from_engine:
+        return engine_outcome(exc.status)
     return OutcomeRow(exc.code, exc.status)
 
 

@@ -102,8 +102,11 @@ class Proxy:
             if exc.status >= 500:  # the gateway's or an engine's failure: one line, its id
                 log.warning("request %s: %d %s on %s", flight.request_id, exc.status, exc.code,
                             flight.endpoint.endpoint.name if flight.endpoint else "no engine")
+            # an engine's own error answer names the engine, as its other answers do
+            headers = (flight.response_headers() if exc.from_engine
+                       else {REQUEST_ID_HEADER: flight.request_id})
             exchange.reply(exc.status, exc.body(), "application/json",
-                           {REQUEST_ID_HEADER: flight.request_id, **exc.headers()})
+                           {**headers, **exc.headers()})
         except asyncio.CancelledError:
             flight.client_gone()
             raise

@@ -5,6 +5,11 @@ A streamed answer goes from the engine connection's own callback straight to the
 and reads the usage, and back-pressure pauses the engine while the client's socket is full. A
 non-streamed answer is read whole and answered in one piece. Every ending lands on the flight:
 tokens relayed, who broke the stream, whether the client got the whole answer.
+
+The engine broke the answer (`flight.engine_failed`, which outlier detection and the success
+weighting count) when it stalled past the read timeout, closed early, sent a non-streamed
+200 that is not a JSON object (an SSE stream, garbage: a 502, never relayed as a 200), ended
+a stream without `data: [DONE]` (garbage, or a cut) or put an error event in it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from gateway.errors import (
     engine_error,
     error_body,
 )
-from gateway.sse import SseScanner, usage_of_body
+from gateway.sse import SseScanner, json_object
 from gateway.vocab import Outcome
 from wire.errors import UpstreamFailure, UpstreamReadTimeout
 from wire.exchange import ServerExchange, UpstreamBody
@@ -97,9 +102,16 @@ class Relay:
             exchange.reply(upstream.status, error.body(), "application/json",
                            {**headers, **error.headers()})
             return
-        usage = usage_of_body(body) if upstream.status == 200 else None
-        if usage:
-            flight.take_usage(usage)
+        if upstream.status == 200:
+            doc = json_object(body)
+            if doc is None:  # an SSE stream or garbage where a JSON answer was asked for
+                self.upstream_error(engine, "protocol")
+                flight.engine_failed = True
+                raise UpstreamError("the engine's answer is not a JSON object",
+                                    code="upstream_protocol_error")
+            usage = doc.get("usage")
+            if isinstance(usage, dict) and usage:
+                flight.take_usage(usage)
         exchange.reply(upstream.status, body, upstream.content_type or "application/json",
                        headers)
 
@@ -130,13 +142,20 @@ class Relay:
             raise
         finally:
             stream_tokens(flight, scanner)  # however the stream ended
+        if error is None and not scanner.done and b"[DONE]" not in scanner.pending():
+            # garbage, or cut at an event boundary (a last `[DONE]` without its blank line
+            # is let through)
+            flight.engine_failed = True
+            error = UpstreamError("the engine stream ended without its end marker",
+                                  code="upstream_stream_error")
         if error is not None:
             self.upstream_error(engine, "stream")
             flight.fail(error)
             last = b"data: " + error_body(error.message, error.error_type, error.code) + b"\n\n"
         else:
             last += scanner.pending()
-            if scanner.error:
+            if scanner.error:  # the engine's own error event: its failure all the same
+                flight.engine_failed = True
                 flight.end("upstream_error_event")
         await exchange.end_stream(last)
 

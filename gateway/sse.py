@@ -141,6 +141,12 @@ def _loads(payload: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """A non-streamed response body as a JSON object; None when it is not one (an SSE
+    stream, garbage, a JSON value of another kind)."""
+    return _loads(body)
+
+
 def usage_of_body(body: bytes) -> dict[str, Any] | None:
     """The `usage` object of a non-streamed JSON response, if any."""
     parsed = _loads(body)

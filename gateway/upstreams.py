@@ -4,12 +4,19 @@ Two signals take an endpoint out of routing, as in Envoy: active health checks (
 path), and outlier detection (its answers to real requests: `consecutive_failures` gateway-side
 failures in a row eject it for base_ejection_s x its ejections, at most max_ejection_s, whatever
 its health path says; at most max_ejection_percent of a pool at once, one always allowed).
-The last endpoint that can serve a pool is never ejected, and when every healthy endpoint of
-a pool is ejected all the same (its others turned unhealthy since), routing uses them anyway
-(Envoy's panic mode): an ejection must not turn a degraded pool into a dead one.
+Every failure of a real request counts, before the response head or after it (timeouts,
+stalls, truncated or wrong-length bodies, unparsable answers, 5xx, an engine's 429). The last
+endpoint that can serve a pool is never ejected.
 
-The health/scrape loop is the only I/O here; routing reads `snapshot()`-style candidates built
-from this state and stays pure.
+Panic (Envoy's healthy-panic threshold): when fewer than panic_threshold_percent of a pool's
+endpoints are available (passing health checks and not ejected), routing uses every endpoint
+of the pool: one host stall that fails every health check at once must not turn a pool into
+503s. An engine's 429 backs it off for its Retry-After: routing passes it over meanwhile
+unless nothing else is left.
+
+Each endpoint also keeps its recent success ratio (gateway.routing.success), which routing
+weighs candidates by. The health/scrape loop is the only I/O here; routing reads
+`candidate()` snapshots built from this state and stays pure.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import aiohttp
 from engines.adapters import EngineAdapter, EngineLoad, MetricsParseError, adapter_for
 from gateway.config import Endpoint, GatewayConfig, HealthCheck
 from gateway.routing import Candidate
+from gateway.routing.success import WINDOW_TO_TAU, SuccessWindow
 
 log = logging.getLogger("wattgate.upstreams")
 
@@ -32,9 +40,9 @@ log = logging.getLogger("wattgate.upstreams")
 class EndpointState:
     """Mutable per-process state of one endpoint."""
 
-    __slots__ = ("_candidates", "_candidates_of", "adapter", "checked", "consecutive_failures",
-                 "ejected_until", "ejections", "endpoint", "failures", "healthy", "inflight",
-                 "load", "model", "scrapes", "successes")
+    __slots__ = ("_candidates", "_candidates_of", "adapter", "backoff_until", "checked",
+                 "consecutive_failures", "ejected_until", "ejections", "endpoint", "failures",
+                 "healthy", "inflight", "load", "model", "recent", "scrapes", "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -50,6 +58,8 @@ class EndpointState:
         self.consecutive_failures = 0  # gateway-side failures of real requests, in a row
         self.ejections = 0
         self.ejected_until = 0.0  # monotonic seconds
+        self.backoff_until = 0.0  # monotonic seconds: its 429's Retry-After
+        self.recent = SuccessWindow()  # real requests' outcomes, decayed (routing weighs by it)
         # routing's snapshots by in-flight count, for the scraped load and endpoint they show
         self._candidates: dict[int, Candidate] = {}
         self._candidates_of: tuple[EngineLoad, Endpoint] | None = None
@@ -112,6 +122,8 @@ class Upstreams:
         }
         self.sequence: dict[str, int] = dict.fromkeys(self.pools, 0)
         self.on_health_change: Callable[[EndpointState], None] | None = None
+        self.panicking: dict[str, bool] = dict.fromkeys(self.pools, False)  # last seen, to log
+        self.tau_s = config.routing.success_window_s / WINDOW_TO_TAU
 
     def next_sequence(self, model: str) -> int:
         n = self.sequence[model]
@@ -119,27 +131,65 @@ class Upstreams:
         return n
 
     def healthy(self, model: str, exclude: Sequence[str] = ()) -> list[EndpointState]:
-        """The endpoints routing may use: healthy and not ejected (all healthy ones when every
-        one of them is ejected: panic mode)."""
-        healthy = [s for s in self.pools[model] if s.healthy and s.endpoint.name not in exclude]
+        """The endpoints routing may use, less `exclude`: those passing health checks and not
+        ejected; every endpoint of the pool when too few are (panic); in either case those
+        not backed off by a 429, unless that leaves none."""
+        pool = self.pools[model]
         now = self.clock()
-        usable = [s for s in healthy if s.ejected_until <= now]
-        return usable or healthy
+        available = [s for s in pool if s.healthy and s.ejected_until <= now]
+        panic = self.in_panic(model, len(available))
+        if panic != self.panicking[model]:
+            self.panicking[model] = panic
+            if panic:
+                log.warning("pool %s in panic: %d of %d endpoints available, under %g %%; "
+                            "routing to all of them", model, len(available), len(pool),
+                            self.config.outlier_detection.panic_threshold_percent)
+            else:
+                log.warning("pool %s out of panic", model)
+        if panic:
+            available = pool
+        elif not available:  # panic disabled (threshold 0): ejected but healthy ones, if any
+            available = [s for s in pool if s.healthy]
+        usable = [s for s in available if s.endpoint.name not in exclude]
+        ready = [s for s in usable if s.backoff_until <= now]
+        return ready or usable
+
+    def in_panic(self, model: str, available: int | None = None) -> bool:
+        """Fewer than panic_threshold_percent of the pool's endpoints pass health checks and
+        are not ejected (`available`: that count, when the caller has it)."""
+        pool = self.pools[model]
+        if available is None:
+            now = self.clock()
+            available = sum(1 for s in pool if s.healthy and s.ejected_until <= now)
+        threshold = self.config.outlier_detection.panic_threshold_percent
+        return available * 100.0 < threshold * len(pool)
+
+    def panic_now(self, model: str) -> float:
+        """The pool's panic as a gauge value (1: in panic)."""
+        return 1.0 if self.in_panic(model) else 0.0
 
     def ready(self) -> bool:
         """At least one checked-healthy endpoint per model."""
         return all(any(s.healthy and s.checked for s in states) for states in self.pools.values())
 
     def succeeded(self, state: EndpointState) -> None:
-        """The engine answered a request (any status but 5xx): its failure run ends."""
+        """The engine answered a request (its answer, or its 4xx but 429, reached the client
+        whole): its failure run ends."""
         state.consecutive_failures = 0
+        state.recent.record(True, self.clock(), self.tau_s)
+
+    def backed_off(self, state: EndpointState, duration_s: float) -> None:
+        """The engine said it is out of capacity for `duration_s` (its 429's Retry-After)."""
+        state.backoff_until = max(state.backoff_until, self.clock() + duration_s)
 
     def failed(self, state: EndpointState) -> None:
-        """A gateway-side failure of a real request on this engine (connect error, first-byte
-        or read timeout, invalid HTTP, 5xx, broken stream); ejects it after a run of them."""
+        """A gateway-side failure of a real request on this engine, before or after the
+        response head (connect error, timeout, stall, invalid HTTP, 5xx, 429, a broken,
+        truncated or unparsable answer); ejects it after a run of them."""
+        now = self.clock()
+        state.recent.record(False, now, self.tau_s)
         state.consecutive_failures += 1
         policy = self.config.outlier_detection
-        now = self.clock()
         if state.consecutive_failures < policy.consecutive_failures or state.ejected(now):
             return
         pool = self.pools[state.model]

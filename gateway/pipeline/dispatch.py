@@ -1,8 +1,15 @@
 """The dispatch step: attempts on the routed endpoints, retries, and the relay of the answer.
 
-Connect errors and 5xx before the first byte go to another endpoint, within the attempt
-limit, the retry deadline and Envoy's retry budget. Every attempt tells the endpoint's
-outlier detection how it went; the engine's failures are counted by reason.
+Connect errors, 5xx and an engine's 429 before the first byte, and a non-streamed answer
+the engine broke (cut short, or not JSON), go to another endpoint, within the attempt limit,
+the retry deadline and Envoy's retry budget; a 429 also backs its engine off for its
+Retry-After. Every attempt tells the endpoint's outlier detection and success weighting how
+it went, whether it failed before the response head or after it; the engine's failures are
+counted by reason.
+
+The client's `x-*` headers go on to the engine only when each is visible ASCII, at most
+MAX_FORWARDED_HEADERS of them and MAX_FORWARDED_BYTES in all: an engine's error may echo them
+back, and a client must not fill the engine's head.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ from gateway.errors import (
     OverloadedError,
     RoutingError,
     UpstreamError,
+    UpstreamHttpError,
     UpstreamTimeoutError,
     WattgateError,
     engine_error,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.outcomes import OUTCOMES
 from gateway.pipeline.deadline import Deadlines
 from gateway.pipeline.flight import Flight
 from gateway.pipeline.route import Router
@@ -36,9 +45,16 @@ from wire.errors import (
     UpstreamHeadTimeout,
     UpstreamProtocolError,
 )
-from wire.exchange import ServerExchange
+from wire.exchange import ServerExchange, UpstreamBody
 
 _X_PREFIXES = (b"x-", b"X-")
+MAX_FORWARDED_HEADERS = 16  # client x-* headers passed to the engine; more are dropped
+MAX_FORWARDED_BYTES = 4096  # their names and values in all
+_VISIBLE = bytes(range(0x20, 0x7F)) + b"\t"  # what a forwarded value may hold
+_TOKEN = bytes(c for c in range(0x21, 0x7F) if c != ord(":"))  # what a forwarded name may hold
+CLIENT_GONE_STATUS = OUTCOMES["client_disconnected"].http_status
+DEFAULT_BACKOFF_S = 1.0  # an engine's 429 without a usable Retry-After
+MAX_BACKOFF_S = 60.0  # the longest a 429's Retry-After keeps an engine out
 # the attempt got no answer's head (a read or connect timeout, a closed or broken connection)
 _UNANSWERED = (UpstreamConnectError, UpstreamClosedError, UpstreamHeadTimeout,
                UpstreamProtocolError)
@@ -121,6 +137,7 @@ class Dispatch:
         headers += forwarded_headers(exchange.raw_headers)
         body = req.upstream_body(ep.upstream_model)
         state.inflight += 1
+        flight.engine_failed = False  # this attempt's engine, not an earlier one
         flight.dispatched_s = self.clock()
         # One deadline for the whole attempt. Connect, first-byte and per-read stalls are the
         # client's own lazy timer, so no timer is rescheduled per read.
@@ -135,22 +152,9 @@ class Dispatch:
             try:
                 flight.first_byte_s = self.clock()
                 flight.upstream_status = upstream.status
-                if upstream.status >= 500:
-                    error_bytes = b""
-                    with contextlib.suppress(UpstreamFailure):
-                        error_bytes = await upstream.read_all()
-                    self.upstream_error(ep.name, f"http_{upstream.status}")
-                    self.upstreams.failed(state)
-                    raise _RetryableError(engine_error(upstream.status, error_bytes,
-                                                       upstream.head.headers))
-                await self.relay(exchange, flight, upstream, engine=ep.name,
-                                 stream=req.stream,
-                                 client_wants_usage=req.client_wants_usage,
-                                 headers=flight.response_headers())
-                if flight.engine_failed:
-                    self.upstreams.failed(state)
-                else:
-                    self.upstreams.succeeded(state)
+                if upstream.status >= 500 or upstream.status == 429:
+                    raise _RetryableError(await self._engine_failed(state, upstream))
+                await self._relay(exchange, flight, state, upstream, req)
             finally:
                 # back to the pool only if the whole response was read; else dropped, so
                 # the engine sees the request aborted
@@ -164,6 +168,46 @@ class Dispatch:
         finally:
             deadline.disarm()
             state.inflight -= 1
+
+    async def _engine_failed(self, state: EndpointState, upstream: UpstreamBody
+                             ) -> UpstreamHttpError:
+        """The engine's 5xx or 429, counted against it (a 429 also backs it off for its
+        Retry-After, at most MAX_BACKOFF_S): the error the client gets if no other engine
+        answers."""
+        error_bytes = b""
+        with contextlib.suppress(UpstreamFailure):
+            error_bytes = await upstream.read_all()
+        self.upstream_error(state.endpoint.name, f"http_{upstream.status}")
+        self.upstreams.failed(state)
+        error = engine_error(upstream.status, error_bytes, upstream.head.headers)
+        if upstream.status == 429:
+            wait_s = DEFAULT_BACKOFF_S if error.retry_after_s is None else error.retry_after_s
+            self.upstreams.backed_off(state, min(wait_s, MAX_BACKOFF_S))
+        return error
+
+    async def _relay(self, exchange: ServerExchange, flight: Flight, state: EndpointState,
+                     upstream: UpstreamBody, req: PreparedRequest) -> None:
+        """Relay the engine's answer and tell outlier detection how it went, however the relay
+        ends (a stall or a broken body raises). A non-streamed answer the engine broke (cut
+        short, not JSON) reached the client in no part: another endpoint may try it. A
+        timeout is not retried: the engine may still be working on it. A client that left
+        says nothing of the engine: no success to end its run of failures."""
+        answered = False
+        try:
+            await self.relay(exchange, flight, upstream, engine=state.endpoint.name,
+                             stream=req.stream, client_wants_usage=req.client_wants_usage,
+                             headers=flight.response_headers())
+            answered = True
+        except UpstreamError as exc:
+            if flight.engine_failed and not req.stream \
+                    and not isinstance(exc, UpstreamTimeoutError):
+                raise _RetryableError(exc) from None
+            raise
+        finally:
+            if flight.engine_failed:
+                self.upstreams.failed(state)
+            elif answered and flight.http_status != CLIENT_GONE_STATUS:
+                self.upstreams.succeeded(state)
 
     def _timed_out(self, state: EndpointState) -> UpstreamTimeoutError:
         """The attempt ran past the request deadline."""
@@ -216,13 +260,20 @@ def local_resource_error(exc: BaseException) -> str | None:
 
 def forwarded_headers(raw_headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     """The client's `x-*` headers that go on to the engine (not `x-wattgate-*`, which are for
-    the gateway, nor `x-request-id`, which the gateway sets). Most requests carry none, so the
-    loop is one prefix test per header."""
-    out = []
+    the gateway, nor `x-request-id`, which the gateway sets): each made of visible ASCII (a
+    control character or a non-ASCII byte drops the header), the first MAX_FORWARDED_HEADERS
+    of them within MAX_FORWARDED_BYTES. Most requests carry none, so the loop is one prefix
+    test per header."""
+    out: list[tuple[str, str]] = []
+    size = 0
     for name, value in raw_headers:
         if name.startswith(_X_PREFIXES):
             lname = name.lower()
-            if not lname.startswith(b"x-wattgate-") and lname != b"x-request-id":
-                out.append((name.decode("utf-8", "surrogateescape"),
-                            value.decode("utf-8", "surrogateescape")))
+            if lname.startswith(b"x-wattgate-") or lname == b"x-request-id" \
+                    or name.translate(None, _TOKEN) or value.translate(None, _VISIBLE):
+                continue
+            size += len(name) + len(value)
+            if len(out) == MAX_FORWARDED_HEADERS or size > MAX_FORWARDED_BYTES:
+                break
+            out.append((name.decode("ascii"), value.decode("ascii")))
     return out

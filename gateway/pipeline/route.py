@@ -3,11 +3,16 @@
 `eligible` and `context` are pure (live state in, a choice out); `Router` is the shell that
 reads the live endpoint state and the learnt models, and writes back what the choice changed
 (the round-robin counter, the learnt load trace, slo_energy's set of full endpoints).
+
+Whatever the policy, it chooses among the candidates that pass the success weighting
+(gateway.routing.success): an engine with recent failures stays in the running only with
+probability equal to its recent success ratio, so one that fails fast loses its traffic.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.config import GatewayConfig, PrecisionPolicy, Routing
@@ -17,6 +22,7 @@ from gateway.routing import Candidate, RoutingContext, policy_for, select_precis
 from gateway.routing.learner import RoutingModels
 from gateway.routing.models import Curves
 from gateway.routing.slo_energy import next_full
+from gateway.routing.success import admitted
 from gateway.upstreams import EndpointState, Upstreams
 from gateway.vocab import SloClass
 
@@ -59,12 +65,15 @@ def context(req: PreparedRequest, sequence: int, routing: Routing, slo: SloClass
 class Router:
     """Reads the live endpoint state, asks the pure functions above, commits the result."""
 
-    __slots__ = ("_eligible_cache", "clock", "config", "floors", "models", "policy", "quality",
-                 "routing", "slo_energy", "upstreams")
+    __slots__ = ("_eligible_cache", "clock", "config", "draw", "floors", "models", "policy",
+                 "quality", "routing", "slo_energy", "upstreams")
 
     def __init__(self, config: GatewayConfig, upstreams: Upstreams,
-                 models: RoutingModels | None, clock: Callable[[], float]):
+                 models: RoutingModels | None, clock: Callable[[], float],
+                 draw: Callable[[], float] | None = None):
+        """`draw`: uniform numbers in [0, 1) for the success weighting (seeded in tests)."""
         self.config = config
+        self.draw = draw or random.Random().random
         self.routing = routing = config.routing
         self.upstreams = upstreams
         self.models = models
@@ -99,11 +108,28 @@ class Router:
             return states[0]
         sequence = self.upstreams.next_sequence(req.model)
         if not self.slo_energy or models is None:
-            return states[self.policy(candidates, context(req, sequence, self.routing, None,
-                                                          None))]
-        ctx = context(req, sequence, self.routing, self.config.slo(slo_class), models.curves())
-        return states[self.policy(candidates, self._with_full(models, req.model, slo_class,
-                                                              candidates, ctx))]
+            ctx = context(req, sequence, self.routing, None, None)
+        else:  # the full set follows every candidate's load, chosen or not
+            ctx = self._with_full(models, req.model, slo_class, candidates,
+                                  context(req, sequence, self.routing,
+                                          self.config.slo(slo_class), models.curves()))
+        kept = self._weighed(states)
+        if kept is not None:
+            states = [states[i] for i in kept]
+            if len(states) == 1:
+                return states[0]
+            candidates = [candidates[i] for i in kept]
+        return states[self.policy(candidates, ctx)]
+
+    def _weighed(self, states: Sequence[EndpointState]) -> list[int] | None:
+        """The indices of `states` the success weighting keeps; None (all of them, no draw)
+        when none has a recent failure, the usual case."""
+        now = self.upstreams.clock()  # the clock the outcomes were recorded on
+        tau_s = self.upstreams.tau_s
+        ratios = [s.recent.ratio(now, tau_s) for s in states]
+        if min(ratios) >= 1.0:
+            return None
+        return admitted(ratios, self.draw, self.routing.success_floor)
 
     def _eligible(self, healthy: Sequence[EndpointState], req: PreparedRequest,
                   precision: str | None, policy: PrecisionPolicy, slo_class: str

@@ -29,6 +29,10 @@ pytestmark = pytest.mark.timeout(90)
 # failures a gateway may answer without retrying elsewhere (the engine may be working on it)
 UNRETRIED = {"hang-head": ("upstream_timeout",), "bad-status": ("upstream_protocol_error",)}
 TIMEOUTS = {"connect_s": 2, "first_byte_s": 1.0, "read_s": 2, "total_s": 30}
+# the success weighting off (floor 1: every endpoint always in the running), so that round
+# robin alone decides which requests reach the failing engine (tests/faults/
+# test_failing_peers.py has the two together)
+ROUND_ROBIN = {"policy": "round_robin", "success_floor": 1.0}
 
 
 def _healthy_gauge(text: str, engine: str) -> float:
@@ -49,7 +53,7 @@ async def test_failing_engine_is_ejected_after_5_consecutive_failures_while_the_
     async with fault_engine(FaultEngine(default=mode)) as bad, \
             fault_engine(FaultEngine()) as good:
         config = make_config([ep(bad, "bad"), ep(good, "good")], timeouts=TIMEOUTS,
-                             routing={"policy": "round_robin"},
+                             routing=ROUND_ROBIN,
                              retries={"max_attempts": 3, "deadline_s": 10})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
             for i in range(16):
@@ -80,7 +84,7 @@ async def test_at_most_max_ejection_percent_of_a_pool_is_ejected() -> None:
     async with fault_engine(bads[0]), fault_engine(bads[1]), fault_engine(bads[2]), \
             fault_engine(FaultEngine()) as good:
         eps = [ep(b, f"b{i}") for i, b in enumerate(bads)] + [ep(good, "good")]
-        config = make_config(eps, timeouts=TIMEOUTS, routing={"policy": "round_robin"},
+        config = make_config(eps, timeouts=TIMEOUTS, routing=ROUND_ROBIN,
                              outlier_detection={"consecutive_failures": 5, "base_ejection_s": 30,
                                                 "max_ejection_s": 300,
                                                 "max_ejection_percent": 50})
@@ -124,7 +128,7 @@ async def test_ejection_lasts_base_ejection_s_times_the_number_of_ejections() ->
     bad = FaultEngine(default="500-text")
     async with fault_engine(bad), fault_engine(FaultEngine()) as good:
         config = make_config([ep(bad, "bad"), ep(good, "good")], timeouts=TIMEOUTS,
-                             routing={"policy": "round_robin"},
+                             routing=ROUND_ROBIN,
                              outlier_detection={"consecutive_failures": 5, "base_ejection_s": 1,
                                                 "max_ejection_s": 300,
                                                 "max_ejection_percent": 50})

@@ -123,7 +123,9 @@ async def test_no_healthy_endpoint_is_503_and_upstream_timeout_is_504() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     records: list[RequestRecord] = []
     async with fake_engine(FakeEngine(model="m")) as eng:
-        cfg = make_config([ep(dead)], retries={"max_attempts": 2, "deadline_s": 2})
+        # panic off: with it, routing would try the unhealthy engine all the same
+        cfg = make_config([ep(dead)], retries={"max_attempts": 2, "deadline_s": 2},
+                          outlier_detection={"panic_threshold_percent": 0})
         async with running_gateway(cfg, sinks=[records.append]) as gw, aiohttp.ClientSession() as s:
             status, body, _ = await post(s, gw + "/v1/completions", {"model": "m", "prompt": "a"})
             assert status in (502, 503) and "127.0.0.1" not in body.decode()

@@ -2,8 +2,9 @@
 
 It answers like vLLM (streaming and not, chat and completions, usage when asked) unless a fault
 is chosen for the request: by the request header `x-fault: MODE`, else by the next entry of
-`script` (consumed one per completion request), else by `default`. `GET /health` is always 200
-(a hung engine passes its health checks: that is the point), `GET /metrics` is vLLM's text.
+`script` (consumed one per completion request), else by `default`. `GET /health` is 200 while
+`health_ok` (a hung engine passes its health checks: that is the point), else 503; `GET
+/metrics` is vLLM's text.
 
 Modes (FAULTS):
   ok            a normal answer
@@ -17,8 +18,15 @@ Modes (FAULTS):
   big-head      a 200 whose head is 100 KB of headers
   reset         close with RST (SO_LINGER 0) right after reading the request
   reset-mid     stream: `hang_after` token events, then RST
+  hang-body     a 200 head (non-stream: its Content-Length; stream: SSE), then silence
+  trickle       a 200 head, then one byte of the answer every `trickle_s`, never ending
+  short-body    non-stream: a 200 whose body is 40 bytes shorter than its Content-Length,
+                then close (stream: as truncate)
+  garbage       a 200 that is neither JSON nor SSE (stream: text/event-stream, no [DONE])
+  sse-body      the SSE stream of a streamed answer, whether or not one was asked for
 
-Counters: `received` (mode -> completion requests), `health_checks`, `bodies`, `connections`.
+Counters: `received` (mode -> completion requests), `health_checks`, `bodies`, `headers`
+(each completion request's head, names lowercased), `connections`.
 Hung requests stay hung until their connection closes or the engine stops.
 """
 
@@ -36,7 +44,9 @@ from typing import Any
 import orjson
 
 FAULTS = ("ok", "hang-head", "hang-mid", "bad-status", "truncate", "429", "500-text", "503-text",
-          "500-json", "503-json", "big-head", "reset", "reset-mid")
+          "500-json", "503-json", "big-head", "reset", "reset-mid", "hang-body", "trickle",
+          "short-body", "garbage", "sse-body")
+GARBAGE = b"\x00\x01\xfe<html>not an answer {{{\n\n\x7f]]\n\n"
 ENGINE_TEXT_ERROR = "engine exploded: CUDA out of memory (text)"
 ENGINE_JSON_ERROR = "engine exploded: KV cache exhausted (json)"
 ENGINE_429_MESSAGE = "engine rate limit reached, slow down"
@@ -52,11 +62,14 @@ class FaultEngine:
     tokens: int = 4
     itl_s: float = 0.0
     hang_after: int = 2  # token events before hang-mid / truncate / reset-mid strike
+    trickle_s: float = 0.2  # trickle: the pause between bytes
+    health_ok: bool = True  # False: /health answers 503
     port: int = 0
     received: Counter[str] = field(default_factory=Counter)
     health_checks: int = 0
     connections: int = 0  # accepted so far
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[list[tuple[str, str]]] = field(default_factory=list)
     _queue: deque[str] = field(default_factory=deque)
     _open: set[_EngineProtocol] = field(default_factory=set)
     _server: asyncio.Server | None = None
@@ -202,10 +215,11 @@ class _EngineProtocol(asyncio.Protocol):
             return
         lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
         method, target, _ = [*lines[0].split(" ", 2), "", ""][:3]
-        headers = {}
+        pairs = []
         for line in lines[1:]:
             name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+            pairs.append((name.strip().lower(), value.strip()))
+        headers = dict(pairs)
         length = int(headers.get("content-length") or 0)
         if len(self.buf) < end + 4 + length:
             return
@@ -213,11 +227,12 @@ class _EngineProtocol(asyncio.Protocol):
         del self.buf[:end + 4 + length]
         self.busy = True
         self.task = asyncio.get_running_loop().create_task(
-            self._serve(method, target.split("?", 1)[0], headers, body))
+            self._serve(method, target.split("?", 1)[0], headers, body, pairs))
 
-    async def _serve(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+    async def _serve(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                     pairs: list[tuple[str, str]]) -> None:
         try:
-            await self._answer(method, path, headers, body)
+            await self._answer(method, path, headers, body, pairs)
         except (ConnectionError, asyncio.CancelledError):
             return
         self.busy = False
@@ -238,11 +253,14 @@ class _EngineProtocol(asyncio.Protocol):
         self.transport.abort()
         raise ConnectionResetError("reset on purpose")
 
-    async def _answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+    async def _answer(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                      pairs: list[tuple[str, str]]) -> None:
         eng = self.engine
         if method == "GET" and path in ("/health", "/v1/models"):
             eng.health_checks += path == "/health"
-            self._write(response("200 OK", [("Content-Type", "text/plain")], b"ok"))
+            ok = eng.health_ok or path != "/health"
+            self._write(response("200 OK" if ok else "503 Service Unavailable",
+                                 [("Content-Type", "text/plain")], b"ok" if ok else b"down"))
             return
         if method == "GET" and path == "/metrics":
             self._write(response("200 OK", [("Content-Type", "text/plain")],
@@ -255,6 +273,7 @@ class _EngineProtocol(asyncio.Protocol):
             return
         mode = eng.next_mode(headers.get("x-fault"))
         eng.received[mode] += 1
+        eng.headers.append(pairs)
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -280,6 +299,11 @@ class _EngineProtocol(asyncio.Protocol):
             filler = "".join(f"X-Filler-{i}: {'f' * 90}\r\n" for i in range(1024))
             self._write(b"HTTP/1.1 200 OK\r\n" + filler.encode() + b"Content-Length: 2\r\n\r\n{}")
             return
+        if mode in ("hang-body", "trickle", "garbage") or (mode == "short-body" and not stream):
+            await self._broken(mode, chat, n, stream)
+            return
+        if mode == "sse-body":
+            stream = True
         if not stream:
             if eng.itl_s:
                 await asyncio.sleep(eng.itl_s * n)
@@ -289,13 +313,38 @@ class _EngineProtocol(asyncio.Protocol):
         await self._stream(mode, chat, n, bool((req.get("stream_options") or {})
                                                .get("include_usage")))
 
+    async def _broken(self, mode: str, chat: bool, n: int, stream: bool) -> None:
+        """A 200 head, then an answer that is never right: silence, a trickle, a short body,
+        garbage."""
+        answer = b"".join(self.engine.events(chat, n, False)) if stream else \
+            self.engine.whole(chat, n)
+        if mode == "garbage":
+            answer = GARBAGE
+        kind = "text/event-stream" if stream else "application/json"
+        length = len(answer) + (40 if mode == "short-body" else 0)
+        self._write(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\n"
+                    f"Content-Length: {length}\r\n\r\n".encode())
+        if mode == "hang-body":
+            await asyncio.Event().wait()
+        if mode == "trickle":
+            for i in range(len(answer)):
+                self._write(answer[i:i + 1])
+                await asyncio.sleep(self.engine.trickle_s)
+            await asyncio.Event().wait()
+        self._write(answer)
+        if mode == "short-body":
+            assert self.transport is not None
+            self.transport.close()
+            raise ConnectionResetError("short on purpose")
+
     async def _stream(self, mode: str, chat: bool, n: int, usage: bool) -> None:
         eng = self.engine
         self._write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                     b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
         events = eng.events(chat, n, usage)
         for i, event in enumerate(events):
-            if i == eng.hang_after and mode in ("hang-mid", "truncate", "reset-mid"):
+            if i == eng.hang_after and mode in ("hang-mid", "truncate", "reset-mid",
+                                                "short-body"):
                 if mode == "hang-mid":
                     await asyncio.Event().wait()
                 if mode == "reset-mid":
