@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 import pytest
 
+from loadgen.results import answer_status, client_outcome
 from tests.faults.helpers import (
     body,
     endpoints,
@@ -120,6 +121,11 @@ async def test_the_only_engines_429_reaches_the_client_as_a_failure_of_the_engin
             status, raw, headers = await post(s, gw, body())
             assert (status, error_of(raw)["code"]) == (429, ENGINE_429_CODE)
             assert headers["Retry-After"] == "7"
+            # the engine's answer names the engine, so a client (the load generator) grades it
+            # as the gateway records it: the engine's failure, not the gateway's refusal
+            assert headers["x-wattgate-endpoint"] == "only"
+            assert client_outcome("http_429", status, answer_status(
+                status, raw, by_gateway="x-wattgate-endpoint" not in headers)) == "failed"
             status, raw, _ = await post(s, gw, body())  # backed off, but all there is
             assert status == 200 and b"tok" in raw
     assert records[0].status == "upstream_http_429" and records[0].outcome == "failed"
