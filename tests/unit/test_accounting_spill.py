@@ -1,0 +1,108 @@
+"""Records on disk while no accounting child runs (link.py's spill journal): a dead child's
+unacknowledged records and every record shipped until a successor is attached are written to
+the gateway's own journal; the successor's acknowledgement releases them; a gateway that stops
+first leaves them for the next start's recovery; a full disk is retried, never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from gateway.accounting.journal import Journal, recover
+from gateway.accounting.link import RecordLink
+from tests.unit.test_accounting_recorder import FlakyLedger
+from tests.unit.test_record_link import OPENED, child, gateway_end, records, until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def closes(test: Callable[[Path], Awaitable[None]]) -> Callable[[Path], Awaitable[None]]:
+    """Close what the test opened, passed or not (test_record_link's `closes`, with tmp_path)."""
+    @functools.wraps(test)
+    async def run(tmp_path: Path) -> None:
+        try:
+            await test(tmp_path)
+        finally:
+            while OPENED:
+                OPENED.pop()()
+    return run
+
+
+def spill_journal(directory: Path, *, retry_s: float | None = 0.05) -> Journal:
+    journal = Journal(directory, 0.001, owner="gateway-test", fsync=False, retry_s=retry_s)
+    journal.open()
+    OPENED.append(journal.close)
+    return journal
+
+
+def ids_on_disk(directory: Path) -> list[str]:
+    got = recover(directory)
+    got.abandon()
+    return sorted(r.request_id for r in got.records)
+
+
+@closes
+async def test_records_of_a_dead_child_and_after_it_wait_on_disk_until_a_successor_has_them(
+        tmp_path: Path) -> None:
+    recs = records(30)
+    journal = spill_journal(tmp_path)
+    gw: RecordLink = gateway_end()
+    gw.spill_to(journal)
+    ours, theirs = socket.socketpair()
+    gw.attach(ours)
+    for rec in recs[:10]:
+        gw.record(rec)
+    await asyncio.sleep(0.1)  # shipped to a child that never acknowledges
+    theirs.close()  # it dies
+    await until(lambda: not gw.attached, "the dead child's socket let go")
+    for rec in recs[10:]:
+        gw.record(rec)  # no child: shipped to the spill
+    await until(lambda: gw.spilled == 30, "30 records spilled")
+    await until(lambda: journal.records_written == 30, "30 records on disk")
+    journal.close()  # the gateway gone (its lock released): the next start replays them
+    assert ids_on_disk(tmp_path) == sorted(r.request_id for r in recs)
+
+
+@closes
+async def test_a_successor_that_acknowledges_releases_the_spilled_segments(
+        tmp_path: Path) -> None:
+    recs = records(20)
+    journal = spill_journal(tmp_path)
+    gw = gateway_end()
+    gw.spill_to(journal)
+    for rec in recs:
+        gw.record(rec)  # no child yet
+    await until(lambda: journal.records_written == 20, "20 records on disk")
+    intake, ours = await child(FlakyLedger(fail=0))
+    gw.attach(ours)  # the successor: it gets everything held
+    await until(lambda: len(intake.recorder._pending) == 20, "the records in the child")
+    await intake.recorder.stop()  # written: acknowledged
+    await until(lambda: gw.unwritten == 0, "the acknowledgement")
+    await until(lambda: not list(tmp_path.glob("gateway-test.*.jsonl")), "segments deleted")
+    journal.close()
+    assert ids_on_disk(tmp_path) == []
+
+
+@closes
+async def test_a_full_disk_keeps_the_records_and_retries_until_it_writes(
+        tmp_path: Path) -> None:
+    recs = records(5)
+    (tmp_path / "gateway-test.00000000.jsonl").symlink_to("/dev/full")  # writes: ENOSPC
+    journal = spill_journal(tmp_path)
+    gw = gateway_end()
+    gw.spill_to(journal)
+    for rec in recs:
+        gw.record(rec)
+    await until(lambda: journal.failing and journal.failures >= 2, "the write failing")
+    assert journal.records_written == 0 and not journal.failed
+    os.unlink(tmp_path / "gateway-test.00000000.jsonl")  # space again
+    await until(lambda: not journal.failing, "the write retried")
+    assert journal.records_written == 5
+    journal.close()
+    assert ids_on_disk(tmp_path) == sorted(r.request_id for r in recs)
