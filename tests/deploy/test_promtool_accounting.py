@@ -1,0 +1,54 @@
+"""The accounting-availability alerts through promtool: a gateway whose accounting child stays
+down past a minute, and a spill journal that cannot be written, fire; a child restarted within
+the minute and a spill that recovers stay quiet. Skipped where promtool is not installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.test_promtool import PROMTOOL
+from tests.deploy.test_promtool_apportioner import _run
+
+pytestmark = [pytest.mark.timeout(60),
+              pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed")]
+
+
+def test_accounting_unavailable_fires_past_a_minute_and_not_for_a_restart(
+        tmp_path: Path) -> None:
+    # a: down from minute 3, for good (+60 s a minute); b: down 30 s at minute 5, then up
+    series = [
+        ('wattgate_accounting_unavailable_seconds{instance="a"}', "0x3 0+60x10"),
+        ('wattgate_accounting_unavailable_seconds{instance="b"}', "0x5 30 0x8"),
+    ]
+    _run(tmp_path, series, [
+        {"eval_time": "4m", "alertname": "WattgateAccountingUnavailable", "exp_alerts": []},
+        {"eval_time": "6m", "alertname": "WattgateAccountingUnavailable", "exp_alerts": [{
+            "exp_labels": {"severity": "critical", "instance": "a"},
+            "exp_annotations": {
+                "summary": "Gateway a: accounting unavailable for 2m 0s",
+                "description": (
+                    "Its accounting child is down or does not answer (a respawn that keeps "
+                    "failing: out of file descriptors or memory, see the gateway's log). "
+                    "Finished requests wait in the spill journal and are written once a child "
+                    "runs again; bills are not final meanwhile.")}}]},
+    ])
+
+
+def test_spill_failing_fires_after_a_minute(tmp_path: Path) -> None:
+    series = [
+        ('wattgate_accounting_spill_failing{instance="a"}', "0x2 1x6"),
+        ('wattgate_accounting_spill_failing{instance="b"}', "0x2 1 0x6"),
+    ]
+    _run(tmp_path, series, [
+        {"eval_time": "2m", "alertname": "WattgateAccountingSpillFailing", "exp_alerts": []},
+        {"eval_time": "5m", "alertname": "WattgateAccountingSpillFailing", "exp_alerts": [{
+            "exp_labels": {"severity": "critical", "instance": "a"},
+            "exp_annotations": {
+                "summary": "Gateway a: the spill journal cannot be written (disk full?)",
+                "description": (
+                    "Records the accounting child has not written are held in the gateway's "
+                    "memory only (the write is retried every second); a gateway stopped now "
+                    "loses them.")}}]},
+    ])
