@@ -353,4 +353,7 @@ def normalised(config: GatewayConfig) -> dict[str, Any]:
     if config.accounting is not None:
         ledger = data["accounting"]["ledger"]
         ledger["dsn"] = "<set>" if ledger.get("dsn") else ""
+        for _name, meter in data["accounting"]["meters"]:
+            spec = meter["meter"]
+            spec["api_key"] = "<set>" if spec.get("api_key") else ""
     return data
