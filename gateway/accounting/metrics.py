@@ -72,6 +72,9 @@ class ApportionerMetrics:
                                     ["engine"], registry=registry)
         self.meter_resets = Gauge("wattgate_meter_resets", "Counter resets seen", ["engine"],
                                   registry=registry)
+        self.estimated = Counter("wattgate_energy_estimated_joules", "Energy of counter-reset "
+                                 "gaps the ledger holds as an estimate (idle power over the "
+                                 "unread gap), not as measured", ["engine"], registry=registry)
         self.revisions = Counter("wattgate_accounting_revised_intervals", "Intervals "
                                  "re-apportioned because a record arrived late", ["engine"],
                                  registry=registry)
