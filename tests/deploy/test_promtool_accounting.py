@@ -1,6 +1,7 @@
 """The accounting-availability alerts through promtool: a gateway whose accounting child stays
-down past a minute, and a spill journal that cannot be written, fire; a child restarted within
-the minute and a spill that recovers stay quiet. Skipped where promtool is not installed."""
+down past a minute, a spill journal that cannot be written, and energy a counter reset made
+an estimate of fire; a child restarted within the minute, a spill that recovers and an engine
+with nothing estimated stay quiet. Skipped where promtool is not installed."""
 
 from __future__ import annotations
 
@@ -51,4 +52,27 @@ def test_spill_failing_fires_after_a_minute(tmp_path: Path) -> None:
                     "Records the accounting child has not written are held in the gateway's "
                     "memory only (the write is retried every second); a gateway stopped now "
                     "loses them.")}}]},
+    ])
+
+
+def test_estimated_energy_fires_for_the_hour_after_a_bridged_reset(tmp_path: Path) -> None:
+    # e1: a reset's gap of 1,500 J bridged at minute 5 (the counter starts with the process);
+    # e2 never estimates anything
+    series = [
+        ('wattgate_energy_estimated_joules_total{engine="e1", instance="a"}', "0x5 1500x80"),
+        ('wattgate_energy_estimated_joules_total{engine="e2", instance="a"}', "0x85"),
+    ]
+    description = (
+        "Its energy counter restarted while unread (a GPU reset or driver reload, often during "
+        "a gateway outage): the energy from the last reading to the restart is in the ledger "
+        "as idle power over the gap, a floor. /admin/v1/energy-check shows the estimated "
+        "joules.")
+    _run(tmp_path, series, [
+        {"eval_time": "4m", "alertname": "WattgateEnergyEstimated", "exp_alerts": []},
+        {"eval_time": "10m", "alertname": "WattgateEnergyEstimated", "exp_alerts": [{
+            "exp_labels": {"severity": "warning", "engine": "e1"},
+            "exp_annotations": {
+                "summary": "Engine e1: 1.5k J estimated in the last hour, not measured",
+                "description": description}}]},
+        {"eval_time": "80m", "alertname": "WattgateEnergyEstimated", "exp_alerts": []},
     ])

@@ -65,10 +65,13 @@ def _traffic(gw: str, n: int) -> None:
 
 
 def _ledger(tmp: Path) -> tuple[float, float, float]:
-    """(first interval's start, the engine's boundary, joules of its intervals)."""
+    """(the second interval's start, the engine's boundary, joules of the intervals between):
+    the first holds only what followed the first reading, somewhere inside it."""
     with contextlib.closing(sqlite3.connect(tmp / "ledger.db")) as db:
         start_s, energy_j = db.execute(
-            "SELECT MIN(start_s), SUM(energy_j) FROM intervals WHERE engine = 'e0'").fetchone()
+            "SELECT MIN(start_s), SUM(energy_j) FROM intervals WHERE engine = 'e0' AND "
+            "interval_idx > (SELECT MIN(interval_idx) FROM intervals WHERE engine = 'e0')"
+        ).fetchone()
         boundary_s = db.execute(
             "SELECT boundary_s FROM engine_state WHERE engine = 'e0'").fetchone()[0]
     return float(start_s), float(boundary_s), float(energy_j)

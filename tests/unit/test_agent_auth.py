@@ -20,7 +20,7 @@ from engines.meters.agent import build_agent_app
 from engines.meters.base import MeterError
 from engines.meters.registry import MeterSpec, make_meter
 from gateway.accounting.config import parse_accounting
-from gateway.config_fields import ConfigError
+from gateway.errors import ConfigError
 from tests.support.gateway import raw_config
 from tests.support.procs import free_port, running, wattgate_cmd
 
