@@ -26,6 +26,10 @@ class RecorderMetrics:
                                      registry=registry)
         self.pending = Gauge("wattgate_accounting_pending_records", "Records not yet written "
                              "to the ledger", registry=registry)
+        self.journal_failed = Gauge("wattgate_accounting_journal_failed", "1 once the request "
+                                    "journal failed to write (a full disk) and stopped: "
+                                    "records still go to the ledger, unjournalled",
+                                    registry=registry)
 
 
 class LagCollector(Collector):

@@ -1,7 +1,8 @@
 """The accounting-availability alerts through promtool: a gateway whose accounting child stays
-down past a minute, a spill journal that cannot be written, and energy a counter reset made
-an estimate of fire; a child restarted within the minute, a spill that recovers and an engine
-with nothing estimated stay quiet. Skipped where promtool is not installed."""
+down past a minute, a spill journal that cannot be written, energy a counter reset made an
+estimate of, and a request journal that stopped fire; a child restarted within the minute, a
+spill that recovers and an engine with nothing estimated stay quiet. Skipped where promtool
+is not installed."""
 
 from __future__ import annotations
 
@@ -75,4 +76,20 @@ def test_estimated_energy_fires_for_the_hour_after_a_bridged_reset(tmp_path: Pat
                 "summary": "Engine e1: 1.5k J estimated in the last hour, not measured",
                 "description": description}}]},
         {"eval_time": "80m", "alertname": "WattgateEnergyEstimated", "exp_alerts": []},
+    ])
+
+
+def test_journal_failed_fires_at_once(tmp_path: Path) -> None:
+    series = [('wattgate_accounting_journal_failed{instance="a"}', "0x2 1x3"),
+              ('wattgate_accounting_journal_failed{instance="b"}', "0x5")]
+    _run(tmp_path, series, [
+        {"eval_time": "1m", "alertname": "WattgateAccountingJournalFailed", "exp_alerts": []},
+        {"eval_time": "3m", "alertname": "WattgateAccountingJournalFailed", "exp_alerts": [{
+            "exp_labels": {"severity": "warning", "instance": "a"},
+            "exp_annotations": {
+                "summary": "a: the request journal stopped (disk full?)",
+                "description": (
+                    "Records still go to the ledger, but a crash of the gateway and its "
+                    "accounting child now loses up to accounting.flush_s of them. Free the disk "
+                    "and restart the gateway.")}}]},
     ])

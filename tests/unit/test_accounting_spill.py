@@ -1,11 +1,13 @@
 """Records on disk while no accounting child runs (link.py's spill journal): a dead child's
 unacknowledged records and every record shipped until a successor is attached are written to
 the gateway's own journal; the successor's acknowledgement releases them; a gateway that stops
-first leaves them for the next start's recovery; a full disk is retried, never dropped."""
+first leaves them for the next start's recovery; a full disk is retried, never dropped (and
+the accounting child's own journal, which stops on one, says so)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import socket
@@ -13,10 +15,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.accounting.config import JournalConfig
 from gateway.accounting.journal import Journal, recover
 from gateway.accounting.link import RecordLink
+from gateway.accounting.metrics import RecorderMetrics
+from gateway.accounting.recorder import Recorder
+from tests.unit.test_accounting_accuracy import T0_WALL
 from tests.unit.test_accounting_recorder import FlakyLedger
+from tests.unit.test_ledger_sqlite import Clock, make_config
 from tests.unit.test_record_link import OPENED, child, gateway_end, records, until
 
 pytestmark = pytest.mark.timeout(30)
@@ -106,3 +114,28 @@ async def test_a_full_disk_keeps_the_records_and_retries_until_it_writes(
     assert journal.records_written == 5
     journal.close()
     assert ids_on_disk(tmp_path) == sorted(r.request_id for r in recs)
+
+
+async def test_the_childs_journal_on_a_full_disk_says_so_and_the_ledger_still_gets_all(
+        tmp_path: Path) -> None:
+    """The accounting child's own journal (no retry): a write that fails stops it, logged and
+    shown by wattgate_accounting_journal_failed; the records still reach the ledger."""
+    recs = records(8)
+    registry = CollectorRegistry()
+    config = dataclasses.replace(make_config(), journal=JournalConfig(
+        enabled=True, path=str(tmp_path), fsync_s=0.001))
+    ledger = FlakyLedger(fail=0)
+    recorder = Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL),  # type: ignore[arg-type]
+                        metrics=RecorderMetrics(registry))
+    assert recorder.journal is not None
+    recorder.journal.owner = "full"
+    (tmp_path / "full.00000000.jsonl").symlink_to("/dev/full")  # writes: ENOSPC
+    await recorder.replay_journal()
+    assert registry.get_sample_value("wattgate_accounting_journal_failed") == 0.0
+    for rec in recs:
+        recorder.record(rec)
+    journal = recorder.journal
+    await until(lambda: journal.failed, "the journal failing")
+    assert registry.get_sample_value("wattgate_accounting_journal_failed") == 1.0
+    await recorder.stop()
+    assert sorted(r.request_id for r in ledger.requests) == sorted(r.request_id for r in recs)
