@@ -105,6 +105,9 @@ class RecordLink:
         self._spilled_seq = 0  # frames through this one are in the spill journal
         self._release_at: tuple[int, int] | None = None  # (spill segment, seq) to release at
         self.spilled = 0  # records written to the spill journal
+        # Spilled records were forgotten here (past MAX_HELD_RECORDS): no successor gets them
+        # from memory, so the spill is kept for the next start to replay
+        self._keep_spill = False
 
     def spill_to(self, journal: Journal) -> None:
         """Where records go on disk while no child is attached (an open journal)."""
@@ -137,7 +140,7 @@ class RecordLink:
         self._out.clear()
         for _seq, _recs, frame in self._held:
             self._out += frame
-        if self._spill is not None and self._spilled_seq > self._acked:
+        if self._spill is not None and self._spilled_seq > self._acked and not self._keep_spill:
             # what was spilled goes to the new child first: once it is acknowledged, its
             # segments (all before this cut) may go
             self._release_at = (self._spill.cut(), self._spilled_seq)
@@ -232,11 +235,15 @@ class RecordLink:
         self._held.append((self._seq, recs, frame))
         self._held_records += len(recs)
         while self._held_records > MAX_HELD_RECORDS and len(self._held) > 1:
-            _seq, old, _frame = self._held.popleft()
+            old_seq, old, _frame = self._held.popleft()
             self._held_records -= len(old)
             self.forgotten += len(old)
+            spilled = self._spill is not None and old_seq <= self._spilled_seq
+            self._keep_spill |= spilled
             log.error("accounting child has not acknowledged %d records: the oldest %d are "
-                      "no longer held for it", MAX_HELD_RECORDS, len(old))
+                      "no longer held for it%s", MAX_HELD_RECORDS, len(old),
+                      " (they are in the spill journal, which the next start replays)"
+                      if spilled else "")
         if self._sock is not None:
             self._out += frame
             self._flush_out()

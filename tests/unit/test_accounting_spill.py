@@ -13,10 +13,12 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.accounting import link as link_mod
 from gateway.accounting.config import JournalConfig
 from gateway.accounting.journal import Journal, recover
 from gateway.accounting.link import RecordLink
@@ -30,12 +32,13 @@ from tests.unit.test_record_link import OPENED, child, gateway_end, records, unt
 pytestmark = pytest.mark.timeout(30)
 
 
-def closes(test: Callable[[Path], Awaitable[None]]) -> Callable[[Path], Awaitable[None]]:
-    """Close what the test opened, passed or not (test_record_link's `closes`, with tmp_path)."""
+def closes(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Close what the test opened, passed or not (test_record_link's `closes`, with the
+    test's fixtures)."""
     @functools.wraps(test)
-    async def run(tmp_path: Path) -> None:
+    async def run(**fixtures: Any) -> None:
         try:
-            await test(tmp_path)
+            await test(**fixtures)
         finally:
             while OPENED:
                 OPENED.pop()()
@@ -139,3 +142,29 @@ async def test_the_childs_journal_on_a_full_disk_says_so_and_the_ledger_still_ge
     assert registry.get_sample_value("wattgate_accounting_journal_failed") == 1.0
     await recorder.stop()
     assert sorted(r.request_id for r in ledger.requests) == sorted(r.request_id for r in recs)
+
+
+@closes
+async def test_spilled_records_forgotten_in_memory_stay_on_disk_after_a_successor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_HELD_RECORDS the oldest spilled records are no longer in memory, so no
+    successor gets them: their segments are kept for the next start, not released."""
+    monkeypatch.setattr(link_mod, "MAX_HELD_RECORDS", 20)
+    recs = records(30)
+    journal = spill_journal(tmp_path)
+    gw = gateway_end()
+    gw.spill_to(journal)
+    for batch in (recs[:10], recs[10:20], recs[20:]):  # three frames: the first is forgotten
+        for rec in batch:
+            gw.record(rec)
+        await until(lambda n=gw.spilled: gw.spilled == n + 10, "a frame spilled")
+    assert gw.forgotten == 10
+    await until(lambda: journal.records_written == 30, "30 records on disk")
+    intake, ours = await child(FlakyLedger(fail=0))
+    gw.attach(ours)
+    await until(lambda: len(intake.recorder._pending) == 20, "the twenty held, in the child")
+    await intake.recorder.stop()
+    await until(lambda: gw.unwritten == 0, "the acknowledgement")
+    await asyncio.sleep(0.05)
+    journal.close()
+    assert ids_on_disk(tmp_path) == sorted(r.request_id for r in recs)  # all kept
