@@ -114,6 +114,10 @@ class ApportionerChild:
         Gauge("wattgate_accounting_unwritten_records", "Finished requests this gateway holds "
               "that its accounting child has not acknowledged as written to the ledger",
               registry=registry).set_function(lambda: float(self.link.unwritten))
+        Gauge("wattgate_accounting_forgotten_records", "Records no longer held in this "
+              "gateway's memory for its accounting child (past 300,000 unacknowledged): in the "
+              "spill journal where it is on, else lost", registry=registry).set_function(
+            lambda: float(self.link.forgotten))
         Gauge("wattgate_accounting_spill_failing", "1 while writes to the spill journal fail "
               "(a full disk): records not yet in the ledger are then in memory only",
               registry=registry).set_function(
