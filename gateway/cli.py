@@ -70,7 +70,9 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
     # `process`: the child records and apportions; `external`: it records, and an apportioner
     # runs elsewhere; `inline`: no child
     child = (ApportionerChild(config_path, log_level=log_level,
-                              apportion=acct.apportioner == "process")
+                              apportion=acct.apportioner == "process",
+                              spill_dir=Path(acct.journal.directory(acct.ledger))
+                              if acct.journal.enabled else None)
              if acct is not None and acct.enabled and acct.apportioner != "inline" else None)
     if child is not None:
         # Started, and its meters read, before requests are taken: on a new ledger the work

@@ -135,7 +135,9 @@ class Listen:
     header_timeout_s: float = 10.0  # a whole request head, from connect or the last response
     body_timeout_s: float = 30.0  # a whole body, after its head, plus size / min rate:
     body_min_bytes_per_s: float = 65536.0
-    max_connections: int = 4096  # open client connections per process; past it 503
+    # open client connections per process; past it 503. 0: derived from the file-descriptor
+    # limit (gateway/front/fdbudget.py); a value above what the limit allows is lowered
+    max_connections: int = 0
     max_inflight: int = 1024  # requests served at once per process; past it 503
 
 
@@ -324,7 +326,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         accounting=_accounting(root, env, base_dir, models),
         access_log=_access_log(root, base_dir),
         metrics_key_sha256=_key(root, "metrics", env),
-        listen=section(root.sub("listen"), Listen, minimums={"port": 0}),
+        listen=section(root.sub("listen"), Listen, minimums={"port": 0, "max_connections": 0}),
         routing=_routing(root.sub("routing"), slo_names),
         timeouts=section(root.sub("timeouts"), Timeouts),
         retries=section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0}),
@@ -373,4 +375,7 @@ def normalised(config: GatewayConfig) -> dict[str, Any]:
     if config.accounting is not None:
         ledger = data["accounting"]["ledger"]
         ledger["dsn"] = "<set>" if ledger.get("dsn") else ""
+        for _name, meter in data["accounting"]["meters"]:
+            spec = meter["meter"]
+            spec["api_key"] = "<set>" if spec.get("api_key") else ""
     return data

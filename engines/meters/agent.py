@@ -3,6 +3,10 @@
 Runs on each GPU node (a Kubernetes DaemonSet) so gateways elsewhere can meter engines they
 do not share a host with. GET /v1/energy -> {"timestamp_s", "gpus": [{"index", "energy_j"}]},
 the same document the simulated engine serves, read by the `agent` meter kind.
+It binds 127.0.0.1 unless `--host` says otherwise. With a key (`--api-key`, or the
+WATTGATE_AGENT_API_KEY environment variable, which keeps it out of `ps`), /v1/energy and
+/metrics answer only `Authorization: Bearer <key>` (else 401, a JSON error); /health
+(liveness) and /ready (the counters can be read: 200 or 503, no numbers) stay open.
 `--fake-replay FILE` serves recorded counters instead of NVML: JSON lines
 {"t_s": seconds since start, "gpus": [{"index", "energy_j"}]}, linearly interpolated in time
 and held at the last line, for tests and demos on machines without GPUs.
@@ -12,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
+import hmac
+import ipaddress
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +32,11 @@ from engines.meters.base import MeterError
 from engines.meters.nvml import NvmlMeter
 
 Source = Callable[[], tuple[float, list[tuple[int, float]]]]
+KEY_ENV = "WATTGATE_AGENT_API_KEY"
+OPEN_PATHS = frozenset({"/health", "/ready"})  # probes: no key, no numbers
+_UNAUTHORIZED = orjson.dumps({"error": {
+    "message": "this agent needs its API key: Authorization: Bearer <key>",
+    "type": "authentication_error", "param": None, "code": "invalid_api_key"}})
 
 
 class ReplaySource:
@@ -86,7 +98,26 @@ def nvml_source(gpus: Sequence[int] | None) -> Source:
     return read
 
 
-def build_agent_app(source: Source) -> web.Application:
+def _key_guard(api_key: str) -> Callable[..., Any]:
+    """Middleware: every path but the probes needs `Authorization: Bearer <api_key>`."""
+    want = hashlib.sha256(f"Bearer {api_key}".encode()).digest()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            got = hashlib.sha256(request.headers.get("Authorization", "").encode()).digest()
+            if not hmac.compare_digest(got, want):
+                return web.Response(status=401, body=_UNAUTHORIZED,
+                                    content_type="application/json",
+                                    headers={"WWW-Authenticate": "Bearer"})
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return guard
+
+
+def build_agent_app(source: Source, api_key: str = "") -> web.Application:
+    """The agent's routes over `source`; with `api_key`, all but the probes need it."""
     # An NVML read blocks: ~10-100 us per GPU on bare metal, 2.4 ms median and 16 ms p99 per
     # call in a sandboxed H200 (bench/results/gpu_energy.md). Reads run in a worker thread so
     # health checks and other scrapes are not held up, and one at a time: the meter's reset
@@ -109,6 +140,13 @@ def build_agent_app(source: Source) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    async def ready(_: web.Request) -> web.Response:
+        try:
+            await read()
+        except MeterError:
+            return web.Response(status=503, text="energy counters unavailable")
+        return web.Response(text="ok")
+
     async def metrics(_: web.Request) -> web.Response:
         """Prometheus text: each GPU's cumulative energy counter, for the ServiceMonitor."""
         try:
@@ -118,9 +156,10 @@ def build_agent_app(source: Source) -> web.Application:
         return web.Response(text=prometheus_text(gpus),
                             content_type="text/plain", charset="utf-8")
 
-    app = web.Application()
+    app = web.Application(middlewares=[_key_guard(api_key)] if api_key else [])
     app.router.add_get("/v1/energy", energy)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -136,13 +175,24 @@ def _dumps(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 @click.command("agent")
-@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Listen address; 0.0.0.0 serves other hosts (then set a key).")
 @click.option("--port", type=int, default=9400, show_default=True)
+@click.option("--api-key", envvar=KEY_ENV, default="", show_envvar=True,
+              help="Require `Authorization: Bearer <key>` on /v1/energy and /metrics "
+                   "(prefer the environment variable: an argument shows in `ps`).")
 @click.option("--gpus", default="", help="comma-separated GPU indices (default: all)")
 @click.option("--fake-replay", "fake_replay", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None, help="serve recorded counters instead of NVML")
-def agent(host: str, port: int, gpus: str, fake_replay: Path | None) -> None:
+def agent(host: str, port: int, api_key: str, gpus: str, fake_replay: Path | None) -> None:
     """Serve this node's GPU energy counters as JSON at GET /v1/energy."""
     indices = [int(g) for g in gpus.split(",") if g.strip()] or None
     try:
@@ -152,5 +202,8 @@ def agent(host: str, port: int, gpus: str, fake_replay: Path | None) -> None:
         raise click.ClickException(str(exc)) from None
     import uvloop
 
+    if not api_key and not _loopback(host):
+        click.echo(f"wattgate agent: serving {host}:{port} without a key: anyone who reaches "
+                   f"it reads the counters (set {KEY_ENV})", err=True)
     uvloop.install()
-    web.run_app(build_agent_app(source), host=host, port=port, print=None)
+    web.run_app(build_agent_app(source, api_key), host=host, port=port, print=None)

@@ -109,6 +109,11 @@ class ResetTracker:
         """What is added to each raw counter: the energy counted before its resets."""
         return tuple(self._offset)
 
+    def bridge(self, index: int, joules: float) -> None:
+        """Add `joules` to a counter's offset: an estimate of what it spent, unread, before
+        its last reset (the caller says it is an estimate)."""
+        self._offset[index] += joules
+
     def update(self, raw_j: Sequence[float]) -> Tracked:
         out = []
         for i, raw in enumerate(raw_j):

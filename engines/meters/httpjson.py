@@ -8,7 +8,7 @@ engine's idle power.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -36,10 +36,11 @@ def parse_energy_doc(body: bytes, source: str) -> tuple[float | None, dict[int, 
 
 
 async def fetch(session: aiohttp.ClientSession, url: str, client_timeout: aiohttp.ClientTimeout,
-                kind: str) -> bytes:
-    """GET `url`; any failure or non-200 answer is a MeterError naming the meter kind."""
+                kind: str, headers: Mapping[str, str] | None = None) -> bytes:
+    """GET `url`; any failure or non-200 answer is a MeterError naming the meter kind (and
+    not the headers: they may carry a key)."""
     try:
-        async with session.get(url, timeout=client_timeout) as resp:
+        async with session.get(url, timeout=client_timeout, headers=headers) as resp:
             if resp.status != 200:
                 raise MeterError(f"{kind}: GET {url} -> HTTP {resp.status}")
             return await resp.read()
@@ -53,8 +54,11 @@ class HttpJsonMeter:
 
     def __init__(self, kind: str, url: str, path: str, gpus: Sequence[int] | None, *,
                  session: aiohttp.ClientSession | None = None, timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 headers: Mapping[str, str] | None = None):
+        """`headers`: sent with every read (the agent's key); never logged."""
         self.kind = kind
+        self._headers = dict(headers or {})
         self.url = url.rstrip("/") + path
         self.gpus = None if gpus is None else tuple(gpus)
         self._session = session
@@ -66,7 +70,7 @@ class HttpJsonMeter:
     async def read(self) -> EnergyReading:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
-        body = await fetch(self._session, self.url, self._timeout, self.kind)
+        body = await fetch(self._session, self.url, self._timeout, self.kind, self._headers)
         ts, by_index, idle_w = parse_energy_doc(body, self.kind)
         gpus = self.gpus if self.gpus is not None else tuple(sorted(by_index))
         raw = pick_gpus(by_index, gpus, self.kind)

@@ -18,6 +18,7 @@ class MeterSpec:
     url: str = ""
     gpus: tuple[int, ...] = ()  # empty: every GPU the source reports (sim, agent)
     power_model: PowerModel = field(default_factory=PowerModel)  # kind "model" only
+    api_key: str = field(default="", repr=False)  # kind "agent": its `--api-key`, "" none
 
 
 def _nvml(s: MeterSpec) -> Meter:
@@ -33,7 +34,8 @@ def _sim(s: MeterSpec) -> Meter:
 
 
 def _agent(s: MeterSpec) -> Meter:
-    return HttpJsonMeter("agent", s.url, "/v1/energy", s.gpus or None)
+    headers = {"Authorization": f"Bearer {s.api_key}"} if s.api_key else None
+    return HttpJsonMeter("agent", s.url, "/v1/energy", s.gpus or None, headers=headers)
 
 
 def _model(s: MeterSpec) -> Meter:

@@ -50,6 +50,9 @@ class SimState:
     runtime: SimRuntime
     rng: random.Random
     created: int
+    # Subtracted from the counter /sim/energy publishes: POST /sim/reset-counter restarts it
+    # at 0, as a driver reload or GPU reset restarts NVML's (the engine's energy goes on)
+    counter_base_j: float = 0.0
 
 
 STATE = web.AppKey("sim_state", SimState)
@@ -267,7 +270,7 @@ async def sim_energy(request: web.Request) -> web.Response:
     rt = st.runtime
     rt.sync()
     now_s = rt.engine_now()
-    total_j = rt.core.counter_j(now_s)
+    total_j = rt.core.counter_j(now_s) - st.counter_base_j
     gpus = st.deployment.tp
     return _json({
         "timestamp_s": time.time(),
@@ -277,6 +280,16 @@ async def sim_energy(request: web.Request) -> web.Response:
         "idle_power_w_per_gpu": st.deployment.gpu.idle_w,
         "time_scale": rt.time_scale,
     })
+
+
+async def sim_reset_counter(request: web.Request) -> web.Response:
+    """Restart the published energy counter at 0 (a simulated GPU reset); the energy spent
+    so far stays in /sim/stats' `counter_j`."""
+    st = request.app[STATE]
+    rt = st.runtime
+    rt.sync()
+    st.counter_base_j = rt.core.counter_j(rt.engine_now())
+    return _json({"counter_base_j": st.counter_base_j})
 
 
 async def sim_request(request: web.Request) -> web.Response:
@@ -349,6 +362,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/sim/requests", sim_requests)
     app.router.add_get("/sim/requests/{request_id}", sim_request)
     app.router.add_get("/sim/stats", sim_stats)
+    app.router.add_post("/sim/reset-counter", sim_reset_counter)
     return app
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.accounting.coefficients import fit_intervals, fitted
 from gateway.accounting.config import AccountingConfig
-from gateway.accounting.counters import begin_check, unaccounted_j
+from gateway.accounting.counters import DEFAULT_IDLE_W_PER_GPU, begin_check, unaccounted_j
 from gateway.accounting.energy import Boundary
 from gateway.accounting.ledger.base import EngineState, Ledger
 from gateway.accounting.metering import MeteredEngine
@@ -31,7 +31,6 @@ from gateway.accounting.plan import (
 )
 from gateway.accounting.work import interval_index
 
-DEFAULT_IDLE_W_PER_GPU = 80.0  # 60-120 W per GPU holding a CUDA context (docs/architecture.md, "Sources")
 MAX_INTERVALS_PER_STEP = 600  # bounds one catch-up step after a long stop
 REPLICA_STALE_S = 10.0  # a replica not heard from this long (killed) holds nothing back
 # (or four flush windows, when flush_s is long: replicas publish at most once per flush)
@@ -278,8 +277,14 @@ class Apportioner:
         engines: dict[str, Any] = {}
         for name, eng in self.engines.items():
             gap_j = self.unaccounted_j(name)
-            engines[name] = {"unaccounted_j": gap_j, "counter_step_j": eng.counters.step_j,
-                             "alarm": (gap_j or 0.0) > max(eng.counters.step_j, 1e-6)}
+            counters = eng.counters
+            # A reset's unread gap was estimated (or could not be): the ledger's joules are
+            # not all measured, which the check says until this apportioner restarts
+            engines[name] = {"unaccounted_j": gap_j, "counter_step_j": counters.step_j,
+                             "estimated_j": counters.estimated_j,
+                             "estimated_gaps": counters.gaps,
+                             "alarm": (gap_j or 0.0) > max(counters.step_j, 1e-6)
+                             or counters.gaps > 0}
         return {"engines": engines, "leader": self.is_leader}
 
 

@@ -21,6 +21,7 @@
       meters:                 # keyed by endpoint name; endpoints not listed use `model`
         h100-bf16: {kind: sim, url: "http://127.0.0.1:8101", idle_power_w: 80}
         h100-fp8: {kind: nvml, gpus: [0, 1], alpha: 0.06, beta: 1.0}
+        h200-fp8: {kind: agent, url: "http://node-7:9400", api_key_env: AGENT_KEY}
 """
 
 from __future__ import annotations
@@ -191,7 +192,20 @@ def _gpus(r: _Reader) -> tuple[int, ...]:
     return tuple(raw)
 
 
-def _meter(r: _Reader) -> EngineMeterConfig:
+def _agent_key(r: _Reader, env: Mapping[str, str]) -> str:
+    """The agent's key from the variable `api_key_env` names ("" where none is given)."""
+    name = r.get("api_key_env")
+    if name is None:
+        return ""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(r.at("api_key_env"), "must be an environment variable name")
+    value = env.get(name, "")
+    if not value:
+        raise ConfigError(r.at("api_key_env"), f"environment variable {name} is unset")
+    return value
+
+
+def _meter(r: _Reader, env: Mapping[str, str]) -> EngineMeterConfig:
     kind = r.choice("kind", METER_KIND_NAMES)
     url = ""
     if kind in URL_KINDS:
@@ -212,7 +226,8 @@ def _meter(r: _Reader) -> EngineMeterConfig:
             decode_j_per_token=r.number("decode_j_per_token", model.decode_j_per_token,
                                      inclusive=True),
         )
-    spec = MeterSpec(kind=kind, url=url, gpus=_gpus(r), power_model=model)
+    api_key = _agent_key(r, env) if kind == "agent" else ""
+    spec = MeterSpec(kind=kind, url=url, gpus=_gpus(r), power_model=model, api_key=api_key)
     r.finish()
     return EngineMeterConfig(meter=spec, idle_power_w=idle, coefficients=coeffs)
 
@@ -245,7 +260,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
     meters_raw = r.get("meters") or {}
     if not isinstance(meters_raw, Mapping):
         raise ConfigError(r.at("meters"), "must be a mapping of endpoint name -> meter")
-    meters = tuple((str(name), _meter(_Reader(m, f"{r.at('meters')}.{name}")))
+    meters = tuple((str(name), _meter(_Reader(m, f"{r.at('meters')}.{name}"), env))
                    for name, m in meters_raw.items())
     ledger = _ledger(r.sub("ledger"), env)
     cfg = AccountingConfig(

@@ -10,6 +10,14 @@ with the engine's ledger state (`CounterState`, written with every apportioner c
 clean stop), and a restarted gateway continues the same series: the downtime is charged what
 the counters grew by, and a counter that restarted meanwhile is a reset like one seen live.
 
+A counter that restarted between two readings (live, or while no gateway ran) counted only
+what it spent since its restart; what it spent from the earlier reading to the restart went
+unread. That gap is bridged with an estimate, never left at 0 J silently: the engine's idle
+power times the time between the readings, less what the restarted counters show (a floor:
+an engine busy in the gap spent more; `gap_estimate_j`). The estimate joins the series (an
+offset, stored with the others) so the ledger charges the gap, and it is counted in
+`estimated_j`, which the energy check reports and alarms on.
+
 The check: `metered_j` adds up the counters' growth reading by reading (over a restart, from
 the stored raw counters to the first new ones) apart from the series the apportioner
 interpolates and may re-base, and what the ledger apportioned plus what waits to be
@@ -29,6 +37,7 @@ from engines.meters.base import ResetTracker
 log = logging.getLogger("wattgate.accounting")
 
 STEP_WINDOW = 64  # readings over which the largest counter step is kept
+DEFAULT_IDLE_W_PER_GPU = 80.0  # 60-120 W per GPU holding a CUDA context (docs/architecture.md, "Sources")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,17 @@ def growth_j(before: Sequence[float], after: Sequence[float]) -> float:
     value restarted in between and has counted `after` since; what it spent before the
     restart is unknowable and not invented."""
     return math.fsum(a - b if a >= b else a for b, a in zip(before, after, strict=True))
+
+
+def gap_estimate_j(floor_w: float | None, gap_s: float, reset_share: float,
+                   counted_j: float) -> float:
+    """The energy a counter reset hid, as a floor: `floor_w` (the engine's idle power) over
+    the `gap_s` between the readings around it, for the `reset_share` of the engine's GPUs
+    that restarted, less the `counted_j` those counters show since. 0 where no power is
+    known."""
+    if floor_w is None or gap_s <= 0.0:
+        return 0.0
+    return max(0.0, floor_w * reset_share * gap_s - counted_j)
 
 
 def unaccounted_j(metered_j: float, apportioned_j: float, pending_j: float) -> float:
@@ -73,7 +93,8 @@ def begin_check(counters: EngineCounters, apportioned_j: float | None, pending_j
 class EngineCounters:
     """One engine's raw counters -> its cumulative energy in the ledger's series."""
 
-    __slots__ = ("_resume", "_steps", "_tracker", "metered_j", "resumed", "seen_s")
+    __slots__ = ("_resume", "_steps", "_tracker", "estimated_j", "gaps", "metered_j", "resumed",
+                 "seen_s")
 
     def __init__(self, resume: CounterState | None = None):
         self._resume = resume
@@ -82,27 +103,58 @@ class EngineCounters:
         self.seen_s: float | None = None
         self.metered_j: float | None = None
         self.resumed = False  # the series continues one stored in the ledger
+        self.estimated_j = 0.0  # joules of reset gaps bridged by an estimate (this process)
+        self.gaps = 0  # counter resets whose gap was estimated, or could not be
 
-    def update(self, time_s: float, raw_j: Sequence[float]) -> float | None:
+
+    def update(self, time_s: float, raw_j: Sequence[float], *,
+               floor_w: float | None = None) -> float | None:
         """The engine's cumulative joules at `time_s`; None for a reading at or before the
-        last one (stale or repeated: the energy track ignores those too)."""
+        last one (stale or repeated: the energy track ignores those too). `floor_w`: the
+        engine's idle power, for the estimate of a reset's gap."""
         if self.seen_s is not None and time_s <= self.seen_s:
             return None
         tracker = self._tracker
+        since = self.seen_s
         if tracker is None:
             tracker = self._tracker = self._start(raw_j)
             # Over a restart the counters grew from the raw values stored to these.
             before = self._resume.raw_j if self._resume and self.resumed else None
+            since = self._resume.seen_s if self._resume and self.resumed else None
         else:
             before = tracker.last_raw_j
-        values = tracker.update(raw_j)
+        values = math.fsum(tracker.update(raw_j))
         if before is not None:
             step = growth_j(before, raw_j)
+            if since is not None:
+                bridged = self._bridge(tracker, before, raw_j, time_s - since, floor_w)
+                step += bridged
+                values += bridged
             self._steps.append(step)
             if self.metered_j is not None:
                 self.metered_j += step
         self.seen_s = time_s
-        return math.fsum(values)
+        return values
+
+    def _bridge(self, tracker: ResetTracker, before: Sequence[float], raw_j: Sequence[float],
+                gap_s: float, floor_w: float | None) -> float:
+        """Estimate what the counters that restarted since `before` spent unread, add it to
+        their offsets and count it; returns the joules added."""
+        reset = [i for i, (b, a) in enumerate(zip(before, raw_j, strict=True)) if a < b]
+        if not reset:
+            return 0.0
+        counted_j = math.fsum(raw_j[i] for i in reset)
+        est_j = gap_estimate_j(floor_w, gap_s, len(reset) / len(raw_j), counted_j)
+        for i in reset:
+            tracker.bridge(i, est_j / len(reset))
+        self.estimated_j += est_j
+        self.gaps += 1
+        log.warning("energy counters of %d GPU(s) restarted within %.1f s unread: the energy "
+                    "from the last reading to the restart is estimated at %.1f J (%s)",
+                    len(reset), gap_s, est_j,
+                    f"idle power {floor_w:.0f} W" if floor_w is not None
+                    else "no idle power known: 0 J, the gap is unknown")
+        return est_j
 
     def _resume_fits(self, raw_j: Sequence[float]) -> bool:
         return self._resume is not None and len(self._resume.raw_j) == len(raw_j)

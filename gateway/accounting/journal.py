@@ -146,8 +146,14 @@ class Journal:
     """One process's journal: `append` on the event loop, everything else on its thread."""
 
     def __init__(self, directory: Path, fsync_s: float = 0.02, *, owner: str | None = None,
-                 fsync: bool = True):
+                 fsync: bool = True, retry_s: float | None = None):
+        """`retry_s`: a write that fails (a full disk) keeps its records and is tried again
+        this much later, instead of stopping the journal (the gateway's spill, link.py)."""
         self.directory = directory
+        self.retry_s = retry_s
+        self.failing = False  # retrying: the last write failed (a full disk)
+        self.failures = 0  # writes that failed, retried or not
+        self._torn = False  # a failed write may have left half a line: end it before the next
         self.fsync_s = fsync_s
         self.owner = owner or f"{os.getpid()}-{secrets.token_hex(4)}"
         self._fsync = fsync
@@ -248,11 +254,30 @@ class Journal:
                 if stopping:
                     self._close_segment()
             except OSError as exc:
+                self.failures += 1
+                self._torn = True
+                if self._fd is not None:  # reopened by the retry: the path may be mended
+                    with contextlib.suppress(OSError):
+                        os.close(self._fd)
+                    self._fd = None
+                if self.retry_s is not None and not stopping:
+                    if not self.failing:
+                        log.error("request journal in %s cannot write (%s): its records are "
+                                  "kept in memory and the write retried every %.1f s",
+                                  self.directory, exc, self.retry_s)
+                    self.failing = True
+                    self._stop.wait(self.retry_s)
+                    self._work.set()
+                    continue
                 # Serving goes on without the journal: the ledger's own batching still holds.
-                log.error("request journal in %s failed, stopped: %s", self.directory, exc)
+                log.error("request journal in %s failed, stopped (%d records not written): %s",
+                          self.directory, self._queued_records(), exc)
                 self._failed = True
                 self._queue.clear()
                 return
+            if self.failing:
+                log.warning("request journal in %s writes again", self.directory)
+                self.failing = False
             self._delete_released()
             self.cpu_s += time.thread_time() - t0
             if stopping:
@@ -262,20 +287,35 @@ class Journal:
         queue = self._queue
         lines: list[bytes] = []
         count = 0
-        while queue:
-            item = queue.popleft()
+        item: RequestRecord | _Cut | _Encoded | None = None
+        try:
+            while queue:
+                item = queue.popleft()
+                if isinstance(item, _Cut):
+                    self._write(lines, count)
+                    lines, count = [], 0
+                    self._close_segment()
+                    self._segment = item.segment
+                elif isinstance(item, _Encoded):
+                    lines.append(item.lines)
+                    count += item.count
+                else:
+                    lines.append(encode(item))
+                    count += 1
+                item = None
+            self._write(lines, count)
+        except OSError:
+            # Nothing taken is lost: a retry writes it again (a line written twice is harmless,
+            # the ledger keeps one row per request id)
             if isinstance(item, _Cut):
-                self._write(lines, count)
-                lines, count = [], 0
-                self._close_segment()
-                self._segment = item.segment
-            elif isinstance(item, _Encoded):
-                lines.append(item.lines)
-                count += item.count
-            else:
-                lines.append(encode(item))
-                count += 1
-        self._write(lines, count)
+                queue.appendleft(item)
+            if lines:
+                queue.appendleft(_Encoded(b"".join(lines), count))
+            raise
+
+    def _queued_records(self) -> int:
+        return sum(1 if isinstance(i, RequestRecord) else i.count
+                   for i in self._queue if not isinstance(i, _Cut))
 
     def _write(self, lines: list[bytes], count: int) -> None:
         if not lines:
@@ -285,7 +325,11 @@ class Journal:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             if self._fsync:
                 _fsync_dir(self.directory)
-        os.write(self._fd, b"".join(lines))
+        data = b"".join(lines)
+        if self._torn:
+            data = b"\n" + data  # an empty line is skipped; a torn one ends here
+        os.write(self._fd, data)
+        self._torn = False
         if self._fsync:
             os.fsync(self._fd)
         self.records_written += count

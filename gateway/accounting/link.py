@@ -9,6 +9,13 @@ stays in memory until the child acknowledges that its records are in the ledger;
 child dies, the frames not acknowledged are sent again to its successor (the ledger keeps
 one row per request id, so a frame written twice is harmless).
 
+While no child is attached (it died, or could not be started: the gateway out of file
+descriptors), the records also go to the gateway's own spill journal (journal.py, in the
+accounting journal's directory): on its death the unacknowledged frames, then every frame
+shipped until a successor is attached. The spill's segments are released once the successor
+acknowledged them; a gateway that stops first leaves them, and the next accounting child
+(after a restart) replays them as it replays any dead owner's journal.
+
 Child side (`RecordIntake`): reads frames, hands their records to the child's `Recorder`
 (which journals, ingests and writes them as in a gateway) and acknowledges each frame once
 the records it carried were written.
@@ -38,7 +45,7 @@ from typing import Any, cast
 
 import orjson
 
-from gateway.accounting.journal import decode_values, encode
+from gateway.accounting.journal import Journal, decode_values, encode
 from gateway.accounting.priority import Background
 from gateway.accounting.recorder import Recorder
 from gateway.records import RequestRecord
@@ -94,6 +101,17 @@ class RecordLink:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._acked_event = asyncio.Event()
         self.forgotten = 0  # records dropped past MAX_HELD_RECORDS (the child may have them)
+        self._spill: Journal | None = None
+        self._spilled_seq = 0  # frames through this one are in the spill journal
+        self._release_at: tuple[int, int] | None = None  # (spill segment, seq) to release at
+        self.spilled = 0  # records written to the spill journal
+        # Spilled records were forgotten here (past MAX_HELD_RECORDS): no successor gets them
+        # from memory, so the spill is kept for the next start to replay
+        self._keep_spill = False
+
+    def spill_to(self, journal: Journal) -> None:
+        """Where records go on disk while no child is attached (an open journal)."""
+        self._spill = journal
 
     # --- hot path ---------------------------------------------------------------------------
 
@@ -122,13 +140,21 @@ class RecordLink:
         self._out.clear()
         for _seq, _recs, frame in self._held:
             self._out += frame
+        if self._spill is not None and self._spilled_seq > self._acked and not self._keep_spill:
+            # what was spilled goes to the new child first: once it is acknowledged, its
+            # segments (all before this cut) may go
+            self._release_at = (self._spill.cut(), self._spilled_seq)
         loop.add_reader(sock.fileno(), self._read_acks)
         self._flush_out()
 
     def detach(self) -> None:
+        """Let go of the child's socket; what it has not acknowledged goes to the spill."""
         sock, self._sock = self._sock, None
         if sock is None:
             return
+        for seq, recs, frame in self._held:
+            if seq > self._spilled_seq:
+                self._spill_frame(seq, recs, frame)
         loop = self._loop
         if loop is not None:
             loop.remove_reader(sock.fileno())
@@ -171,8 +197,20 @@ class RecordLink:
             del self._in[:n]
             self._acknowledged(last)
 
+    def _spill_frame(self, seq: int, recs: list[RequestRecord], frame: bytes) -> None:
+        if self._spill is None or not recs:
+            return
+        cut = frame.index(b"\n", _HEAD.size) + 1  # after the watermark line: the records
+        self._spill.append_encoded(frame[cut:], len(recs))
+        self._spilled_seq = seq
+        self.spilled += len(recs)
+
     def _acknowledged(self, seq: int) -> None:
         self._acked = max(self._acked, seq)
+        release = self._release_at
+        if release is not None and seq >= release[1] and self._spill is not None:
+            self._spill.release(release[0])
+            self._release_at = None
         held = self._held
         while held and held[0][0] <= seq:
             self._held_records -= len(held.popleft()[1])
@@ -197,14 +235,20 @@ class RecordLink:
         self._held.append((self._seq, recs, frame))
         self._held_records += len(recs)
         while self._held_records > MAX_HELD_RECORDS and len(self._held) > 1:
-            _seq, old, _frame = self._held.popleft()
+            old_seq, old, _frame = self._held.popleft()
             self._held_records -= len(old)
             self.forgotten += len(old)
+            spilled = self._spill is not None and old_seq <= self._spilled_seq
+            self._keep_spill |= spilled
             log.error("accounting child has not acknowledged %d records: the oldest %d are "
-                      "no longer held for it", MAX_HELD_RECORDS, len(old))
+                      "no longer held for it%s", MAX_HELD_RECORDS, len(old),
+                      " (they are in the spill journal, which the next start replays)"
+                      if spilled else "")
         if self._sock is not None:
             self._out += frame
             self._flush_out()
+        else:
+            self._spill_frame(self._seq, recs, frame)
 
     def _flush_out(self) -> None:
         sock = self._sock
@@ -246,9 +290,11 @@ class RecordLink:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._acked_event.wait(), min(left, 0.1))
         if self._held_records:
+            where = ("; all of them go to the spill journal, which the next start replays"
+                     if self._spill is not None else "")
             log.error("stopping with %d request records the accounting child has not "
-                      "written to the ledger yet (it writes what it received before it stops)",
-                      self._held_records)
+                      "written to the ledger yet (it writes what it received before it "
+                      "stops)%s", self._held_records, where)
         return not self._held_records
 
     # --- reads ----------------------------------------------------------------------------------

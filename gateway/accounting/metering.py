@@ -17,7 +17,7 @@ from engines.meters.model import ModelMeter
 from engines.meters.registry import make_meter
 from gateway.accounting.coefficients import Coefficients, default_for
 from gateway.accounting.config import AccountingConfig, LedgerConfig
-from gateway.accounting.counters import EngineCounters
+from gateway.accounting.counters import DEFAULT_IDLE_W_PER_GPU, EngineCounters
 from gateway.accounting.energy import EnergyTrack
 from gateway.accounting.ledger.base import EngineState, Ledger, LedgerError
 from gateway.accounting.metrics import ApportionerMetrics
@@ -101,17 +101,28 @@ class MeterPoller:
                 continue
             if isinstance(res, BaseException):
                 raise res
+            if eng.idle_power_w is None and res.idle_power_w is not None:
+                eng.idle_power_w = res.idle_power_w
             # The raw counters, not the meter's own monotonic series: the offsets the meter
             # adds live in its process only; ours are kept in the ledger (counters.py).
-            total_j = eng.counters.update(res.timestamp_s, res.raw_j or res.energy_j)
+            estimated_j = eng.counters.estimated_j
+            total_j = eng.counters.update(res.timestamp_s, res.raw_j or res.energy_j,
+                                          floor_w=self._floor_w(eng))
             if total_j is None:
                 continue  # stale or repeated reading
             eng.track.add(res.timestamp_s, total_j, estimated=res.estimated)
-            if eng.idle_power_w is None and res.idle_power_w is not None:
-                eng.idle_power_w = res.idle_power_w
             if self.metrics:
-                self.metrics.meter_resets.labels(eng.info.name).set(
-                    eng.counters.resets + eng.track.resets)
+                name = eng.info.name
+                self.metrics.meter_resets.labels(name).set(eng.counters.resets + eng.track.resets)
+                self.metrics.estimated.labels(name).inc(eng.counters.estimated_j - estimated_j)
+
+    @staticmethod
+    def _floor_w(eng: MeteredEngine) -> float:
+        """The power a reset's gap is estimated at: the engine's idle power (configured, its
+        meter's, or fitted), else the default per GPU."""
+        if eng.idle_power_w is not None:
+            return eng.idle_power_w
+        return DEFAULT_IDLE_W_PER_GPU * eng.info.gpus
 
     async def _resume_counters(self) -> None:
         """Before the first reading: continue each engine's counters where the ledger's

@@ -26,6 +26,10 @@ class RecorderMetrics:
                                      registry=registry)
         self.pending = Gauge("wattgate_accounting_pending_records", "Records not yet written "
                              "to the ledger", registry=registry)
+        self.journal_failed = Gauge("wattgate_accounting_journal_failed", "1 once the request "
+                                    "journal failed to write (a full disk) and stopped: "
+                                    "records still go to the ledger, unjournalled",
+                                    registry=registry)
 
 
 class LagCollector(Collector):
@@ -72,6 +76,9 @@ class ApportionerMetrics:
                                     ["engine"], registry=registry)
         self.meter_resets = Gauge("wattgate_meter_resets", "Counter resets seen", ["engine"],
                                   registry=registry)
+        self.estimated = Counter("wattgate_energy_estimated_joules", "Energy of counter-reset "
+                                 "gaps the ledger holds as an estimate (idle power over the "
+                                 "unread gap), not as measured", ["engine"], registry=registry)
         self.revisions = Counter("wattgate_accounting_revised_intervals", "Intervals "
                                  "re-apportioned because a record arrived late", ["engine"],
                                  registry=registry)

@@ -60,6 +60,11 @@ class Recorder:
         self._journal_ingested = 0  # records of journal segments below this are ingested
         self.records_written = 0  # records whose rows are in the ledger, in recording order
         self.on_written: Callable[[int], None] | None = None  # told `records_written` per flush
+        if metrics is not None and self.journal is not None:
+            journal = self.journal
+            # A journal that failed (a full disk) stopped: records still reach the ledger,
+            # but a crash now loses the flush window; say so
+            metrics.journal_failed.set_function(lambda: float(journal.failed))
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """Where to learn the wall-clock arrival of the oldest request still being served

@@ -7,12 +7,19 @@ is probed every PROBE_EVERY_S with a deadline, and after PROBE_MISSES misses in 
 taken for dead, its process group SIGKILLed and restarted with the same back-off. While a
 probe or a read has just gone unanswered, the gateway's /metrics and /energy-check do not wait
 for the child: its series are left out and `wattgate_apportioner_up` says why.
+
+The gateway's own shortage of file descriptors (or memory) is not the child's fault: a probe
+that fails with EMFILE/ENFILE/ENOMEM/ENOBUFS tells nothing about the child and is not counted
+as a miss; a spawn that fails so is logged at once and tried again with the same back-off.
+While no child runs, the records go to the link's spill journal (link.py), and
+`wattgate_accounting_unavailable_seconds` says for how long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -30,6 +37,7 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.accounting.config import CHILD_NICE
+from gateway.accounting.journal import Journal
 from gateway.accounting.link import RecordLink
 
 log = logging.getLogger("wattgate.apportioner")
@@ -44,12 +52,28 @@ PROBE_EVERY_S = 2.0  # the child's /healthz is asked this often
 PROBE_TIMEOUT_S = 1.0  # and must answer within this
 PROBE_MISSES = 3  # misses in a row after which the child is killed and restarted
 TOKEN_ENV = "WATTGATE_APPORTIONER_TOKEN"  # the child's bearer token for this gateway's reads
+SPILL_RETRY_S = 1.0  # a spill write that failed (a full disk) is tried again this often
+# This process out of descriptors or memory: says nothing about the child
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+UNKNOWN = "unknown"  # a probe that could not be made
+
+
+def out_of_resources(exc: BaseException) -> bool:
+    """`exc` is this process's own shortage of descriptors or memory."""
+    return isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS
 
 
 class ApportionerChild:
     def __init__(self, config_path: str, *, log_level: str | None = None,
-                 command: Sequence[str] | None = None, apportion: bool = True):
+                 command: Sequence[str] | None = None, apportion: bool = True,
+                 spill_dir: Path | None = None):
+        """`spill_dir`: the accounting journal's directory, where records wait while no
+        child runs (None: they wait in memory only)."""
         self.config_path = config_path
+        self._spill_dir = spill_dir
+        self._spill: Journal | None = None
+        self._port: int | None = None  # the child's, once read from its port file
+        self._down_since: float | None = None  # monotonic; None while a child answers
         self.apportion = apportion  # False: it only records (`accounting.apportioner: external`)
         # `python -m wattgate_cli`: the same interpreter and install as this gateway
         self._command = list(command or (sys.executable, "-m", "wattgate_cli"))
@@ -84,6 +108,30 @@ class ApportionerChild:
         self._up = Gauge("wattgate_apportioner_up", "1 while the apportioner child process "
                          "runs and answers its liveness probe", registry=registry)
         self._up.set(1.0 if self.pid is not None else 0.0)
+        Gauge("wattgate_accounting_unavailable_seconds", "How long this gateway's accounting "
+              "child has been down or unanswering (0 while it answers); meanwhile records wait "
+              "in the spill journal", registry=registry).set_function(self.unavailable_s)
+        Gauge("wattgate_accounting_unwritten_records", "Finished requests this gateway holds "
+              "that its accounting child has not acknowledged as written to the ledger",
+              registry=registry).set_function(lambda: float(self.link.unwritten))
+        Gauge("wattgate_accounting_forgotten_records", "Records no longer held in this "
+              "gateway's memory for its accounting child (past 300,000 unacknowledged): in the "
+              "spill journal where it is on, else lost", registry=registry).set_function(
+            lambda: float(self.link.forgotten))
+        Gauge("wattgate_accounting_spill_failing", "1 while writes to the spill journal fail "
+              "(a full disk): records not yet in the ledger are then in memory only",
+              registry=registry).set_function(
+            lambda: float(self._spill is not None and self._spill.failing))
+
+    def unavailable_s(self) -> float:
+        since = self._down_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _went_down(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        if self._up is not None:
+            self._up.set(0.0)
 
     @property
     def pid(self) -> int | None:
@@ -104,14 +152,26 @@ class ApportionerChild:
 
     async def start(self) -> None:
         self._stopping = False
+        if self._spill_dir is not None and self._spill is None:
+            spill = Journal(self._spill_dir, owner=f"gateway-{os.getpid()}-"
+                            f"{secrets.token_hex(4)}", retry_s=SPILL_RETRY_S)
+            await asyncio.to_thread(spill.open)
+            self._spill = spill
+            self.link.spill_to(spill)
         self._dir = Path(tempfile.mkdtemp(prefix="wattgate-apportioner-"))
         self.port_file = self._dir / "port"
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
             headers={"Authorization": f"Bearer {self._token}"})
-        await self._spawn()
+        try:
+            await self._spawn()
+        except OSError as exc:
+            self._went_down()
+            log.error("could not start the apportioner child (%s): retrying", describe(exc))
         self._watch = asyncio.create_task(self._supervise(), name="wattgate-apportioner-child")
         self._probe = asyncio.create_task(self._liveness(), name="wattgate-apportioner-probe")
+        for task in (self._watch, self._probe):
+            task.add_done_callback(_log_death)
 
     async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -132,6 +192,7 @@ class ApportionerChild:
         finally:
             theirs.close()
         self.link.attach(ours)
+        self._port = None
         self._spawned_at = time.monotonic()
         self._answering = True
         log.info("apportioner child started, pid %d", self.proc.pid)
@@ -142,8 +203,9 @@ class ApportionerChild:
         """Wait until the child serves (it has read the meters); False at the deadline."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._url("/") is not None:
-                return True
+            with contextlib.suppress(OSError):
+                if self._url("/") is not None:
+                    return True
             await asyncio.sleep(0.05)
         return False
 
@@ -151,25 +213,39 @@ class ApportionerChild:
         backoff = BACKOFF_FIRST_S
         while not self._stopping:
             proc = self.proc
-            assert proc is not None
-            started = time.monotonic()
-            rc = await proc.wait()
+            if proc is not None and proc.returncode is None:
+                started = time.monotonic()
+                rc = await proc.wait()
+                if self._stopping:
+                    return
+                self._went_down()
+                if time.monotonic() - started >= HEALTHY_RUN_S:
+                    backoff = BACKOFF_FIRST_S
+                log.error("apportioner child (pid %d) exited with %s; restarting in %.1f s",
+                          proc.pid, rc, backoff)
+            backoff = await self._respawn(backoff)
+
+    async def _respawn(self, backoff_s: float) -> float:
+        """Start a successor, after `backoff_s` and then with a doubling back-off while a
+        spawn fails; returns the back-off for the next death."""
+        while not self._stopping:
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2.0, BACKOFF_MAX_S)
             if self._stopping:
-                return
-            if self._up is not None:
-                self._up.set(0.0)
-            if time.monotonic() - started >= HEALTHY_RUN_S:
-                backoff = BACKOFF_FIRST_S
-            log.error("apportioner child (pid %d) exited with %s; restarting in %.1f s",
-                      proc.pid, rc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2.0, BACKOFF_MAX_S)
-            if self._stopping:
-                return
-            await self._spawn()
+                break
+            try:
+                await self._spawn()
+            except OSError as exc:
+                # out of descriptors (socketpair, the pipes, fork): the records wait in the
+                # spill journal meanwhile
+                log.error("could not start the apportioner child (%s): retrying in %.1f s",
+                          describe(exc), backoff_s)
+                continue
             self.restarts += 1
             if self._restarts_metric is not None:
                 self._restarts_metric.inc()
+            break
+        return backoff_s
 
     async def _liveness(self) -> None:
         misses, pid = 0, -1
@@ -184,6 +260,8 @@ class ApportionerChild:
             if reason is None:
                 misses = 0
                 continue
+            if reason == UNKNOWN:
+                continue  # this gateway is out of descriptors: neither a miss nor an answer
             misses += 1
             self._answering = False
             if misses >= PROBE_MISSES:
@@ -192,7 +270,10 @@ class ApportionerChild:
 
     async def _probe_once(self) -> str | None:
         """None when the child answered /healthz (or is still starting); else why not."""
-        url = self._url("/healthz")
+        try:
+            url = self._url("/healthz")
+        except OSError:
+            return UNKNOWN
         if url is None:
             if time.monotonic() - self._spawned_at < READY_WAIT_S:
                 return None  # starting: it listens once it has read the meters
@@ -206,8 +287,13 @@ class ApportionerChild:
                 if resp.status != 200:
                     return f"/healthz answered {resp.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if out_of_resources(exc):
+                log.warning("could not probe the apportioner child: %s (this gateway's own "
+                            "shortage; not counted as a miss)", describe(exc))
+                return UNKNOWN
             return describe(exc)
         self._answering = True
+        self._down_since = None
         if self._up is not None:
             self._up.set(1.0)
         return None
@@ -215,8 +301,7 @@ class ApportionerChild:
     def _kill_hung(self, proc: asyncio.subprocess.Process, misses: int, reason: str) -> None:
         log.warning("apportioner child (pid %d) missed %d liveness probes in a row (last: "
                     "%s): killing it to restart it", proc.pid, misses, reason)
-        if self._up is not None:
-            self._up.set(0.0)
+        self._went_down()
         # Its whole process group: nothing it started outlives it
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -242,7 +327,10 @@ class ApportionerChild:
                 await proc.wait()
         if self._up is not None:
             self._up.set(0.0)
-        self.link.detach()
+        self.link.detach()  # what the child has not acknowledged goes to the spill
+        if self._spill is not None:
+            await asyncio.to_thread(self._spill.close)
+            self._spill = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -253,14 +341,24 @@ class ApportionerChild:
             self._dir = None
 
     def _url(self, path: str) -> str | None:
-        try:
-            port = int(self.port_file.read_text())
-        except (OSError, ValueError):
-            return None  # starting: not listening yet
-        return f"http://127.0.0.1:{port}{path}"
+        """None while the child is starting; raises OSError where the port file cannot be
+        read for want of descriptors (read once per child: the port does not change)."""
+        if self._port is None:
+            try:
+                self._port = int(self.port_file.read_text())
+            except OSError as exc:
+                if out_of_resources(exc):
+                    raise
+                return None  # starting: not listening yet
+            except ValueError:
+                return None
+        return f"http://127.0.0.1:{self._port}{path}"
 
     async def _get(self, path: str) -> bytes | None:
-        url = self._url(path)
+        try:
+            url = self._url(path)
+        except OSError:
+            return None
         if url is None or self._session is None or not self._answering:
             return None
         try:
@@ -284,6 +382,16 @@ class ApportionerChild:
             return None
         got = orjson.loads(body)
         return got if isinstance(got, dict) else None
+
+
+def _log_death(task: asyncio.Task[None]) -> None:
+    """A supervising task never ends by itself: say so at once if it did."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.critical("%s stopped: %s; accounting is unavailable until the gateway restarts",
+                     task.get_name(), describe(exc), exc_info=exc)
 
 
 def describe(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from aiohttp import web
 
@@ -23,9 +24,11 @@ from gateway.front.aiohttp_errors import (
     safe_handler_factory,
 )
 from gateway.front.connections import FrontConnections
+from gateway.front.fdbudget import max_connections, nofile_limit
 from gateway.front.protocol import FrontProtocol
 from gateway.front.settings import EdgeLimits, FrontSettings
 
+log = logging.getLogger("wattgate.front")
 COMPLETION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 SWEEP_S = 1.0  # how late past a deadline (head, body, keep-alive) a connection may close
 LINGER_S = 1.0
@@ -86,10 +89,16 @@ async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool
     def on_reject(reason: str) -> None:
         rejected.labels(reason).inc()
 
+    nofile = nofile_limit()
+    cap, warning = max_connections(listen.max_connections, nofile, listen.max_inflight,
+                                   len(config.endpoints()))
+    if warning is not None:
+        log.warning("%s", warning)
+    log.info("taking at most %d client connections (file-descriptor limit %d)", cap, nofile)
     limits = EdgeLimits(header_timeout_s=listen.header_timeout_s,
                         body_timeout_s=listen.body_timeout_s,
                         body_min_bytes_per_s=listen.body_min_bytes_per_s,
-                        keepalive_s=listen.keepalive_s, max_connections=listen.max_connections)
+                        keepalive_s=listen.keepalive_s, max_connections=cap)
     settings = FrontSettings(serve=app[PROXY].serve,
                              handoff=safe_handler_factory(aiohttp_server, on_reject),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,

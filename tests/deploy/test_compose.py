@@ -142,9 +142,15 @@ def test_gpu_variant_gives_each_engine_its_own_gpu_and_meters_that_gpu() -> None
     for endpoint, meter in doc["accounting"]["meters"].items():
         assert meter["kind"] == "agent" and urlsplit(meter["url"]).hostname == "agent"
         assert meter["gpus"] == devices[urls[endpoint]], endpoint
+        assert meter["api_key_env"] == "WATTGATE_AGENT_API_KEY", endpoint
     assert "--quantization" in services["vllm-fp8"]["command"]
     agent = services["agent"]
     assert agent["command"][:1] == ["agent"] and "build" in agent
+    # bound beyond loopback only with the key the gateways send
+    assert agent["command"][1:3] == ["--host", "0.0.0.0"]
+    key = agent["environment"]["WATTGATE_AGENT_API_KEY"]
+    assert key and all(services[g]["environment"]["WATTGATE_AGENT_API_KEY"] == key
+                       for g in ("gateway-1", "gateway-2"))
     assert agent["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
 
 

@@ -290,11 +290,33 @@ def test_vllm_deployments_use_the_projects_launch_spec(precision: str) -> None:
     assert [*server["command"], model, *args] == list(spec.serve.argv)
 
 
+def test_agent_binds_every_address_only_with_its_key_which_the_gateways_send() -> None:
+    """The agent is told 0.0.0.0 explicitly (its default is 127.0.0.1) and then requires the
+    key from the wattgate-agent-key Secret; the gateway and apportioner pods get the same key
+    under the variable their agent meters name, and Prometheus scrapes with it."""
+    objs = render("base")
+    agent = find(objs, "DaemonSet", "wattgate-agent")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in agent["containers"][0]["env"]}
+    ref = {"secretKeyRef": {"name": "wattgate-agent-key", "key": "api-key"}}
+    assert env["WATTGATE_AGENT_API_KEY"]["valueFrom"] == ref
+    assert "api-key" in find(objs, "Secret", "wattgate-agent-key")["stringData"]
+    config = yaml.safe_load(find(objs, "ConfigMap", "wattgate-gateway")["data"]["gateway.yaml"])
+    meters = config["accounting"]["meters"].values()
+    assert meters and all(m.get("api_key_env") == "WATTGATE_AGENT_API_KEY" for m in meters
+                          if m["kind"] == "agent")
+    for name in ("wattgate-gateway", "wattgate-apportioner"):
+        pod = find(objs, "Deployment", name)["spec"]["template"]["spec"]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["WATTGATE_AGENT_API_KEY"]["valueFrom"] == ref, name
+    monitor = find(objs, "ServiceMonitor", "wattgate-agent")["spec"]["endpoints"][0]
+    assert monitor["authorization"]["credentials"] == ref["secretKeyRef"]
+
+
 def test_agent_reads_all_gpus_without_taking_one() -> None:
     agent = find(render("base"), "DaemonSet", "wattgate-agent")
     pod = agent["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["args"][:3] == ["agent", "--port", "9400"]
+    assert c["args"][:5] == ["agent", "--host", "0.0.0.0", "--port", "9400"]
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"

@@ -73,7 +73,10 @@ class CounterMeter:
 class Outcome:
     intervals_j: float  # every interval the ledger apportioned for the engine, summed
     shares_idle_j: float  # every share and idle account, summed
-    counter_j: float  # the counter's growth from its first read to the last boundary
+    counter_j: float  # the counter's growth from its first read to the last boundary, plus
+    # the estimates of what its resets hid (counters.py)
+    hidden_j: float  # what the resets hid: from the read before each to the reset itself
+    estimated_j: float  # the estimates of it, both processes together
     downtime_j: float  # what the ledger charged from the last boundary before the stop on
     downtime_truth_j: float  # the counter's growth over that same window
     late: list[dict[str, object]]  # requests that finished in the last 3 s before the stop
@@ -123,12 +126,17 @@ async def scenario(make_ledger: Callable[[], Awaitable[Ledger]], *, seed: int,
             if T0_WALL + stop_at - 3.0 <= r.wall(r.finished_s) < T0_WALL + stop_at]
     hidden_down = math.fsum(truth_at(run, r) - truth_at(run, reads[bisect.bisect_left(reads, r) - 1])
                             for r in resets if stopped <= r)
+    # The ledger holds an estimate of what each reset hid, made by the process that saw it
+    est_first, est_down = (s.engines["e0"].counters.estimated_j for s in (svc, svc2))
     return Outcome(
         intervals_j=math.fsum(i.energy_j for i in intervals),
         shares_idle_j=math.fsum(r[5] for r in usage.energy) + math.fsum(r[4] for r in usage.idle),
-        counter_j=truth_at(run, state.boundary_s) - truth_at(run, first.reads[0]) - hidden,
+        counter_j=(truth_at(run, state.boundary_s) - truth_at(run, first.reads[0]) - hidden
+                   + est_first + est_down),
+        hidden_j=hidden, estimated_j=est_first + est_down,
         downtime_j=math.fsum(i.energy_j for i in intervals if i.interval_idx >= k_stop),
-        downtime_truth_j=truth_at(run, state.boundary_s) - truth_at(run, stopped) - hidden_down,
+        downtime_truth_j=(truth_at(run, state.boundary_s) - truth_at(run, stopped) - hidden_down
+                          + est_down),
         late=[r for r in late if r is not None], services=[svc, svc2],
         unaccounted_j=_gauge(registry, "wattgate_energy_unaccounted_joules"),
         step_j=_gauge(registry, "wattgate_meter_step_joules"))
@@ -158,6 +166,9 @@ def assert_no_energy_lost(out: Outcome) -> None:
     shares or idle accounts; the requests that finished just before the stop are final and
     were charged."""
     assert out.intervals_j == pytest.approx(out.counter_j, rel=1e-9)
+    # a reset's estimate is a floor (0 where the engine was busy after it): never more than
+    # it hid
+    assert 0.0 <= out.estimated_j <= out.hidden_j + 1e-9
     assert out.downtime_j == pytest.approx(out.downtime_truth_j, rel=1e-9)
     assert out.shares_idle_j == pytest.approx(out.intervals_j, rel=1e-9)
     assert abs(out.unaccounted_j) <= 1e-9 * out.counter_j < out.step_j  # the check is quiet

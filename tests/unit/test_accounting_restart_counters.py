@@ -14,6 +14,7 @@ from gateway.accounting.counters import (
     CounterState,
     EngineCounters,
     begin_check,
+    gap_estimate_j,
     growth_j,
     unaccounted_j,
 )
@@ -109,3 +110,24 @@ async def test_a_ledger_without_stored_counters_restarts_as_before_and_begins_th
                          stop_at=12.0, down_s=4.0, while_down=_forget_the_counters)
     assert_no_energy_lost(out)
     await out.services[1].stop()
+
+
+def test_a_reset_while_unread_is_bridged_at_idle_power_and_counted_as_estimated() -> None:
+    stored = CounterState(10.0, (500.0, 500.0), (0.0, 0.0), 0, 1000.0)
+    counters = EngineCounters(stored)
+    # 30 s later GPU 0 has restarted (200 J since), GPU 1 grew by 1200; idle 40 W per engine:
+    # GPU 0's share is 20 W x 30 s = 600 J, of which 200 were counted after the restart
+    total = counters.update(40.0, (200.0, 1700.0), floor_w=40.0)
+    assert counters.estimated_j == 400.0 and counters.gaps == 1
+    assert total == 500.0 + 400.0 + 200.0 + 1700.0
+    assert counters.metered_j == 1000.0 + 200.0 + 1200.0 + 400.0
+    state = counters.state()
+    assert state is not None and state.offset_j == (900.0, 0.0)  # stored with the series
+    assert counters.update(41.0, (220.0, 1750.0), floor_w=40.0) == total + 70.0  # no reset
+    assert counters.gaps == 1
+    # a restarted counter above the floor: nothing invented; no power known: unknown, 0 J
+    assert gap_estimate_j(40.0, 10.0, 1.0, 500.0) == 0.0
+    assert gap_estimate_j(None, 10.0, 1.0, 0.0) == 0.0
+    unknown = EngineCounters(stored)
+    unknown.update(40.0, (200.0, 1700.0))
+    assert unknown.gaps == 1 and unknown.estimated_j == 0.0

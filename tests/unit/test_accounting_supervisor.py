@@ -6,11 +6,15 @@ one runs in tests/integration/test_apportioner_process.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
+import resource
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -154,5 +158,78 @@ async def test_the_up_gauge_drops_when_the_child_stops_answering(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         assert child.restarts == 0  # killed, waiting out its back-off
+    finally:
+        await child.stop()
+
+
+@contextlib.contextmanager
+def out_of_descriptors() -> Iterator[Callable[[], None]]:
+    """This process at its file-descriptor limit (every new descriptor: EMFILE) inside; the
+    function yielded takes again any descriptor freed meanwhile."""
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, old[1]))
+    held: list[int] = []
+
+    def fill() -> None:
+        for _ in range(10_000):  # bounded: the limit is a few descriptors away
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                if exc.errno != errno.EMFILE:
+                    raise
+                break
+    try:
+        fill()
+        yield fill
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+
+
+async def test_a_healthy_child_is_not_killed_for_the_gateways_own_emfile(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(supervisor, "PROBE_EVERY_S", 0.1)
+    monkeypatch.setattr(supervisor, "PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(supervisor, "READY_WAIT_S", 0.3)
+    child = ApportionerChild("gw.yaml", command=SERVER)
+    await child.start()
+    try:
+        first = await wait_pid(child)
+        assert await child.wait_ready(10.0)
+        with caplog.at_level(logging.WARNING, logger="wattgate.apportioner"), \
+                out_of_descriptors() as fill:
+            for _ in range(300):  # 15 probes, 5 times the misses that kill a hung child
+                fill()  # what a probe's closed connection frees is taken again
+                await asyncio.sleep(0.005)
+        assert child.pid == first and alive(first) and child.restarts == 0
+        assert "not counted as a miss" in caplog.text
+        assert "killing it" not in caplog.text
+    finally:
+        await child.stop()
+
+
+async def test_a_respawn_that_fails_for_want_of_descriptors_is_retried_and_logged(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(supervisor, "BACKOFF_FIRST_S", 0.1)
+    monkeypatch.setattr(supervisor, "BACKOFF_MAX_S", 0.2)
+    registry = CollectorRegistry()
+    child = ApportionerChild("gw.yaml", command=SLEEPER)
+    child.register(registry)
+    await child.start()
+    try:
+        first = await wait_pid(child)
+        with caplog.at_level(logging.ERROR, logger="wattgate.apportioner"), \
+                out_of_descriptors():
+            os.kill(first, signal.SIGKILL)
+            await asyncio.sleep(1.0)
+            assert child.pid is None
+            down_s = registry.get_sample_value("wattgate_accounting_unavailable_seconds")
+        assert caplog.text.count("could not start the apportioner child") >= 2
+        assert "Too many open files" in caplog.text
+        assert down_s is not None and down_s >= 0.5
+        assert registry.get_sample_value("wattgate_apportioner_up") == 0.0
+        second = await wait_pid(child, not_pid=first)  # descriptors again: started
+        assert second != first and child.restarts == 1
     finally:
         await child.stop()
