@@ -1,0 +1,169 @@
+"""Run one documented shell block as pasted, in one bash (so `kill %1` finds its job), in a copy
+of the repository, and say which command failed.
+
+- Each command must exit 0 within COMMAND_S (the `timeout 60` of the rule); the first that does
+  not ends the block.
+- A command that ends with `&` is a background job, and so is a server written in the
+  foreground (`wattgate serve`, `sim`, `sim fleet`, `demo --serve`, `loadgen selftest-engine`:
+  they run until stopped, so the block runs it as `{ COMMAND\n} &`). Every job must be up once
+  the block's commands have run: alive, and it or a process it started listening on a TCP
+  port that answers HTTP. Then each gets SIGTERM and it and everything it started must be gone
+  within STOP_S.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support import proc_tree
+from tests.support.doc_commands import Command, complete
+
+COMMAND_S = 60.0
+READY_S = 60.0
+STOP_S = 30.0
+SERVES = re.compile(r"\bwattgate\s+(serve|sim|demo\b.*\s--serve|loadgen\s+selftest-engine)\b")
+_MARKS_VAR = "WG_DOC_MARKS"
+_PRELUDE = f'__wg_mark() {{ printf "%s\\n" "$*" >> "${_MARKS_VAR}"; }}\n'
+
+
+@dataclass
+class Marks:
+    """What the script wrote about itself: commands started and ended, the jobs it left."""
+    started: dict[int, float] = field(default_factory=dict)
+    ended: dict[int, int] = field(default_factory=dict)
+    jobs: list[int] | None = None
+
+
+def serves_in_foreground(cmd: Command) -> bool:
+    return bool(SERVES.search(" ".join(cmd.words))) and not cmd.has_job
+
+
+def script(commands: list[Command]) -> str:
+    parts = [_PRELUDE]
+    for i, cmd in enumerate(commands):
+        text = f"{{ {cmd.text}\n}} &" if serves_in_foreground(cmd) else cmd.text
+        parts.append(f"__wg_mark start {i}\n{text}\n__wg_rc=$?; __wg_mark end {i} $__wg_rc\n"
+                     f'[ "$__wg_rc" = 0 ] || {{ __wg_mark jobs $(jobs -p); exit "$__wg_rc"; }}\n')
+    parts.append("__wg_mark jobs $(jobs -p)\nwait\n")
+    return "".join(parts)
+
+
+def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path) -> None:
+    """Run the commands; AssertionError naming the command (and the log's tail) if one fails."""
+    for cmd in commands:
+        if not complete(cmd.text):
+            _fail(f"{cmd.where}: bash cannot parse it", cmd, log)
+    marks_path = cwd / ".doc-marks"
+    (cwd / ".doc-block.sh").write_text(script(commands))
+    with open(log, "wb") as sink:
+        shell = subprocess.Popen(["bash", ".doc-block.sh"], cwd=cwd, stdin=subprocess.DEVNULL,
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**env, _MARKS_VAR: str(marks_path)})
+    seen: set[int] = set()
+    try:
+        marks = _follow(shell, marks_path, commands, log, seen)
+        failed = [i for i, rc in marks.ended.items() if rc != 0]
+        if failed:
+            i = failed[0]
+            _fail(f"{commands[i].where} exited {marks.ended[i]}", commands[i], log)
+        jobs = marks.jobs or []
+        for pid in jobs:
+            seen |= _ready(pid, commands, log)
+        for pid in jobs:
+            proc_tree.terminate(pid)
+        _stopped(shell, seen, log)
+    finally:
+        proc_tree.kill_all(seen | proc_tree.descendants(shell.pid))
+        shell.kill()
+        shell.wait()
+
+
+def _follow(shell: subprocess.Popen[bytes], marks_path: Path, commands: list[Command],
+            log: Path, seen: set[int]) -> Marks:
+    """Wait for the block's commands, each within COMMAND_S; return once they have all run."""
+    marks = Marks()
+    while marks.jobs is None:
+        seen |= proc_tree.descendants(shell.pid)
+        marks = _read_marks(marks_path, marks.started)
+        running = [i for i in marks.started if i not in marks.ended]
+        for i in running:
+            if time.monotonic() - marks.started[i] > COMMAND_S:
+                _fail(f"{commands[i].where} still running after {COMMAND_S:.0f} s",
+                      commands[i], log)
+        if marks.jobs is None and shell.poll() is not None:
+            _fail(f"the block's shell exited {shell.returncode} before its end", None, log)
+        time.sleep(0.1)
+    return marks
+
+
+def _read_marks(path: Path, started: dict[int, float]) -> Marks:
+    """The marks so far; a command's start time is when it was first seen started."""
+    marks = Marks(started=dict(started))
+    if not path.exists():
+        return marks
+    for line in path.read_text().splitlines():
+        kind, *rest = line.split()
+        if kind == "start":
+            marks.started.setdefault(int(rest[0]), time.monotonic())
+        elif kind == "end":
+            marks.ended[int(rest[0])] = int(rest[1])
+        elif kind == "jobs":
+            marks.jobs = [int(p) for p in rest]
+    return marks
+
+
+def _ready(pid: int, commands: list[Command], log: Path) -> set[int]:
+    """Wait until job `pid` listens on a port that answers HTTP; its processes."""
+    deadline = time.monotonic() + READY_S
+    pids = {pid}
+    while time.monotonic() < deadline:
+        pids |= proc_tree.descendants(pid)
+        if not proc_tree.alive(pid):
+            _fail(f"background job {pid} exited before it was up", None, log)
+        if any(_answers_http(port) for port in proc_tree.listening_ports(pids)):
+            return pids
+        time.sleep(0.2)
+    _fail(f"background job {pid} not listening after {READY_S:.0f} s", None, log)
+    return pids
+
+
+def _answers_http(port: int) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+    except OSError:
+        return False
+    finally:
+        conn.close()
+    return True
+
+
+def _stopped(shell: subprocess.Popen[bytes], pids: set[int], log: Path) -> None:
+    deadline = time.monotonic() + STOP_S
+    while time.monotonic() < deadline:
+        if not any(proc_tree.alive(p) for p in pids if p != shell.pid):
+            shell.wait(STOP_S)
+            return
+        time.sleep(0.2)
+    left = sorted(p for p in pids if proc_tree.alive(p) and p != shell.pid)
+    _fail(f"processes {left} still running {STOP_S:.0f} s after SIGTERM", None, log)
+
+
+def _fail(what: str, cmd: Command | None, log: Path) -> None:
+    shown = f"\n$ {cmd.text}" if cmd else ""
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+    raise AssertionError(f"{what}{shown}\n--- output (last 4000 chars) ---\n{tail}")
+
+
+def environment(copy: Path) -> dict[str, str]:
+    """The copy's `.venv/bin` first on PATH (its `wattgate` is this interpreter's), and the
+    copy's code first on the import path."""
+    return {**os.environ, "PATH": f"{copy / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(copy), "PYTHONUNBUFFERED": "1"}
