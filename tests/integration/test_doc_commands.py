@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,11 +48,15 @@ SKIPPED = {
     ("README.md", "make test"): "the whole suite with lint and types: CI (.ci/run) runs it first",
     ("docs/loadgen.md", "--target http://127.0.0.1:8000"):
         "a real engine on :8000 and its tokenizer under /models (docs/real-engines.md)",
+    ("docs/simulator.md", "[--host 127.0.0.1]"): "a synopsis: the [bracketed] options are optional",
+}
+# (doc, text in the command): why it runs past the minute. Each runs BRIEF_S (its options
+# parsed, its targets checked, its load under way) without failing, and is then stopped.
+LONG = {
     ("docs/loadgen.md", "--duration 30 --quality"): "four 30 s arms one after another: 2 minutes",
     ("docs/loadgen.md", "--arm-target int4="): "four 20 s arms one after another: 80 s",
     ("docs/loadgen.md", "--rates 2,4,8,16 --duration 20"): "16 runs of 20 s: over 5 minutes",
     ("docs/loadgen.md", "loadgen sweep"): "8 runs of 20 s: over 2 minutes",
-    ("docs/simulator.md", "[--host 127.0.0.1]"): "a synopsis: the [bracketed] options are optional",
 }
 
 
@@ -61,8 +66,12 @@ def _skipped_block(block: Block) -> bool:
                               for doc, text in SKIPPED_BLOCKS)
 
 
+def _named(cmd: Command, table: dict[tuple[str, str], str]) -> bool:
+    return any(doc == cmd.doc and text in cmd.text for doc, text in table)
+
+
 def _skipped(cmd: Command) -> bool:
-    return gpu_only(cmd) or any(doc == cmd.doc and text in cmd.text for doc, text in SKIPPED)
+    return gpu_only(cmd) or _named(cmd, SKIPPED)
 
 
 def runnable_blocks() -> list[tuple[str, list[Command]]]:
@@ -150,8 +159,9 @@ def test_the_documented_commands_run_as_pasted(cmds: list[Command], tmp_path: Pa
     copy = fresh_copy(tmp_path / "repo", ports)
     env = environment(copy)
     here = [Command(c.doc, c.line, with_ports(c.text, ports)) for c in cmds]
+    brief = frozenset(h for h, c in zip(here, cmds, strict=True) if _named(c, LONG))
     with services(cmds, copy, ports, env):
-        run_block(here, copy, env, tmp_path / "block.log")
+        run_block(here, copy, env, tmp_path / "block.log", brief)
 
 
 def test_every_exception_names_one_documented_command() -> None:
@@ -162,7 +172,7 @@ def test_every_exception_names_one_documented_command() -> None:
                       and text in b.commands()[0].text]
         assert len(blocks_hit) == 1, (doc, text, blocks_hit)
     commands = [c for b in all_blocks for c in b.commands()]
-    for doc, text in SKIPPED:
+    for doc, text in [*SKIPPED, *LONG]:
         hits = [c.where for c in commands if c.doc == doc and text in c.text]
         assert len(hits) == 1, (doc, text, hits)
 
@@ -183,9 +193,10 @@ BROKEN = {
         "doc.md:1 exited 1"),
     "a server that exits at start": (
         ["wattgate serve --config deploy/examples/nothing.yaml &"],
-        "exited before it was up"),
+        "doc.md:1: its background job exited before it was up"),
     "a server written in the foreground that exits at start": (
-        ["wattgate sim fleet deploy/examples/nothing.yaml"], "exited before it was up"),
+        ["wattgate sim fleet deploy/examples/nothing.yaml"],
+        "doc.md:1: its background job exited before it was up"),
     "a `for` whose `done` is missing": (["for i in 1 2; do", "  wattgate --help"],
                                         "doc.md:1: bash cannot parse it"),
     "a command that runs past the minute": (["sleep 5"], "doc.md:1 still running after 1 s"),
@@ -203,3 +214,17 @@ def test_a_broken_documented_command_fails_its_block(case: str, tmp_path: Path,
     block = Block("doc.md", 0, "sh", tuple(lines))
     with pytest.raises(AssertionError, match=re.escape(expected)):
         run_block(block.commands(), copy, environment(copy), tmp_path / "block.log")
+
+
+@pytest.mark.timeout(60)
+def test_a_long_command_is_stopped_after_its_brief_run_and_one_that_fails_early_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.support.block_runner.BRIEF_S", 1.0)
+    copy = fresh_copy(tmp_path / "repo", {p: free_port() for p in EXAMPLE_PORTS})
+    long_one, early = Block("doc.md", 0, "sh", ("sleep 30", "sh -c 'exit 3'")).commands()
+    started = time.monotonic()
+    run_block([long_one], copy, environment(copy), tmp_path / "a.log", frozenset({long_one}))
+    assert time.monotonic() - started < 25  # stopped, not waited for
+    with pytest.raises(AssertionError, match=re.escape("doc.md:2 exited 3")):
+        run_block([long_one, early], copy, environment(copy), tmp_path / "b.log",
+                  frozenset({long_one, early}))

@@ -2,7 +2,8 @@
 of the repository, and say which command failed.
 
 - Each command must exit 0 within COMMAND_S (the `timeout 60` of the rule); the first that does
-  not ends the block.
+  not ends the block. A command the caller names brief (it runs for minutes) must run BRIEF_S
+  without failing, and is then stopped with SIGTERM.
 - A command that ends with `&` is a background job, and so is a server written in the
   foreground (`wattgate serve`, `sim`, `sim fleet`, `demo --serve`, `loadgen selftest-engine`:
   they run until stopped, so the block runs it as `{ COMMAND\n} &`). Every job must be up once
@@ -25,6 +26,7 @@ from tests.support import proc_tree
 from tests.support.doc_commands import Command, complete
 
 COMMAND_S = 60.0
+BRIEF_S = 10.0
 READY_S = 60.0
 STOP_S = 30.0
 SERVES = re.compile(r"\bwattgate\s+(serve|sim|demo\b.*\s--serve|loadgen\s+selftest-engine)\b")
@@ -37,44 +39,57 @@ class Marks:
     """What the script wrote about itself: commands started and ended, the jobs it left."""
     started: dict[int, float] = field(default_factory=dict)
     ended: dict[int, int] = field(default_factory=dict)
+    brief: dict[int, int] = field(default_factory=dict)  # command -> the job running it
     jobs: list[int] | None = None
+    owner: dict[int, int] = field(default_factory=dict)  # job -> the command that started it
 
 
 def serves_in_foreground(cmd: Command) -> bool:
     return bool(SERVES.search(" ".join(cmd.words))) and not cmd.has_job
 
 
-def script(commands: list[Command]) -> str:
+def script(commands: list[Command], brief: set[int]) -> str:
     parts = [_PRELUDE]
     for i, cmd in enumerate(commands):
-        text = f"{{ {cmd.text}\n}} &" if serves_in_foreground(cmd) else cmd.text
+        text, stop_on_error = cmd.text, True
+        if i in brief:  # a job, so that it can be stopped; the block waits for it and goes on
+            text, stop_on_error = f"{{ {cmd.text}\n}} &\n__wg_mark brief {i} $!\nwait $!", False
+        elif serves_in_foreground(cmd):
+            text = f"{{ {cmd.text}\n}} &"
         parts.append(f"__wg_mark start {i}\n{text}\n__wg_rc=$?; __wg_mark end {i} $__wg_rc\n"
-                     f'[ "$__wg_rc" = 0 ] || {{ __wg_mark jobs $(jobs -p); exit "$__wg_rc"; }}\n')
+                     f"__wg_mark after {i} $(jobs -p)\n")
+        if stop_on_error:
+            parts.append('[ "$__wg_rc" = 0 ] || { __wg_mark jobs $(jobs -p); exit "$__wg_rc"; }\n')
     parts.append("__wg_mark jobs $(jobs -p)\nwait\n")
     return "".join(parts)
 
 
-def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path) -> None:
-    """Run the commands; AssertionError naming the command (and the log's tail) if one fails."""
+def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path,
+              brief: frozenset[Command] = frozenset()) -> None:
+    """Run the commands; AssertionError naming the command (and the log's tail) if one fails.
+    A `brief` command runs past the minute: it must run BRIEF_S without failing, and is then
+    stopped (SIGTERM) and the block goes on."""
     for cmd in commands:
         if not complete(cmd.text):
             _fail(f"{cmd.where}: bash cannot parse it", cmd, log)
     marks_path = cwd / ".doc-marks"
-    (cwd / ".doc-block.sh").write_text(script(commands))
+    marks_path.unlink(missing_ok=True)  # another block's marks are not this one's
+    (cwd / ".doc-block.sh").write_text(
+        script(commands, {i for i, c in enumerate(commands) if c in brief}))
     with open(log, "wb") as sink:
         shell = subprocess.Popen(["bash", ".doc-block.sh"], cwd=cwd, stdin=subprocess.DEVNULL,
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**env, _MARKS_VAR: str(marks_path)})
     seen: set[int] = set()
     try:
-        marks = _follow(shell, marks_path, commands, log, seen)
-        failed = [i for i, rc in marks.ended.items() if rc != 0]
+        marks, stopped = _follow(shell, marks_path, commands, log, seen)
+        failed = [i for i, rc in marks.ended.items() if rc != 0 and i not in stopped]
         if failed:
             i = failed[0]
             _fail(f"{commands[i].where} exited {marks.ended[i]}", commands[i], log)
         jobs = marks.jobs or []
         for pid in jobs:
-            seen |= _ready(pid, commands, log)
+            seen |= _ready(pid, commands[marks.owner[pid]], log)
         for pid in jobs:
             proc_tree.terminate(pid)
         _stopped(shell, seen, log)
@@ -85,21 +100,26 @@ def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path
 
 
 def _follow(shell: subprocess.Popen[bytes], marks_path: Path, commands: list[Command],
-            log: Path, seen: set[int]) -> Marks:
-    """Wait for the block's commands, each within COMMAND_S; return once they have all run."""
-    marks = Marks()
+            log: Path, seen: set[int]) -> tuple[Marks, set[int]]:
+    """Wait for the block's commands, each within COMMAND_S, a brief one stopped after BRIEF_S;
+    return once they have all run, with the brief ones stopped."""
+    marks, stopped = Marks(), set()
     while marks.jobs is None:
         seen |= proc_tree.descendants(shell.pid)
         marks = _read_marks(marks_path, marks.started)
         running = [i for i in marks.started if i not in marks.ended]
         for i in running:
-            if time.monotonic() - marks.started[i] > COMMAND_S:
+            ran_s = time.monotonic() - marks.started[i]
+            if i in marks.brief and i not in stopped and ran_s > BRIEF_S:
+                proc_tree.terminate(marks.brief[i])
+                stopped.add(i)
+            if ran_s > COMMAND_S:
                 _fail(f"{commands[i].where} still running after {COMMAND_S:.0f} s",
                       commands[i], log)
         if marks.jobs is None and shell.poll() is not None:
             _fail(f"the block's shell exited {shell.returncode} before its end", None, log)
         time.sleep(0.1)
-    return marks
+    return marks, stopped
 
 
 def _read_marks(path: Path, started: dict[int, float]) -> Marks:
@@ -113,23 +133,29 @@ def _read_marks(path: Path, started: dict[int, float]) -> Marks:
             marks.started.setdefault(int(rest[0]), time.monotonic())
         elif kind == "end":
             marks.ended[int(rest[0])] = int(rest[1])
+        elif kind == "brief":
+            marks.brief[int(rest[0])] = int(rest[1])
+        elif kind == "after":
+            for pid in rest[1:]:
+                marks.owner.setdefault(int(pid), int(rest[0]))
         elif kind == "jobs":
             marks.jobs = [int(p) for p in rest]
     return marks
 
 
-def _ready(pid: int, commands: list[Command], log: Path) -> set[int]:
-    """Wait until job `pid` listens on a port that answers HTTP; its processes."""
+def _ready(pid: int, cmd: Command, log: Path) -> set[int]:
+    """Wait until job `pid` (started by `cmd`) listens on a port that answers HTTP; its
+    processes."""
     deadline = time.monotonic() + READY_S
     pids = {pid}
     while time.monotonic() < deadline:
         pids |= proc_tree.descendants(pid)
         if not proc_tree.alive(pid):
-            _fail(f"background job {pid} exited before it was up", None, log)
+            _fail(f"{cmd.where}: its background job exited before it was up", cmd, log)
         if any(_answers_http(port) for port in proc_tree.listening_ports(pids)):
             return pids
         time.sleep(0.2)
-    _fail(f"background job {pid} not listening after {READY_S:.0f} s", None, log)
+    _fail(f"{cmd.where}: its background job not listening after {READY_S:.0f} s", cmd, log)
     return pids
 
 
