@@ -48,7 +48,6 @@ SKIPPED = {
     ("README.md", "make test"): "the whole suite with lint and types: CI (.ci/run) runs it first",
     ("docs/loadgen.md", "--target http://127.0.0.1:8000"):
         "a real engine on :8000 and its tokenizer under /models (docs/real-engines.md)",
-    ("docs/simulator.md", "[--host 127.0.0.1]"): "a synopsis: the [bracketed] options are optional",
 }
 # (doc, text in the command): why it runs past the minute. Each runs BRIEF_S (its options
 # parsed, its targets checked, its load under way) without failing, and is then stopped.
@@ -195,8 +194,7 @@ BROKEN = {
         ["wattgate serve --config deploy/examples/nothing.yaml &"],
         "doc.md:1: its background job exited before it was up"),
     "a server written in the foreground that exits at start": (
-        ["wattgate sim fleet deploy/examples/nothing.yaml"],
-        "doc.md:1: its background job exited before it was up"),
+        ["wattgate sim fleet deploy/examples/nothing.yaml"], "doc.md:1 exited 2 before it was up"),
     "a `for` whose `done` is missing": (["for i in 1 2; do", "  wattgate --help"],
                                         "doc.md:1: bash cannot parse it"),
     "a command that runs past the minute": (["sleep 5"], "doc.md:1 still running after 1 s"),

@@ -2,14 +2,17 @@
 of the repository, and say which command failed.
 
 - Each command must exit 0 within COMMAND_S (the `timeout 60` of the rule); the first that does
-  not ends the block. A command the caller names brief (it runs for minutes) must run BRIEF_S
-  without failing, and is then stopped with SIGTERM.
-- A command that ends with `&` is a background job, and so is a server written in the
-  foreground (`wattgate serve`, `sim`, `sim fleet`, `demo --serve`, `loadgen selftest-engine`:
-  they run until stopped, so the block runs it as `{ COMMAND\n} &`). Every job must be up once
-  the block's commands have run: alive, and it or a process it started listening on a TCP
-  port that answers HTTP. Then each gets SIGTERM and it and everything it started must be gone
-  within STOP_S.
+  not ends the block.
+- A server written in the foreground (`wattgate serve`, `sim`, `sim fleet`, `demo --serve`,
+  `loadgen selftest-engine`) runs until someone presses Ctrl-C: it must be up within
+  COMMAND_S, is then stopped (SIGTERM), and the block goes on, as a reader would.
+- A command the caller names brief (it runs for minutes) must run BRIEF_S without failing, and
+  is then stopped (SIGTERM); the block goes on.
+- A command that ends with `&` starts a background job. Every job must be up once the block's
+  commands have run, and stays up until then. Then each gets SIGTERM, and it and everything it
+  started must be gone within STOP_S.
+
+Up: alive, and it or a process it started listens on a TCP port that answers HTTP.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from tests.support.doc_commands import Command, complete
 
 COMMAND_S = 60.0
 BRIEF_S = 10.0
-READY_S = 60.0
 STOP_S = 30.0
 SERVES = re.compile(r"\bwattgate\s+(serve|sim|demo\b.*\s--serve|loadgen\s+selftest-engine)\b")
 _MARKS_VAR = "WG_DOC_MARKS"
@@ -39,26 +41,26 @@ class Marks:
     """What the script wrote about itself: commands started and ended, the jobs it left."""
     started: dict[int, float] = field(default_factory=dict)
     ended: dict[int, int] = field(default_factory=dict)
-    brief: dict[int, int] = field(default_factory=dict)  # command -> the job running it
-    jobs: list[int] | None = None
+    held: dict[int, int] = field(default_factory=dict)  # command -> the job it runs as
     owner: dict[int, int] = field(default_factory=dict)  # job -> the command that started it
+    jobs: list[int] | None = None  # set once the block's commands have all run
 
 
 def serves_in_foreground(cmd: Command) -> bool:
     return bool(SERVES.search(" ".join(cmd.words))) and not cmd.has_job
 
 
-def script(commands: list[Command], brief: set[int]) -> str:
+def script(commands: list[Command], held: set[int]) -> str:
+    """The block, each command between marks; a `held` one as a job the block waits for, so
+    that the runner can stop it, and whose end status the runner judges."""
     parts = [_PRELUDE]
     for i, cmd in enumerate(commands):
-        text, stop_on_error = cmd.text, True
-        if i in brief:  # a job, so that it can be stopped; the block waits for it and goes on
-            text, stop_on_error = f"{{ {cmd.text}\n}} &\n__wg_mark brief {i} $!\nwait $!", False
-        elif serves_in_foreground(cmd):
-            text = f"{{ {cmd.text}\n}} &"
+        text = cmd.text
+        if i in held:
+            text = f"{{ {cmd.text}\n}} &\n__wg_mark held {i} $!\nwait $!"
         parts.append(f"__wg_mark start {i}\n{text}\n__wg_rc=$?; __wg_mark end {i} $__wg_rc\n"
                      f"__wg_mark after {i} $(jobs -p)\n")
-        if stop_on_error:
+        if i not in held:
             parts.append('[ "$__wg_rc" = 0 ] || { __wg_mark jobs $(jobs -p); exit "$__wg_rc"; }\n')
     parts.append("__wg_mark jobs $(jobs -p)\nwait\n")
     return "".join(parts)
@@ -66,31 +68,30 @@ def script(commands: list[Command], brief: set[int]) -> str:
 
 def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path,
               brief: frozenset[Command] = frozenset()) -> None:
-    """Run the commands; AssertionError naming the command (and the log's tail) if one fails.
-    A `brief` command runs past the minute: it must run BRIEF_S without failing, and is then
-    stopped (SIGTERM) and the block goes on."""
+    """Run the commands; AssertionError naming the command (and the log's tail) if one fails."""
     for cmd in commands:
         if not complete(cmd.text):
             _fail(f"{cmd.where}: bash cannot parse it", cmd, log)
+    servers = {i for i, c in enumerate(commands) if serves_in_foreground(c)}
+    briefs = {i for i, c in enumerate(commands) if c in brief}
     marks_path = cwd / ".doc-marks"
     marks_path.unlink(missing_ok=True)  # another block's marks are not this one's
-    (cwd / ".doc-block.sh").write_text(
-        script(commands, {i for i, c in enumerate(commands) if c in brief}))
+    (cwd / ".doc-block.sh").write_text(script(commands, servers | briefs))
     with open(log, "wb") as sink:
         shell = subprocess.Popen(["bash", ".doc-block.sh"], cwd=cwd, stdin=subprocess.DEVNULL,
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**env, _MARKS_VAR: str(marks_path)})
     seen: set[int] = set()
     try:
-        marks, stopped = _follow(shell, marks_path, commands, log, seen)
-        failed = [i for i, rc in marks.ended.items() if rc != 0 and i not in stopped]
-        if failed:
-            i = failed[0]
-            _fail(f"{commands[i].where} exited {marks.ended[i]}", commands[i], log)
-        jobs = marks.jobs or []
-        for pid in jobs:
+        marks, stopped = _follow(shell, marks_path, commands, servers, log, seen)
+        for i, cmd in enumerate(commands):
+            if i in servers and i in marks.ended and i not in stopped:
+                _fail(f"{cmd.where} exited {marks.ended[i]} before it was up", cmd, log)
+            if marks.ended.get(i, 0) != 0 and i not in stopped:
+                _fail(f"{cmd.where} exited {marks.ended[i]}", cmd, log)
+        for pid in marks.jobs or []:
             seen |= _ready(pid, commands[marks.owner[pid]], log)
-        for pid in jobs:
+        for pid in marks.jobs or []:
             proc_tree.terminate(pid)
         _stopped(shell, seen, log)
     finally:
@@ -100,18 +101,19 @@ def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path
 
 
 def _follow(shell: subprocess.Popen[bytes], marks_path: Path, commands: list[Command],
-            log: Path, seen: set[int]) -> tuple[Marks, set[int]]:
-    """Wait for the block's commands, each within COMMAND_S, a brief one stopped after BRIEF_S;
-    return once they have all run, with the brief ones stopped."""
+            servers: set[int], log: Path, seen: set[int]) -> tuple[Marks, set[int]]:
+    """Wait for the block's commands, each within COMMAND_S; stop a foreground server once it
+    is up and a brief command after BRIEF_S. Return once all have run, with those stopped."""
     marks, stopped = Marks(), set()
     while marks.jobs is None:
         seen |= proc_tree.descendants(shell.pid)
         marks = _read_marks(marks_path, marks.started)
-        running = [i for i in marks.started if i not in marks.ended]
-        for i in running:
+        for i in [i for i in marks.started if i not in marks.ended]:
             ran_s = time.monotonic() - marks.started[i]
-            if i in marks.brief and i not in stopped and ran_s > BRIEF_S:
-                proc_tree.terminate(marks.brief[i])
+            job = marks.held.get(i)
+            if job is not None and i not in stopped and (
+                    _up(job) if i in servers else ran_s > BRIEF_S):
+                proc_tree.terminate(job)
                 stopped.add(i)
             if ran_s > COMMAND_S:
                 _fail(f"{commands[i].where} still running after {COMMAND_S:.0f} s",
@@ -133,8 +135,8 @@ def _read_marks(path: Path, started: dict[int, float]) -> Marks:
             marks.started.setdefault(int(rest[0]), time.monotonic())
         elif kind == "end":
             marks.ended[int(rest[0])] = int(rest[1])
-        elif kind == "brief":
-            marks.brief[int(rest[0])] = int(rest[1])
+        elif kind == "held":
+            marks.held[int(rest[0])] = int(rest[1])
         elif kind == "after":
             for pid in rest[1:]:
                 marks.owner.setdefault(int(pid), int(rest[0]))
@@ -143,20 +145,23 @@ def _read_marks(path: Path, started: dict[int, float]) -> Marks:
     return marks
 
 
+def _up(pid: int) -> bool:
+    pids = proc_tree.descendants(pid)
+    return proc_tree.alive(pid) and any(_answers_http(port)
+                                        for port in proc_tree.listening_ports(pids))
+
+
 def _ready(pid: int, cmd: Command, log: Path) -> set[int]:
-    """Wait until job `pid` (started by `cmd`) listens on a port that answers HTTP; its
-    processes."""
-    deadline = time.monotonic() + READY_S
-    pids = {pid}
+    """Wait until job `pid` (started by `cmd`) is up; its processes."""
+    deadline = time.monotonic() + COMMAND_S
     while time.monotonic() < deadline:
-        pids |= proc_tree.descendants(pid)
         if not proc_tree.alive(pid):
             _fail(f"{cmd.where}: its background job exited before it was up", cmd, log)
-        if any(_answers_http(port) for port in proc_tree.listening_ports(pids)):
-            return pids
+        if _up(pid):
+            return proc_tree.descendants(pid)
         time.sleep(0.2)
-    _fail(f"{cmd.where}: its background job not listening after {READY_S:.0f} s", cmd, log)
-    return pids
+    _fail(f"{cmd.where}: its background job not up after {COMMAND_S:.0f} s", cmd, log)
+    return set()
 
 
 def _answers_http(port: int) -> bool:
