@@ -32,6 +32,9 @@ from tests.support.block_runner import environment, run_block
 from tests.support.doc_commands import Block, Command, blocks, gpu_only
 from tests.support.procs import REPO, free_port, wait_http
 
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the runner follows the commands' processes in /proc")
+
 EXAMPLE_PORTS = (8080, 8101, 8102, 8103, 8104, 8105)
 GATEWAY_PORT, ENGINE_PORTS = EXAMPLE_PORTS[0], EXAMPLE_PORTS[1:]
 

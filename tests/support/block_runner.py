@@ -81,7 +81,7 @@ def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path
         shell = subprocess.Popen(["bash", ".doc-block.sh"], cwd=cwd, stdin=subprocess.DEVNULL,
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**env, _MARKS_VAR: str(marks_path)})
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # every process the block started: pid -> start time
     try:
         marks, stopped = _follow(shell, marks_path, commands, servers, log, seen)
         for i, cmd in enumerate(commands):
@@ -90,24 +90,29 @@ def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path
             if marks.ended.get(i, 0) != 0 and i not in stopped:
                 _fail(f"{cmd.where} exited {marks.ended[i]}", cmd, log)
         for pid in marks.jobs or []:
-            seen |= _ready(pid, commands[marks.owner[pid]], log)
+            seen.update(_ready(pid, commands[marks.owner[pid]], log))
         for pid in marks.jobs or []:
             proc_tree.terminate(pid)
         _stopped(shell, seen, log)
     finally:
-        proc_tree.kill_all(seen | proc_tree.descendants(shell.pid))
+        proc_tree.kill_all({**seen, **proc_tree.tree(shell.pid)})
         shell.kill()
         shell.wait()
 
 
 def _follow(shell: subprocess.Popen[bytes], marks_path: Path, commands: list[Command],
-            servers: set[int], log: Path, seen: set[int]) -> tuple[Marks, set[int]]:
+            servers: set[int], log: Path, seen: dict[int, int]) -> tuple[Marks, set[int]]:
     """Wait for the block's commands, each within COMMAND_S; stop a foreground server once it
     is up and a brief command after BRIEF_S. Return once all have run, with those stopped."""
     marks, stopped = Marks(), set()
-    while marks.jobs is None:
-        seen |= proc_tree.descendants(shell.pid)
+    while True:
+        exited = shell.poll() is not None  # before the read: then the marks are all there
+        seen.update(proc_tree.tree(shell.pid))
         marks = _read_marks(marks_path, marks.started)
+        if marks.jobs is not None:
+            break
+        if exited:
+            _fail(f"the block's shell exited {shell.returncode} before its end", None, log)
         for i in [i for i in marks.started if i not in marks.ended]:
             ran_s = time.monotonic() - marks.started[i]
             job = marks.held.get(i)
@@ -118,8 +123,6 @@ def _follow(shell: subprocess.Popen[bytes], marks_path: Path, commands: list[Com
             if ran_s > COMMAND_S:
                 _fail(f"{commands[i].where} still running after {COMMAND_S:.0f} s",
                       commands[i], log)
-        if marks.jobs is None and shell.poll() is not None:
-            _fail(f"the block's shell exited {shell.returncode} before its end", None, log)
         time.sleep(0.1)
     return marks, stopped
 
@@ -129,7 +132,8 @@ def _read_marks(path: Path, started: dict[int, float]) -> Marks:
     marks = Marks(started=dict(started))
     if not path.exists():
         return marks
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text[:text.rfind("\n") + 1].splitlines():  # a line still being written waits
         kind, *rest = line.split()
         if kind == "start":
             marks.started.setdefault(int(rest[0]), time.monotonic())
@@ -151,17 +155,17 @@ def _up(pid: int) -> bool:
                                         for port in proc_tree.listening_ports(pids))
 
 
-def _ready(pid: int, cmd: Command, log: Path) -> set[int]:
+def _ready(pid: int, cmd: Command, log: Path) -> dict[int, int]:
     """Wait until job `pid` (started by `cmd`) is up; its processes."""
     deadline = time.monotonic() + COMMAND_S
     while time.monotonic() < deadline:
         if not proc_tree.alive(pid):
             _fail(f"{cmd.where}: its background job exited before it was up", cmd, log)
         if _up(pid):
-            return proc_tree.descendants(pid)
+            return proc_tree.tree(pid)
         time.sleep(0.2)
     _fail(f"{cmd.where}: its background job not up after {COMMAND_S:.0f} s", cmd, log)
-    return set()
+    return {}
 
 
 def _answers_http(port: int) -> bool:
@@ -176,15 +180,16 @@ def _answers_http(port: int) -> bool:
     return True
 
 
-def _stopped(shell: subprocess.Popen[bytes], pids: set[int], log: Path) -> None:
+def _stopped(shell: subprocess.Popen[bytes], procs: dict[int, int], log: Path) -> None:
+    """Every process the block started (but its shell) gone within STOP_S; then the shell."""
     deadline = time.monotonic() + STOP_S
-    while time.monotonic() < deadline:
-        if not any(proc_tree.alive(p) for p in pids if p != shell.pid):
-            shell.wait(STOP_S)
-            return
+    while (left := sorted(p for p, t in procs.items()
+                          if p != shell.pid and proc_tree.alive(p, t))) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = sorted(p for p in pids if proc_tree.alive(p) and p != shell.pid)
-    _fail(f"processes {left} still running {STOP_S:.0f} s after SIGTERM", None, log)
+    if left:
+        _fail(f"processes {left} still running {STOP_S:.0f} s after SIGTERM", None, log)
+    shell.wait(STOP_S)
 
 
 def _fail(what: str, cmd: Command | None, log: Path) -> None:

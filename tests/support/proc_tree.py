@@ -12,13 +12,25 @@ _SHELLS = frozenset({"bash", "sh", "dash"})
 _LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting to be reaped."""
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first); [] when it is gone."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def started_at(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot): with the pid, who it is, since a
+    pid is reused once its process is gone."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def alive(pid: int, started: int | None = None) -> bool:
+    """Running, not a zombie waiting to be reaped (and, given `started`, the same process)."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z" and started in (None, int(fields[19]))
 
 
 def _parents() -> dict[int, int]:
@@ -28,6 +40,16 @@ def _parents() -> dict[int, int]:
             with contextlib.suppress(OSError, IndexError, ValueError):
                 out[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
     return out
+
+
+def tree(pid: int) -> dict[int, int]:
+    """`pid` and every process below it, each with its start time."""
+    found = {}
+    for p in descendants(pid):
+        started = started_at(p)
+        if started is not None:
+            found[p] = started
+    return found
 
 
 def descendants(pid: int) -> set[int]:
@@ -81,7 +103,9 @@ def terminate(pid: int) -> None:
         os.kill(pid, signal.SIGTERM)
 
 
-def kill_all(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def kill_all(procs: dict[int, int]) -> None:
+    """SIGKILL each process of `procs` (pid: start time) still running; not a pid's new owner."""
+    for pid, started in procs.items():
+        if alive(pid, started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
