@@ -1,6 +1,9 @@
 """Every shell command in README.md and docs/*.md that can run on this machine runs as pasted
 (tests/support/doc_commands.py says which blocks hold commands and which are out of scope by
-rule; SKIPPED_BLOCKS and SKIPPED below name the rest, each with its reason).
+rule; SKIPPED_BLOCKS and SKIPPED below name the rest, each with its reason; LONG names the
+commands that run for minutes, which run BRIEF_S and are stopped). tests/support/block_runner.py
+says how a block runs: each command exits 0 within a minute, background jobs and servers come
+up and stop on SIGTERM.
 
 Each block runs in its own fresh copy of the working tree (tracked and untracked files that git
 does not ignore), cwd = the copy's root, whose `.venv/bin/wattgate` (and `wattgate` on PATH) is
@@ -120,9 +123,10 @@ def services(cmds: list[Command], copy: Path, ports: dict[int, int],
     """The engines when the block talks to them (or runs a gateway) without starting them; the
     gateway when it names the gateway's port without starting one. `cmds` as documented."""
     code = " ".join(" ".join(c.words) for c in cmds)
+    names = {int(p) for p in re.findall(r"\b(\d{4})\b", code)}
     fleet = not _starts(cmds, "sim fleet") and (
-        _starts(cmds, "serve") or any(str(p) in code for p in ENGINE_PORTS))
-    gateway = not _starts(cmds, "serve") and str(GATEWAY_PORT) in code
+        _starts(cmds, "serve") or bool(names & set(ENGINE_PORTS)))
+    gateway = not _starts(cmds, "serve") and GATEWAY_PORT in names
     with contextlib.ExitStack() as stack:
         if fleet or gateway:
             stack.enter_context(_service(["sim", "fleet", "deploy/examples/fleet.yaml"],
@@ -194,10 +198,10 @@ BROKEN = {
         ["wattgate loadgen run --target http://127.0.0.1:9 --rate 1 --duration 1"],
         "doc.md:1 exited 1"),
     "a server that exits at start": (
-        ["wattgate serve --config deploy/examples/nothing.yaml &"],
+        ["wattgate serve --config no-such-config.yaml &"],
         "doc.md:1: its background job exited before it was up"),
     "a server written in the foreground that exits at start": (
-        ["wattgate sim fleet deploy/examples/nothing.yaml"], "doc.md:1 exited 2 before it was up"),
+        ["wattgate sim fleet no-such-config.yaml"], "doc.md:1 exited 2 before it was up"),
     "a `for` whose `done` is missing": (["for i in 1 2; do", "  wattgate --help"],
                                         "doc.md:1: bash cannot parse it"),
     "a command that runs past the minute": (["sleep 5"], "doc.md:1 still running after 1 s"),
