@@ -233,3 +233,17 @@ def test_a_long_command_is_stopped_after_its_brief_run_and_one_that_fails_early_
     with pytest.raises(AssertionError, match=re.escape("doc.md:2 exited 3")):
         run_block([long_one, early], copy, environment(copy), tmp_path / "b.log",
                   frozenset({long_one, early}))
+
+
+@pytest.mark.timeout(120)
+def test_a_job_the_block_kills_itself_need_not_be_up_but_must_be_gone(tmp_path: Path) -> None:
+    """`kill %1` as the README writes it: the first server is stopped by the block, the second
+    must still be up at the block's end; both are gone after it."""
+    copy = fresh_copy(tmp_path / "repo", {p: free_port() for p in EXAMPLE_PORTS})
+    sim = "wattgate sim --gpu h100 --model llama-3.1-8b --precision fp8 --port 0 &"
+    cmds = Block("doc.md", 0, "sh", (sim, sim, "kill %1   # stops the first")).commands()
+    run_block(cmds, copy, environment(copy), tmp_path / "block.log")
+    marks = (copy / ".doc-marks").read_text()
+    killed = next(ln.split()[1] for ln in marks.splitlines() if ln.startswith("killed "))
+    jobs = next(ln.split()[2:] for ln in marks.splitlines() if ln.startswith("after 1 "))
+    assert killed == jobs[0] and len(jobs) == 2  # the first job, by its job number

@@ -9,8 +9,8 @@ of the repository, and say which command failed.
 - A command the caller names brief (it runs for minutes) must run BRIEF_S without failing, and
   is then stopped (SIGTERM); the block goes on.
 - A command that ends with `&` starts a background job. Every job must be up once the block's
-  commands have run, and stays up until then. Then each gets SIGTERM, and it and everything it
-  started must be gone within STOP_S.
+  commands have run, but one the block stopped itself (`kill %1`). Then each gets SIGTERM, and
+  it and everything it started must be gone within STOP_S.
 
 Up: alive, and it or a process it started listens on a TCP port that answers HTTP.
 """
@@ -43,6 +43,7 @@ class Marks:
     ended: dict[int, int] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)  # command -> the job it runs as
     owner: dict[int, int] = field(default_factory=dict)  # job -> the command that started it
+    killed: set[int] = field(default_factory=set)  # jobs the block's own `kill` stopped
     jobs: list[int] | None = None  # set once the block's commands have all run
 
 
@@ -58,12 +59,23 @@ def script(commands: list[Command], held: set[int]) -> str:
         text = cmd.text
         if i in held:
             text = f"{{ {cmd.text}\n}} &\n__wg_mark held {i} $!\nwait $!"
-        parts.append(f"__wg_mark start {i}\n{text}\n__wg_rc=$?; __wg_mark end {i} $__wg_rc\n"
+        parts.append(f"__wg_mark start {i}\n{_note_kills(cmd)}{text}\n"
+                     f"__wg_rc=$?; __wg_mark end {i} $__wg_rc\n"
                      f"__wg_mark after {i} $(jobs -p)\n")
         if i not in held:
             parts.append('[ "$__wg_rc" = 0 ] || { __wg_mark jobs $(jobs -p); exit "$__wg_rc"; }\n')
     parts.append("__wg_mark jobs $(jobs -p)\nwait\n")
     return "".join(parts)
+
+
+def _note_kills(cmd: Command) -> str:
+    """Before a `kill %1` (or `kill PID`): mark the jobs it stops, which the block then need
+    not find up at its end, only gone."""
+    if cmd.words[:1] != ["kill"]:
+        return ""
+    targets = [f"$(jobs -p {w})" if w.startswith("%") else w
+               for w in cmd.words[1:] if not w.startswith("-")]
+    return f"__wg_mark killed {' '.join(targets)}\n"
 
 
 def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path,
@@ -90,9 +102,11 @@ def run_block(commands: list[Command], cwd: Path, env: dict[str, str], log: Path
             if marks.ended.get(i, 0) != 0 and i not in stopped:
                 _fail(f"{cmd.where} exited {marks.ended[i]}", cmd, log)
         for pid in marks.jobs or []:
-            seen.update(_ready(pid, commands[marks.owner[pid]], log))
+            seen.update(proc_tree.tree(pid) if pid in marks.killed
+                        else _ready(pid, commands[marks.owner[pid]], log))
         for pid in marks.jobs or []:
-            proc_tree.terminate(pid)
+            if pid not in marks.killed:
+                proc_tree.terminate(pid)
         _stopped(shell, seen, log)
     finally:
         proc_tree.kill_all({**seen, **proc_tree.tree(shell.pid)})
@@ -144,6 +158,8 @@ def _read_marks(path: Path, started: dict[int, float]) -> Marks:
         elif kind == "after":
             for pid in rest[1:]:
                 marks.owner.setdefault(int(pid), int(rest[0]))
+        elif kind == "killed":
+            marks.killed.update(int(p) for p in rest if p.isdigit())
         elif kind == "jobs":
             marks.jobs = [int(p) for p in rest]
     return marks
