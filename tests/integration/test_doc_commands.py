@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def fresh_copy(dest: Path, ports: dict[int, int]) -> Path:
     bin_dir = dest / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     for name, run in (("wattgate", "-m wattgate_cli"), ("python", "")):
-        (bin_dir / name).write_text(f'#!/bin/sh\nexec {sys.executable} {run} "$@"\n')
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {run} "$@"\n')
         (bin_dir / name).chmod(0o755)
     return dest
 
