@@ -70,6 +70,7 @@ def write_gateway_config(source: Path, target: Path, urls: dict[str, str]) -> No
     if isinstance(doc.get("paths_relative_to"), str):
         base = base / doc["paths_relative_to"]
     doc["paths_relative_to"] = str(base)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no out/ yet
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
     tmp.replace(target)  # whole or not at all: a reader never sees half a config

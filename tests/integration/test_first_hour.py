@@ -101,3 +101,12 @@ def test_the_written_config_keeps_the_source_configs_relative_paths(tmp_path: Pa
     assert original.accounting is not None and copy.accounting is not None
     assert copy.accounting.ledger.path == original.accounting.ledger.path
     assert copy.accounting.journal == original.accounting.journal
+
+
+def test_the_config_is_written_into_a_folder_a_fresh_clone_does_not_have(tmp_path: Path) -> None:
+    """`--write-gateway-config out/gateway.yaml` on a fresh clone: out/ is created."""
+    from engines.sim.fleet import write_gateway_config
+
+    target = tmp_path / "out" / "gateway.yaml"
+    write_gateway_config(EXAMPLES / "local.yaml", target, {})
+    assert yaml.safe_load(target.read_text())["models"]
