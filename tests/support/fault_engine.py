@@ -57,6 +57,7 @@ class FaultEngine:
     health_checks: int = 0
     connections: int = 0  # accepted so far
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    traceparents: list[str] = field(default_factory=list)  # per completion request; "": none
     _queue: deque[str] = field(default_factory=deque)
     _open: set[_EngineProtocol] = field(default_factory=set)
     _server: asyncio.Server | None = None
@@ -260,6 +261,7 @@ class _EngineProtocol(asyncio.Protocol):
         except orjson.JSONDecodeError:
             parsed = {}
         eng.bodies.append(parsed)
+        eng.traceparents.append(headers.get("traceparent", ""))
         await self._complete(mode, path.endswith("/chat/completions"), parsed)
 
     async def _complete(self, mode: str, chat: bool, req: dict[str, Any]) -> None:
