@@ -22,9 +22,7 @@ from gateway.front.connections import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
 from gateway.routing.learner import RoutingModels, capacity_context
-from gateway.telemetry.config import check_packages
-from gateway.telemetry.context import TraceStarter
-from gateway.telemetry.spans import engine_infos
+from gateway.telemetry.wiring import start_telemetry
 from gateway.tenancy.controls import TenantControls
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstreams import Upstreams
@@ -289,24 +287,6 @@ def prompt_counter(config: GatewayConfig) -> PromptCounter:
     return PromptCounter(tokenizers)
 
 
-def _telemetry(app: web.Application, config: GatewayConfig, sinks: list[Sink]
-               ) -> TraceStarter | None:
-    """With `telemetry.otlp_endpoint` set: the OTLP export sink (added to `sinks`, flushed at
-    shutdown) and the trace starter the proxy gives each request; None when telemetry is off.
-    Raises ConfigError when the OpenTelemetry packages are missing."""
-    telemetry = config.telemetry
-    if not telemetry.enabled:
-        return None
-    check_packages(telemetry)
-    from gateway.telemetry.export import OtelExport  # needs the `otel` extra
-
-    export = OtelExport(telemetry, engine_infos(
-        {ep.name: (ep.kind, ep.url) for _, ep in config.endpoints()}))
-    sinks.append(export)
-    app.cleanup_ctx.append(export.cleanup_ctx)
-    return TraceStarter(traces=telemetry.traces, sample_ratio=telemetry.sample_ratio)
-
-
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
               wall: Callable[[], float] = time.time,
@@ -364,7 +344,8 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     routing_models = _routing_models(config, app.get(ACCOUNTING), gateway_metrics)
     app[ROUTING_MODELS] = routing_models
     all_sinks.append(routing_models)
-    tracing = _telemetry(app, config, all_sinks)
+    tracing = start_telemetry(app, config, all_sinks, app[ACCOUNTING].apportioner_metrics
+                              if ACCOUNTING in app else None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)

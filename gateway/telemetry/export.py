@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
@@ -48,12 +50,20 @@ _KINDS = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": Span
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
+def resource_of(telemetry: TelemetryConfig, extra: Mapping[str, str] | None = None) -> Resource:
+    """This process as an OpenTelemetry resource: the configured service name, and an instance
+    id (host:pid) that keeps each process's cumulative series apart."""
+    return Resource.create({"service.name": telemetry.service_name,
+                            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
+                            **(extra or {})})
+
+
 class OtelExport:
     """A record sink exporting metrics and spans over OTLP/HTTP to `telemetry.otlp_endpoint`."""
 
     def __init__(self, telemetry: TelemetryConfig, engines: Mapping[str, EngineInfo]):
         self.engines = dict(engines)
-        self.resource = Resource.create({"service.name": telemetry.service_name})
+        self.resource = resource_of(telemetry)
         interval_ms = telemetry.export_interval_s * 1000.0
         base = telemetry.otlp_endpoint
         self.spans: BatchSpanProcessor | None = None
