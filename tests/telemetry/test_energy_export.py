@@ -84,7 +84,9 @@ async def test_the_childs_energy_counters_reach_the_receiver(tmp_path: Path) -> 
                 prom = prometheus_value(text, "wattgate_tenant_energy_joules", "tenant",
                                         "tenant-a")
                 otel = latest_sums(got, "wattgate.tenant.energy").get("tenant-a")
-                return bool(prom) and otel is not None and abs(otel - prom) <= 1e-9 * prom
+                if not prom or otel is None:
+                    return False
+                return abs(otel - prom) <= 1e-9 * prom
 
             await wait_for(agree, 60.0, "tenant-a's energy at the receiver as in /metrics")
     assert latest_sums(got, "wattgate.tenant.carbon")["tenant-a"] > 0
