@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from gateway.accounting.metrics import ApportionerMetrics
 from gateway.telemetry.config import TelemetryConfig
-from gateway.telemetry.export import resource_of
+from gateway.telemetry.export import EXPORT_TIMEOUT_S, resource_of
 
 # OpenTelemetry name, unit, description, the ApportionerMetrics counter it reads
 SERIES: tuple[tuple[str, str, str, Callable[[ApportionerMetrics], Counter]], ...] = (
@@ -60,8 +60,10 @@ class EnergyExport:
     def __init__(self, telemetry: TelemetryConfig, metrics: ApportionerMetrics,
                  extra_resource: Mapping[str, str] | None = None):
         reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=f"{telemetry.otlp_endpoint}/v1/metrics"),
-            export_interval_millis=telemetry.export_interval_s * 1000.0)
+            OTLPMetricExporter(endpoint=f"{telemetry.otlp_endpoint}/v1/metrics",
+                               timeout=EXPORT_TIMEOUT_S),
+            export_interval_millis=telemetry.export_interval_s * 1000.0,
+            export_timeout_millis=EXPORT_TIMEOUT_S * 1000.0)
         self.provider = MeterProvider(resource=resource_of(telemetry, extra_resource),
                                       metric_readers=[reader])
         meter = self.provider.get_meter("wattgate.accounting")

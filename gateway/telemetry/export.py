@@ -57,6 +57,8 @@ METRICS: dict[str, tuple[str, str, list[float]]] = {
     TTFT: ("s", "Time to first token of served requests", TTFT_BUCKETS_S),
     TPOT: ("s", "Time per output token after the first, of served requests", TPOT_BUCKETS_S),
 }
+# one export, retries included: bounds what a collector that is down adds to a shutdown
+EXPORT_TIMEOUT_S = 2.0
 _KINDS = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
@@ -98,15 +100,18 @@ class OtelExport:
         base = telemetry.otlp_endpoint
         self.spans: BatchSpanProcessor | None = None
         if telemetry.traces:
-            self.spans = BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces"),
-                                            schedule_delay_millis=interval_ms)
+            self.spans = BatchSpanProcessor(
+                OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=EXPORT_TIMEOUT_S),
+                schedule_delay_millis=interval_ms,
+                export_timeout_millis=EXPORT_TIMEOUT_S * 1000.0)
         self.histograms: HistogramSet | None = None
         self.pusher: HistogramPusher | None = None
         if telemetry.metrics:
             self.histograms = HistogramSet({name: b for name, (_, _, b) in METRICS.items()})
             self.pusher = HistogramPusher(
                 self.histograms, {name: (unit, d) for name, (unit, d, _) in METRICS.items()},
-                f"{base}/v1/metrics", telemetry.export_interval_s, self.resource, SCOPE)
+                f"{base}/v1/metrics", telemetry.export_interval_s, self.resource, SCOPE,
+                timeout_s=EXPORT_TIMEOUT_S)
 
     def __call__(self, rec: RequestRecord) -> None:
         trace = rec.trace

@@ -31,11 +31,12 @@ class HistogramPusher:
 
     def __init__(self, histograms: HistogramSet, meta: Mapping[str, tuple[str, str]],
                  endpoint: str, interval_s: float, resource: Resource,
-                 scope: InstrumentationScope):
-        """`meta`: metric name -> (unit, description)."""
+                 scope: InstrumentationScope, *, timeout_s: float):
+        """`meta`: metric name -> (unit, description); `timeout_s`: one export, retries
+        included."""
         self.histograms = histograms
         self.meta = dict(meta)
-        self.exporter = OTLPMetricExporter(endpoint=endpoint)
+        self.exporter = OTLPMetricExporter(endpoint=endpoint, timeout=timeout_s)
         self.interval_s = interval_s
         self.resource = resource
         self.scope = scope
