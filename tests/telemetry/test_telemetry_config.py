@@ -21,6 +21,7 @@ from gateway.telemetry.config import INSTALL_HINT, TelemetryConfig
 from tests.faults.helpers import body, ep, post
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway import make_config, raw_config, running_gateway
+from tests.support.procs import wattgate_cmd
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +101,16 @@ def test_export_on_without_the_packages_fails_at_start_with_one_line(tmp_path: P
     err = proc.stderr.decode().strip()
     assert proc.returncode == 2, err
     assert len(err.splitlines()) == 1 and INSTALL_HINT in err and "telemetry" in err
+
+
+def test_config_check_shows_the_telemetry_section(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_bytes(orjson.dumps(raw_config([ep("http://127.0.0.1:9")], telemetry={
+        "otlp_endpoint": "http://collector:4318", "sample_ratio": 0.1})))
+    proc = subprocess.run([*wattgate_cmd("config", "check", str(config))], capture_output=True,
+                          timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    shown = orjson.loads(proc.stdout)["telemetry"]
+    assert shown == {"otlp_endpoint": "http://collector:4318", "service_name": "wattgate",
+                     "traces": True, "metrics": True, "export_interval_s": 10.0,
+                     "sample_ratio": 0.1}
