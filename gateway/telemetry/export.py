@@ -15,7 +15,6 @@ boundaries: `gen_ai.client.token.usage` (`gen_ai.token.type` input/output),
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import random
 import socket
@@ -34,8 +33,6 @@ from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.histograms import Attrs, AttrValue, HistogramSet, attrs_of
 from gateway.telemetry.push import HistogramPusher
 from gateway.telemetry.spans import EngineInfo, SpanPlan, base_attributes, request_spans
-
-log = logging.getLogger("wattgate.telemetry")
 
 SCOPE = InstrumentationScope("wattgate")
 TOKENS = "gen_ai.client.token.usage"
@@ -61,6 +58,7 @@ METRICS: dict[str, tuple[str, str, list[float]]] = {
 EXPORT_TIMEOUT_S = 2.0
 _KINDS = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET, _ERROR = Status(StatusCode.UNSET), Status(StatusCode.ERROR)  # immutable, shared
 
 
 def resource_of(telemetry: TelemetryConfig, extra: Mapping[str, str] | None = None) -> Resource:
@@ -131,10 +129,10 @@ class OtelExport:
         attrs = dict(plan.attributes)
         if plan.error is not None:
             attrs["error.type"] = plan.error
-        status = Status(StatusCode.ERROR) if plan.error is not None else Status(StatusCode.UNSET)
         return ReadableSpan(
             plan.name, SpanContext(trace_id, plan.span_id, is_remote=False, trace_flags=_SAMPLED),
-            parent, self.resource, attrs, kind=_KINDS[plan.kind], status=status,
+            parent, self.resource, attrs, kind=_KINDS[plan.kind],
+            status=_UNSET if plan.error is None else _ERROR,
             start_time=int(plan.start_s * 1e9), end_time=int(plan.end_s * 1e9),
             instrumentation_scope=SCOPE)
 
