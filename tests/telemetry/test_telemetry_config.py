@@ -114,3 +114,16 @@ def test_config_check_shows_the_telemetry_section(tmp_path: Path) -> None:
     assert shown == {"otlp_endpoint": "http://collector:4318", "service_name": "wattgate",
                      "traces": True, "metrics": True, "export_interval_s": 10.0,
                      "sample_ratio": 0.1}
+
+
+def test_the_gateway_builds_without_the_packages_when_telemetry_is_off() -> None:
+    """With OpenTelemetry hidden, a config without `telemetry:` loads and its app builds."""
+    code = ("import sys; sys.modules['opentelemetry'] = None\n"
+            "from gateway.app import build_app\n"
+            "from tests.support.gateway import make_config\n"
+            "build_app(make_config([{'name': 'e1', 'url': 'http://127.0.0.1:9', "
+            "'precision': 'bf16'}]))\n"
+            "assert not [m for m in sys.modules if m.startswith('opentelemetry.')]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=50,
+                          check=False, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr.decode()
