@@ -23,6 +23,7 @@ from gateway.front.connections import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Proxy, Sink
 from gateway.routing.learner import RoutingModels, capacity_context
+from gateway.telemetry.wiring import start_telemetry
 from gateway.tenancy.controls import TenantControls
 from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstreams import Upstreams
@@ -349,13 +350,15 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     routing_models = _routing_models(config, app.get(ACCOUNTING), gateway_metrics)
     app[ROUTING_MODELS] = routing_models
     all_sinks.append(routing_models)
+    tracing = start_telemetry(app, config, all_sinks, app[ACCOUNTING].apportioner_metrics
+                              if ACCOUNTING in app else None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
         client = upstream_client(config)
         app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
                                    clock=clock, wall=wall, counter=counter,
-                                   admission=controls.admission)
+                                   admission=controls.admission, tracing=tracing)
         if ACCOUNTING in app:
             app[ACCOUNTING].watch(proxy.open_since)
         async with upstreams.running(session):

@@ -14,12 +14,15 @@ import orjson
 
 from gateway.config import GatewayConfig, load_config, normalised
 from gateway.errors import ConfigError
+from gateway.telemetry.config import check_packages
 from wire.ports import taken_message
 
 
 def _load_or_exit(path: str) -> GatewayConfig:
     try:
-        return load_config(path)
+        config = load_config(path)
+        check_packages(config.telemetry)  # export on needs the `otel` extra: said before start
+        return config
     except ConfigError as exc:
         click.echo(f"wattgate: invalid config: {exc.message}", err=True)
         sys.exit(2)

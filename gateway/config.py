@@ -23,6 +23,7 @@ from gateway.accounting.config import AccountingConfig, parse_accounting, paths_
 from gateway.config_fields import FieldReader, default_of, hash_key, secret_hash, section
 from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
 from gateway.errors import ConfigError
+from gateway.telemetry.config import TelemetryConfig, parse_telemetry
 from gateway.tenancy.config import TenantControlsConfig
 from gateway.vocab import (
     PRECISIONS,
@@ -168,6 +169,7 @@ class GatewayConfig:
     access_log: str = ""  # JSON lines, one per finished request: a file path, "-" (stderr), "" off
     tenant_controls: TenantControlsConfig = field(default_factory=TenantControlsConfig)
     metrics_key_sha256: str = field(default="", repr=False)  # "": /metrics needs no key
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # OTLP export; off
 
     def endpoints(self) -> tuple[tuple[str, Endpoint], ...]:
         """(model alias, endpoint) for every endpoint of every pool."""
@@ -334,6 +336,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         health=section(root.sub("health"), HealthCheck),
         logging=section(root.sub("logging"), Logging),
         tenant_controls=section(root.sub("tenant_controls"), TenantControlsConfig),
+        telemetry=parse_telemetry(root.sub("telemetry")),
     )
     budgeted = [i for i, t in enumerate(tenants) if t.budgets.budgets]
     if budgeted and (config.accounting is None or not config.accounting.enabled):

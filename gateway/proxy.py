@@ -25,6 +25,7 @@ from gateway.pipeline.flight import REQUEST_ID_HEADER, Flight
 from gateway.pipeline.record import Recorder, Sink
 from gateway.pipeline.route import Router
 from gateway.routing.learner import RoutingModels
+from gateway.telemetry.context import TRACEPARENT, TraceStarter
 from gateway.tenancy.admission import Admission
 from gateway.tokenizer import PromptCounter
 from gateway.upstreams import Upstreams
@@ -43,8 +44,10 @@ class Proxy:
     def __init__(self, config: GatewayConfig, upstreams: Upstreams, client: UpstreamClient,
                  metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
                  wall: Callable[[], float], counter: PromptCounter | None = None,
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, tracing: TraceStarter | None = None):
+        """`tracing`: starts each request's trace context (telemetry on), else None."""
         self.config = config
+        self.tracing = tracing
         self.clock = clock
         self.wall = wall
         admission = admission or Admission(config, None, clock=clock)
@@ -92,6 +95,8 @@ class Proxy:
         self._served += 1
         flight = Flight(f"{self._id_prefix}{self._served & 0xFFFFFFFF:08x}", self.clock(),
                         self.wall(), self.config.default_slo_class)
+        if self.tracing is not None:
+            flight.trace = self.tracing.begin(exchange.path, exchange.header(TRACEPARENT))
         self.inflight += 1
         self._open[flight.request_id] = flight.arrived_wall_s
         self.idle.clear()
@@ -132,6 +137,8 @@ class Proxy:
             raise OverloadedError("the gateway is serving as many requests as it takes at once "
                                   "(listen.max_inflight); retry shortly")
         req = await self.admit(exchange, flight)
+        if flight.trace is not None:
+            flight.trace.admitted_s = self.clock()
         assert flight.tenant_config is not None  # admit knows the tenant
         await self.dispatch(exchange, flight, req, flight.tenant_config)
 

@@ -6,9 +6,14 @@ for the ledger and the interval grid: wall(t) = arrived_wall_s + (t - arrived_s)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.outcomes import outcome_class
 from gateway.timing import Latency
 from gateway.vocab import OutcomeClass, value_type
+
+if TYPE_CHECKING:
+    from gateway.telemetry.context import RequestTrace
 
 
 @value_type
@@ -46,6 +51,9 @@ class RequestRecord:
     # engine sends once the whole body is ready. None for streams (their last token event
     # marks it) and for requests that never got an answer.
     engine_done_s: float | None = None
+    # Its trace ids when telemetry is on (gateway/telemetry): the request's own process
+    # exports its spans; the journal and the accounting child do not carry it.
+    trace: RequestTrace | None = None
 
     @property
     def outcome(self) -> OutcomeClass:

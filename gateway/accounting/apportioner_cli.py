@@ -11,11 +11,13 @@ import click
 from gateway.accounting.config import CHILD_NICE
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import ConfigError
+from gateway.telemetry.config import check_packages
 
 
 def _load_or_exit(path: str) -> GatewayConfig:
     try:
         config = load_config(path)
+        check_packages(config.telemetry)  # its energy export needs the `otel` extra
     except ConfigError as exc:
         click.echo(f"wattgate: invalid config: {exc.message}", err=True)
         sys.exit(2)

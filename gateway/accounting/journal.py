@@ -56,9 +56,10 @@ _LINE_LEN = len(_FIELDS) + len(_LATENCY)
 _READ_TIMES = _FIELDS.index("read_times")
 _READ_EVENTS = _FIELDS.index("read_events")
 _AT_LATENCY = [f.name for f in fields(RequestRecord)].index("latency")
-# A line's fields are the record's in its order (the latency aside): built positionally, a
-# third of the time of keywords; a record whose fields move falls back to keywords
-_POSITIONAL = [f.name for f in fields(RequestRecord)] == [
+# A line's fields are the record's in its order (the latency aside; fields after them, which
+# a line does not carry, keep their defaults): built positionally, a third of the time of
+# keywords; a record whose fields move falls back to keywords
+_POSITIONAL = [f.name for f in fields(RequestRecord)][:len(_FIELDS) + 1] == [
     *_FIELDS[:_AT_LATENCY], "latency", *_FIELDS[_AT_LATENCY:]]
 _by_position: Any = RequestRecord  # its fields as a list, which mypy cannot check by count
 

@@ -34,6 +34,7 @@ from gateway.accounting.supervisor import TOKEN_ENV
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig
 from gateway.errors import error_body
+from gateway.telemetry.wiring import energy_export
 
 log = logging.getLogger("wattgate.apportioner")
 
@@ -145,6 +146,7 @@ async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
     # Ready (the port file written) once the meters were read: work a gateway records from
     # then on falls in metered intervals (work before an engine's first reading gets no share).
     await service.first_step()
+    energy = energy_export(config.telemetry, service.apportioner_metrics)  # OTLP, when on
     app = apportioner_app(service, registry, Authenticator(config),
                           os.environ.pop(TOKEN_ENV, ""))  # popped: nothing it starts inherits it
     runner = web.AppRunner(app, access_log=None)
@@ -160,6 +162,8 @@ async def run_apportioner(config: GatewayConfig, *, host: str, port: int,
     finally:
         await runner.cleanup()
         await service.stop()
+        if energy is not None:
+            await asyncio.to_thread(energy.shutdown)
 
 
 async def _until_stopped(parent_pid: int | None, intake: RecordIntake | None) -> None:

@@ -79,8 +79,10 @@ class AccountingService:
         self.poller: MeterPoller | None = None
         self.apportioner: Apportioner | None = None
         self._ledger_errors: Any = None
+        self.apportioner_metrics: ApportionerMetrics | None = None  # where this one apportions
         if apportion:
-            metrics = ApportionerMetrics(registry) if registry is not None else None
+            self.apportioner_metrics = metrics = (ApportionerMetrics(registry)
+                                                  if registry is not None else None)
             self.engines = metered_engines(config, engines, meters)
             self.poller = MeterPoller(self.engines, self.ledger, metrics)
             self.apportioner = Apportioner(config, self.engines, self.ledger, metrics,

@@ -135,6 +135,8 @@ class Dispatch:
         ep = state.endpoint
         headers = [("Content-Type", "application/json"), ("x-request-id", flight.request_id)]
         headers += forwarded_headers(exchange.raw_headers)
+        if flight.trace is not None:  # telemetry on: the engine joins the request's trace
+            headers += flight.trace.engine_headers()
         body = req.upstream_body(ep.upstream_model)
         state.inflight += 1
         flight.engine_failed = False  # this attempt's engine, not an earlier one

@@ -9,6 +9,7 @@ from gateway.outcomes import OUTCOMES, Outcome, engine_outcome, error_outcome
 if TYPE_CHECKING:
     from gateway.config import Tenant
     from gateway.errors import WattgateError
+    from gateway.telemetry.context import RequestTrace
     from gateway.tenancy.admission import Ticket
     from gateway.upstreams import EndpointState
 
@@ -36,8 +37,8 @@ class Flight:
                  "delivered", "dispatched_s", "endpoint", "engine_done_s", "engine_failed",
                  "first_byte_s", "first_token_s", "http_status", "model", "prompt_source",
                  "prompt_tokens", "read_events", "read_times", "request_id", "slo_class",
-                 "status", "stream", "tenant", "tenant_config", "ticket", "upstream_status",
-                 "usage_known")
+                 "status", "stream", "tenant", "tenant_config", "ticket", "trace",
+                 "upstream_status", "usage_known")
 
     def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
         self.request_id = request_id
@@ -68,6 +69,7 @@ class Flight:
         self.attempts = 0
         self.status, self.http_status = OUTCOMES["ok"]
         self.ticket: Ticket | None = None  # what tenant controls hold for it
+        self.trace: RequestTrace | None = None  # set by the proxy when telemetry is on
 
     def take_usage(self, usage: dict[str, Any]) -> None:
         self.prompt_tokens = token_count(usage.get("prompt_tokens"))

@@ -92,6 +92,12 @@ class FaultEngine:
         """Queue more scripted modes (one per upcoming completion request)."""
         self._queue.extend(modes)
 
+    @property
+    def traceparents(self) -> list[str]:
+        """The `traceparent` of each completion request received ("": none)."""
+        return [next((v for k, v in pairs if k.lower() == "traceparent"), "")
+                for pairs in self.headers]
+
     def next_mode(self, header: str | None) -> str:
         if header:
             return header if header in FAULTS else "ok"
