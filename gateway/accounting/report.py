@@ -185,12 +185,13 @@ def build_report(data: UsageData, group_by: Sequence[str], since_s: float, until
     order = {"requests": 0, "idle": 1, "failed": 2}
     ordered = sorted(rows.values(), key=lambda r: (order[r.account], r.key))
     total = UsageRow(tuple("TOTAL" if i == 0 else "" for i in range(len(group_by))), "all")
+    counts: tuple[str, ...] = ("requests", "ok", *OUTCOME_CLASSES, "prompt_tokens",
+                               "completion_tokens", "slo_met")
     for r in ordered:
         r.settle()
         total.add_energy(r.energy_j, r.static_j, r.carbon_g, r.cost_usd, r.failed_energy_j)
-        for name in ("requests", "ok", *OUTCOME_CLASSES, "prompt_tokens", "completion_tokens",
-                     "slo_met"):
-            setattr(total, name, getattr(total, name) + getattr(r, name))
+        for column in counts:
+            setattr(total, column, getattr(total, column) + getattr(r, column))
         total.estimated = total.estimated or r.estimated
     total.settle()
     total_dict = total.as_dict(group_by, span, metered)

@@ -27,6 +27,7 @@ from gateway.accounting.report import FAILED_TENANT, IDLE_TENANT, build_report
 from gateway.accounting.work import WorkRow
 from gateway.records import RequestRecord
 from gateway.timing import Latency
+from gateway.vocab import FailedEnergy
 from tests.unit.test_apportion_plan import BASE, plan_input, rows
 
 
@@ -174,7 +175,7 @@ def test_split_keeps_every_share_whole(spec: list[tuple[Any, ...]]) -> None:
                 min_size=0, max_size=10),
        st.floats(0.0, 2000.0), st.sampled_from(["failed_account", "tenant"]))
 def test_meters_are_tenants_plus_idle_plus_failed_under_both_settings(
-        spec: list[tuple[Any, ...]], energy_j: float, setting: str) -> None:
+        spec: list[tuple[Any, ...]], energy_j: float, setting: FailedEnergy) -> None:
     work = []
     for i, (p, d, start, res, kind, at, tenant) in enumerate(spec):
         until = {"served": BILL_ALL, "none": BILL_NONE}.get(kind, 10.0 + at)
@@ -182,13 +183,13 @@ def test_meters_are_tenants_plus_idle_plus_failed_under_both_settings(
         work.append(PendingWork(tenant, WorkRow(f"q{i}", 10, p, d, res, start, p * d), until))
     plan = plan_engine(plan_input(ready=[ReadyInterval(10, 5000.0 + energy_j)],
                                   snapshot=WorkSnapshot(work, {10: 1}),
-                                  failed_energy=setting))  # type: ignore[arg-type]
+                                  failed_energy=setting))
     conserved(plan)
-    i = plan.intervals[0]
+    row = plan.intervals[0]
     tenants = math.fsum(t.energy_j for t in plan.tenants.values())
-    assert tenants + i.idle_j + i.failed_j == pytest.approx(energy_j, rel=1e-9, abs=1e-9)
+    assert tenants + row.idle_j + row.failed_j == pytest.approx(energy_j, rel=1e-9, abs=1e-9)
     if setting == "tenant" or all(s[4] == "served" for s in spec):
-        assert i.failed_j == 0.0
+        assert row.failed_j == 0.0
 
 
 def test_report_shows_the_failed_account_and_counts_requests_by_outcome_class() -> None:

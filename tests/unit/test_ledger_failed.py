@@ -137,8 +137,9 @@ async def test_the_failed_account_is_what_the_tenants_no_longer_pay(tmp_path: Pa
     """Same run, both settings: the idle account does not move, and each tenant's bill
     drops by its failed requests' energy, which the failed account holds."""
     by: dict[str, dict[str, Any]] = {}
-    for setting in ("failed_account", "tenant"):
-        svc, _, _ = await serve(tmp_path, setting)  # type: ignore[arg-type]
+    settings: tuple[FailedEnergy, ...] = ("failed_account", "tenant")
+    for setting in settings:
+        svc, _, _ = await serve(tmp_path, setting)
         by[setting] = await books(svc)
         await svc.stop()
     default, billed = by["failed_account"], by["tenant"]
