@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
 
-from gateway.accounting.apportion import apportion_by
+from gateway.accounting.apportion import ShareColumns, apportion_by
 from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.counters import CounterState
 from gateway.accounting.failed import BILL_ALL, Cut, split_failed
@@ -203,6 +203,23 @@ def _rows_by_interval(rows: Sequence[PendingWork], next_interval: int, dirty: se
     return by_idx
 
 
+def _billed(inp: PlanInput, rows: list[PendingWork], cols: ShareColumns, t0: float
+            ) -> tuple[ShareColumns, Sequence[float], tuple[float, float, float]]:
+    """The interval's shares as billed, each share's part in the failed account (empty: none)
+    and that account's (J, gCO2e, USD) (failed.py)."""
+    if inp.failed_energy != "failed_account":
+        return cols, (), (0.0, 0.0, 0.0)
+    cuts = {p.row.request_id: Cut(p.bill_until_s, t0 + p.row.start_s, p.row.residency_s)
+            for p in rows if p.bill_until_s != BILL_ALL}
+    if not cuts:  # no failed request in the interval (the usual case)
+        return cols, (), (0.0, 0.0, 0.0)
+    billed, failed = split_failed(cols, cuts)
+    gpus = inp.info.gpus
+    carbon, cost = inp.pricing.charges(failed.energy_j, [b * gpus for b in failed.busy_s], t0)
+    return billed, failed.energy_j, (math.fsum(failed.energy_j), math.fsum(carbon),
+                                     math.fsum(cost))
+
+
 def _interval(inp: PlanInput, plan: Plan, k: int, energy_j: float,
               rows: list[PendingWork]) -> Iterator[None]:
     """Apportion `energy_j` of interval k over `rows` into `plan`."""
@@ -217,21 +234,9 @@ def _interval(inp: PlanInput, plan: Plan, k: int, energy_j: float,
         yield
     t0 = k * dt
     pricing = inp.pricing
-    cols = result.columns
-    failed = None
-    if inp.failed_energy == "failed_account":
-        cuts = {p.row.request_id: Cut(p.bill_until_s, t0 + p.row.start_s, p.row.residency_s)
-                for p in rows if p.bill_until_s != BILL_ALL}
-        if cuts:  # a failed request in the interval (rare): its share is split
-            cols, failed = split_failed(cols, cuts)
     gpus = info.gpus
-    failed_j = failed_carbon = failed_cost = 0.0
-    failed_col: Sequence[float] = ()
-    if failed is not None:
-        failed_col = failed.energy_j
-        f_carbon, f_cost = pricing.charges(failed_col, [b * gpus for b in failed.busy_s], t0)
-        failed_j, failed_carbon, failed_cost = (math.fsum(failed_col), math.fsum(f_carbon),
-                                                math.fsum(f_cost))
+    cols, failed_col, (failed_j, failed_carbon, failed_cost) = _billed(
+        inp, rows, result.columns, t0)
     plan.intervals.append(IntervalRow(
         info.name, k, t0, dt, info.model, info.precision, info.gpus, energy_j,
         result.static_j, result.dynamic_j, result.idle_j, result.idle_s,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.accounting.ledger.base import Ledger
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import FAILED_TENANT, IDLE_TENANT, build_report
 from gateway.accounting.service import AccountingService, EngineInfo
@@ -62,13 +63,14 @@ def faulty_run() -> tuple[EngineRun, dict[str, str]]:
     return dataclasses.replace(run, records=[*recs, refused]), kinds
 
 
-async def serve(tmp_path: Path, setting: FailedEnergy) -> tuple[AccountingService, EngineRun,
-                                                                dict[str, str]]:
+async def serve(tmp_path: Path, setting: FailedEnergy, ledger: Ledger | None = None
+                ) -> tuple[AccountingService, EngineRun, dict[str, str]]:
+    """The faulty run through a service on `ledger` (default: SQLite in `tmp_path`)."""
     run, kinds = faulty_run()
     clock = Clock(T0_WALL)
     cfg = dataclasses.replace(make_config(), failed_energy=setting)
     svc = AccountingService(cfg, [EngineInfo("e0", "m", "bf16", 1)],
-                            ledger=SqliteLedger(tmp_path / f"{setting}.db"),
+                            ledger=ledger or SqliteLedger(tmp_path / f"{setting}.db"),
                             meters={"e0": ReplayMeter(run.readings, clock)}, clock=clock)
     await svc.ledger.open()
     await drive(svc, run, clock, run.readings[-1][0] + 4.0)
@@ -92,6 +94,12 @@ async def books(svc: AccountingService) -> dict[str, Any]:
 async def test_meters_are_tenants_plus_idle_plus_failed_in_the_ledger_and_report(
         tmp_path: Path, setting: FailedEnergy) -> None:
     svc, _run, kinds = await serve(tmp_path, setting)
+    await check_books(svc, kinds, setting)
+
+
+async def check_books(svc: AccountingService, kinds: dict[str, str],
+                      setting: FailedEnergy) -> None:
+    """The ledger's books of the faulty run (any store), as the test above states them."""
     got = await books(svc)
     assert got["intervals_j"] > 100.0
     assert got["billed_j"] + got["idle_j"] + got["failed_j"] == pytest.approx(
