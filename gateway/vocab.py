@@ -30,6 +30,9 @@ Outcome = Literal["ok", "client_disconnected", "internal_error", "upstream_error
 # said no: 4xx), failed (an engine or the gateway broke: 5xx, an engine's 429, timeouts,
 # protocol errors), cancelled (the client left first)
 OutcomeClass = Literal["served", "refused", "failed", "cancelled"]
+# Who pays for the energy of a failed request (gateway/accounting/failed.py): the engine's
+# `failed` account, beside its idle account, or the tenant as for any other request
+FailedEnergy = Literal["failed_account", "tenant"]
 
 _T = TypeVar("_T")
 
@@ -51,6 +54,7 @@ METER_KIND_NAMES: tuple[MeterKind, ...] = get_args(MeterKind)
 LEDGER_KINDS: tuple[LedgerKind, ...] = get_args(LedgerKind)
 APPORTIONER_MODES: tuple[ApportionerMode, ...] = get_args(ApportionerMode)
 OUTCOME_CLASSES: tuple[OutcomeClass, ...] = get_args(OutcomeClass)
+FAILED_ENERGY: tuple[FailedEnergy, ...] = get_args(FailedEnergy)
 
 
 @dataclass(frozen=True, slots=True)

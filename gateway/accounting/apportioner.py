@@ -45,6 +45,7 @@ class CounterDebt:
     carbon_g: float = 0.0
     cost_usd: float = 0.0
     idle_j: float = 0.0
+    failed_j: float = 0.0
 
 
 class Apportioner:
@@ -210,7 +211,7 @@ class Apportioner:
             pricing=self.config.pricing, state=st, carry_j=eng.carry_j, ready=ready,
             dirty=dirty, snapshot=snap, stored=stored, stored_shares=stored_shares,
             resets=eng.track.resets, counter=eng.counters.state(), estimate=estimate,
-            fit=self.config.fit.enabled)
+            fit=self.config.fit.enabled, failed_energy=self.config.failed_energy)
 
     def _after_commit(self, eng: MeteredEngine, plan: Plan) -> None:
         if self.config.fit.enabled:
@@ -233,6 +234,7 @@ class Apportioner:
             self._count_tenant(tenant, delta)
         owed = self._owed.setdefault(name, CounterDebt())
         owed.idle_j = _net(m.engine_idle.labels(name), plan.idle_delta_j + owed.idle_j)
+        owed.failed_j = _net(m.engine_failed.labels(name), plan.failed_delta_j + owed.failed_j)
         m.engine_energy.labels(name).inc(math.fsum(i.energy_j for i in plan.new_intervals))
         assert plan.state is not None
         self._publish_residual(eng, plan.state)

@@ -18,6 +18,8 @@
       gpu_hour_usd: 3.0
       embodied_g_per_gpu_s: 0.0
       fit: {enabled: false, window: 300}
+      failed_energy: failed_account   # who pays a failed request's energy: the engine's
+                              # `failed` account, or `tenant` (failed.py)
       meters:                 # keyed by endpoint name; endpoints not listed use `model`
         h100-bf16: {kind: sim, url: "http://127.0.0.1:8101", idle_power_w: 80}
         h100-fp8: {kind: nvml, gpus: [0, 1], alpha: 0.06, beta: 1.0}
@@ -46,9 +48,11 @@ from gateway.config_fields import section
 from gateway.errors import ConfigError
 from gateway.vocab import (
     APPORTIONER_MODES,
+    FAILED_ENERGY,
     LEDGER_KINDS,
     METER_KIND_NAMES,
     ApportionerMode,
+    FailedEnergy,
     LedgerKind,
 )
 
@@ -119,6 +123,9 @@ class AccountingConfig:
     # Where apportioning runs: "process" (a child of `wattgate serve`), "inline" (on the
     # gateway's event loop) or "external" (`wattgate apportioner`, e.g. its own Deployment).
     apportioner: ApportionerMode = "process"
+    # Who pays a failed request's energy: its engine's `failed` account (beside `idle`), or
+    # its tenant, as for any other request (gateway/accounting/failed.py)
+    failed_energy: FailedEnergy = "failed_account"
 
     def meter_for(self, endpoint: str) -> EngineMeterConfig:
         for name, cfg in self.meters:
@@ -273,6 +280,7 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
         hold_s=r.number("hold_s", d.hold_s, inclusive=True),
         behind_s=r.number("behind_s", d.behind_s),
         apportioner=r.choice("apportioner", APPORTIONER_MODES, d.apportioner),
+        failed_energy=r.choice("failed_energy", FAILED_ENERGY, d.failed_energy),
         ledger=ledger,
         journal=_journal(r.sub("journal"), base, ledger),
         region=region,

@@ -62,6 +62,10 @@ class ApportionerMetrics:
                                      "apportioned per engine", ["engine"], registry=registry)
         self.engine_idle = Counter("wattgate_engine_idle_energy_joules", "Energy of an engine's "
                                    "idle account", ["engine"], registry=registry)
+        self.engine_failed = Counter("wattgate_engine_failed_energy_joules", "Energy of an "
+                                     "engine's failed account: failed requests' energy not "
+                                     "billed to their tenants (engine energy = tenants + idle "
+                                     "+ failed)", ["engine"], registry=registry)
         self.residual = Gauge("wattgate_accounting_residual_joules", "Energy metered but not "
                               "yet apportioned (carried forward)", ["engine"], registry=registry)
         self.unaccounted = Gauge("wattgate_energy_unaccounted_joules", "Energy an engine's "

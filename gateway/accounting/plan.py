@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
 
-from gateway.accounting.apportion import apportion_by
+from gateway.accounting.apportion import ShareColumns, apportion_by
 from gateway.accounting.coefficients import Coefficients
 from gateway.accounting.counters import CounterState
+from gateway.accounting.failed import BILL_ALL, Cut, split_failed
 from gateway.accounting.ledger.base import (
     EngineState,
     IntervalRow,
@@ -24,6 +25,7 @@ from gateway.accounting.ledger.base import (
     hour_of,
 )
 from gateway.accounting.pricing import Pricing
+from gateway.vocab import FailedEnergy
 
 BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
 _new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
@@ -106,6 +108,7 @@ class PlanInput:
     counter: CounterState | None  # the counters as last read (None: as in `state`)
     estimate: Estimate | None = None  # a model meter's (then every `end_j` is None)
     fit: bool = False  # collect FitSamples
+    failed_energy: FailedEnergy = "failed_account"  # who pays failed requests' energy
 
 
 @dataclass(slots=True)
@@ -120,6 +123,7 @@ class Plan:
     samples: list[FitSample] = field(default_factory=list)
     revised: int = 0
     idle_delta_j: float = 0.0
+    failed_delta_j: float = 0.0
     carry_j: float = 0.0
     state: EngineState | None = None
 
@@ -172,9 +176,13 @@ def plan_steps(inp: PlanInput, plan: Plan) -> Iterator[None]:
         yield from _interval(inp, plan, k, stored.energy_j, by_idx.get(k, []))
         plan.revised += 1
     new = plan.new_intervals
+    revised = plan.intervals[plan.n_ready:]
     plan.idle_delta_j = math.fsum([
         *(i.idle_j for i in new),
-        *(i.idle_j - inp.stored[i.interval_idx].idle_j for i in plan.intervals[plan.n_ready:])])
+        *(i.idle_j - inp.stored[i.interval_idx].idle_j for i in revised)])
+    plan.failed_delta_j = math.fsum([
+        *(i.failed_j for i in new),
+        *(i.failed_j - inp.stored[i.interval_idx].failed_j for i in revised)])
     plan.carry_j = carry
     plan.state = EngineState(
         st.engine, inp.ready[-1].idx + 1 if inp.ready else st.next_interval, boundary_s,
@@ -195,6 +203,23 @@ def _rows_by_interval(rows: Sequence[PendingWork], next_interval: int, dirty: se
     return by_idx
 
 
+def _billed(inp: PlanInput, rows: list[PendingWork], cols: ShareColumns, t0: float
+            ) -> tuple[ShareColumns, Sequence[float], tuple[float, float, float]]:
+    """The interval's shares as billed, each share's part in the failed account (empty: none)
+    and that account's (J, gCO2e, USD) (failed.py)."""
+    if inp.failed_energy != "failed_account":
+        return cols, (), (0.0, 0.0, 0.0)
+    cuts = {p.row.request_id: Cut(p.bill_until_s, t0 + p.row.start_s, p.row.residency_s)
+            for p in rows if p.bill_until_s != BILL_ALL}
+    if not cuts:  # no failed request in the interval (the usual case)
+        return cols, (), (0.0, 0.0, 0.0)
+    billed, failed = split_failed(cols, cuts)
+    gpus = inp.info.gpus
+    carbon, cost = inp.pricing.charges(failed.energy_j, [b * gpus for b in failed.busy_s], t0)
+    return billed, failed.energy_j, (math.fsum(failed.energy_j), math.fsum(carbon),
+                                     math.fsum(cost))
+
+
 def _interval(inp: PlanInput, plan: Plan, k: int, energy_j: float,
               rows: list[PendingWork]) -> Iterator[None]:
     """Apportion `energy_j` of interval k over `rows` into `plan`."""
@@ -209,22 +234,23 @@ def _interval(inp: PlanInput, plan: Plan, k: int, energy_j: float,
         yield
     t0 = k * dt
     pricing = inp.pricing
+    gpus = info.gpus
+    cols, failed_col, (failed_j, failed_carbon, failed_cost) = _billed(
+        inp, rows, result.columns, t0)
     plan.intervals.append(IntervalRow(
         info.name, k, t0, dt, info.model, info.precision, info.gpus, energy_j,
         result.static_j, result.dynamic_j, result.idle_j, result.idle_s,
         pricing.carbon_g(result.idle_j, result.idle_s * info.gpus, t0),
         pricing.cost_usd(result.idle_j, result.idle_s * info.gpus, t0),
-        inp.estimated, c.alpha, c.beta, c.gamma))
-    cols = result.columns
+        inp.estimated, c.alpha, c.beta, c.gamma, failed_j, failed_carbon, failed_cost))
     if cols.request_ids:
         # Column-wise: carbon and cost priced once per interval, rows built by zip.
-        gpus = info.gpus
         gpu_s = [b * gpus for b in cols.busy_s]
         carbon, cost = pricing.charges(cols.energy_j, gpu_s, t0)
         plan.shares.extend(map(_new_tuple, repeat(ShareRow), zip(
             cols.request_ids, repeat(info.name), repeat(k), repeat(t0), repeat(hour_of(t0)),
             cols.energy_j, cols.static_j, cols.dynamic_j, gpu_s, carbon, cost,
-            repeat(1 if inp.estimated else 0))))
+            repeat(1 if inp.estimated else 0), failed_col or repeat(0.0))))
         tenant_of = {p.row.request_id: p.tenant for p in rows}
         tenants = plan.tenants
         for rid, e, cg, usd in zip(cols.request_ids, cols.energy_j, carbon, cost, strict=True):

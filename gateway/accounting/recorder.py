@@ -275,4 +275,5 @@ def pending_request(request_id: str, records: Sequence[RequestRecord],
             "completion_tokens": r.completion_tokens, "slo_met": bool(r.slo_met),
             "energy_j": 0.0, "energy_kwh": 0.0, "carbon_g": 0.0, "cost_usd": 0.0,
             "final": False, "estimated": estimated(r.engine), "replica": r.replica,
-            "prompt_source": r.prompt_source}
+            "prompt_source": r.prompt_source, "http_status": r.http_status,
+            "outcome": r.outcome, "failed_energy_j": 0.0}

@@ -1,9 +1,14 @@
 """Chargeback report (pure): ledger aggregates -> rows grouped by tenant/model/precision/
-engine/hour, with the engines' idle accounts as separate `idle` rows.
+engine/hour, with the engines' idle accounts as separate `idle` rows and their failed
+accounts (failed requests' energy not billed to their tenants, gateway/accounting/failed.py)
+as `failed` rows.
 
 Energy, carbon and cost count the shares of intervals that start in [since, until), so the
-request rows plus the idle rows add up to the metered energy of that window. Requests,
-tokens and goodput count requests that finished in the window. Rates are taken over the
+request rows plus the idle and failed rows add up to the metered energy of that window. A
+request row's `failed_energy_j` is its failed requests' energy in the failed account (not in
+its `energy_j`). Requests, tokens and goodput count requests that finished in the window,
+and `served`, `refused`, `failed`, `cancelled` count them by outcome class
+(gateway/outcomes.py); `ok` is `served`, kept for readers of the older column. Rates are taken over the
 data's real span, never over the query window (a day's window holding a minute of traffic
 would understate them 1440 times): `requests_per_s` and `goodput_rps` from the first arrival
 to the last finish of the requests selected; `power_w` (J/s) from the start of the first
@@ -28,18 +33,24 @@ from typing import Any
 import orjson
 
 from gateway.accounting.ledger.base import HOUR_S, UsageData
+from gateway.vocab import OUTCOME_CLASSES
 
 GROUP_KEYS: tuple[str, ...] = ("tenant", "model", "precision", "engine", "hour")
 IDLE_TENANT = "(idle)"
+FAILED_TENANT = "(failed)"
 J_PER_KWH = 3.6e6
 
 
 @dataclass(slots=True)
 class UsageRow:
     key: tuple[str, ...]
-    account: str  # "requests" or "idle"
+    account: str  # "requests", "idle" or "failed"
     requests: int = 0
     ok: int = 0
+    served: int = 0
+    refused: int = 0
+    failed: int = 0
+    cancelled: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     slo_met: int = 0
@@ -47,16 +58,19 @@ class UsageRow:
     static_j: float = 0.0
     carbon_g: float = 0.0
     cost_usd: float = 0.0
+    failed_energy_j: float = 0.0  # of its failed requests, in the failed account
     estimated: bool = False
-    _parts: list[tuple[float, float, float, float]] = field(default_factory=list, repr=False)
+    _parts: list[tuple[float, float, float, float, float]] = field(default_factory=list,
+                                                                   repr=False)
 
-    def add_energy(self, energy_j: float, static_j: float, carbon_g: float, cost_usd: float
-                   ) -> None:
-        self._parts.append((energy_j, static_j, carbon_g, cost_usd))
+    def add_energy(self, energy_j: float, static_j: float, carbon_g: float, cost_usd: float,
+                   failed_j: float = 0.0) -> None:
+        self._parts.append((energy_j, static_j, carbon_g, cost_usd, failed_j))
 
     def settle(self) -> None:
         # fsum makes the totals independent of the order rows came back from the store.
-        for i, name in enumerate(("energy_j", "static_j", "carbon_g", "cost_usd")):
+        for i, name in enumerate(("energy_j", "static_j", "carbon_g", "cost_usd",
+                                  "failed_energy_j")):
             setattr(self, name, math.fsum(p[i] for p in self._parts))
 
     def as_dict(self, group_by: Sequence[str], span_s: float | None,
@@ -67,7 +81,8 @@ class UsageRow:
             return amount / over if over else None
 
         out.update(
-            account=self.account, requests=self.requests, ok=self.ok,
+            account=self.account, requests=self.requests, ok=self.ok, served=self.served,
+            refused=self.refused, failed=self.failed, cancelled=self.cancelled,
             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
             energy_j=self.energy_j, energy_kwh=self.energy_j / J_PER_KWH,
             carbon_g=self.carbon_g, cost_usd=self.cost_usd,
@@ -75,9 +90,9 @@ class UsageRow:
             power_w=rate(self.energy_j, metered_s),
             j_per_token=(self.energy_j / self.completion_tokens
                          if self.completion_tokens else None),
-            idle_share=(1.0 if self.account == "idle" else
+            idle_share=(1.0 if self.account == "idle" else 0.0 if self.account == "failed" else
                         (self.static_j / self.energy_j if self.energy_j > 0 else 0.0)),
-            estimated=self.estimated,
+            failed_energy_j=self.failed_energy_j, estimated=self.estimated,
         )
         return out
 
@@ -135,12 +150,13 @@ def build_report(data: UsageData, group_by: Sequence[str], since_s: float, until
             r = rows[(key, account)] = UsageRow(key, account)
         return r
 
-    for tenant, model, precision, engine, hour, e, st, c, usd, est in data.energy:
+    for tenant, model, precision, engine, hour, e, st, c, usd, est, *failed in data.energy:
         r = row(tenant, model, precision, engine, hour, "requests")
-        r.add_energy(e, st, c, usd)
+        r.add_energy(e, st, c, usd, float(failed[0] or 0.0) if failed else 0.0)
         r.estimated = r.estimated or bool(est)
     firsts, lasts = [], []
-    for tenant, model, precision, engine, hour, n, ok, pt, ct, met, first, last in data.requests:
+    for (tenant, model, precision, engine, hour, n, ok, pt, ct, met, first, last,
+         *by_class) in data.requests:
         firsts.append(float(first))
         lasts.append(float(last))
         r = row(tenant, model, precision, engine, hour, "requests")
@@ -149,24 +165,33 @@ def build_report(data: UsageData, group_by: Sequence[str], since_s: float, until
         r.prompt_tokens += int(pt)
         r.completion_tokens += int(ct)
         r.slo_met += int(met)
+        for name, count in zip(OUTCOME_CLASSES, by_class, strict=False):
+            setattr(r, name, getattr(r, name) + int(count or 0))
     starts, ends = [], []
-    for engine, model, precision, hour, e, c, usd, est, start, end in data.idle:
+    for engine, model, precision, hour, e, c, usd, est, start, end, *_ in data.idle:
         starts.append(float(start))
         ends.append(float(end))
         r = row(IDLE_TENANT, model, precision, engine, hour, "idle")
         r.add_energy(e, e, c, usd)
         r.estimated = r.estimated or bool(est)
+    for engine, model, precision, hour, e, c, usd, est in data.failed:
+        r = row(FAILED_TENANT, model, precision, engine, hour, "failed")
+        r.add_energy(e, 0.0, c, usd)
+        r.estimated = r.estimated or bool(est)
     spans = Report(since_s, until_s, tuple(group_by), (), {},
                    *((min(firsts), max(lasts)) if firsts else (None, None)),
                    *((min(starts), max(ends)) if starts else (None, None)))
     span, metered = spans.span_s, spans.metered_s
-    ordered = sorted(rows.values(), key=lambda r: (r.account != "requests", r.key))
+    order = {"requests": 0, "idle": 1, "failed": 2}
+    ordered = sorted(rows.values(), key=lambda r: (order[r.account], r.key))
     total = UsageRow(tuple("TOTAL" if i == 0 else "" for i in range(len(group_by))), "all")
+    counts: tuple[str, ...] = ("requests", "ok", *OUTCOME_CLASSES, "prompt_tokens",
+                               "completion_tokens", "slo_met")
     for r in ordered:
         r.settle()
-        total.add_energy(r.energy_j, r.static_j, r.carbon_g, r.cost_usd)
-        for name in ("requests", "ok", "prompt_tokens", "completion_tokens", "slo_met"):
-            setattr(total, name, getattr(total, name) + getattr(r, name))
+        total.add_energy(r.energy_j, r.static_j, r.carbon_g, r.cost_usd, r.failed_energy_j)
+        for column in counts:
+            setattr(total, column, getattr(total, column) + getattr(r, column))
         total.estimated = total.estimated or r.estimated
     total.settle()
     total_dict = total.as_dict(group_by, span, metered)
@@ -209,9 +234,10 @@ def _csv_cell(v: Any) -> Any:
 
 
 def columns(report: Report) -> list[str]:
-    return [*report.group_by, "account", "requests", "ok", "prompt_tokens", "completion_tokens",
-            "energy_j", "energy_kwh", "carbon_g", "cost_usd", "requests_per_s", "goodput_rps",
-            "power_w", "j_per_token", "idle_share", "estimated"]
+    return [*report.group_by, "account", "requests", "ok", *OUTCOME_CLASSES, "prompt_tokens",
+            "completion_tokens", "energy_j", "energy_kwh", "carbon_g", "cost_usd",
+            "failed_energy_j", "requests_per_s", "goodput_rps", "power_w", "j_per_token",
+            "idle_share", "estimated"]
 
 
 def _stamp(wall_s: float) -> str:

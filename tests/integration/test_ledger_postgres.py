@@ -16,8 +16,10 @@ from gateway.accounting.ledger.sql import MIGRATIONS
 from gateway.accounting.ledger.sqlite import SqliteLedger
 from gateway.accounting.report import build_report, render
 from gateway.accounting.work import WorkRow
+from gateway.vocab import FailedEnergy
 from tests.support.postgres import fresh_database, postgres_server
 from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
+from tests.unit.test_ledger_failed import check_books, serve
 from tests.unit.test_ledger_sqlite import Clock, conservation, drive, make_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
@@ -49,6 +51,14 @@ async def test_service_on_postgres_conserves_energy(pg: str) -> None:
     assert got is not None and got["final"]
     assert got["energy_j"] == pytest.approx(run.truth_j[rid], rel=0.15)
     await svc.stop()
+
+
+@pytest.mark.parametrize("setting", ["failed_account", "tenant"])
+async def test_failed_requests_on_postgres_keep_meters_equal_tenants_idle_failed(
+        pg: str, tmp_path: Path, setting: FailedEnergy) -> None:
+    """The faulty run of tests/unit/test_ledger_failed.py on PostgreSQL: the same books."""
+    svc, _, kinds = await serve(tmp_path, setting, await _ledger(pg))
+    await check_books(svc, kinds, setting)
 
 
 async def test_advisory_lock_admits_exactly_one_apportioner(pg: str) -> None:
@@ -190,7 +200,10 @@ async def test_a_version_2_ledger_migrates_with_the_span_of_each_requests_work(
         (sql.INSERT_WORK, [("r0", 10, 5.0, 1.0, 1.0, 0.0, 2.0, "e0"),
                            ("r0", 13, 0.0, 1.0, 0.0, 0.0, 2.0, "e0"),  # stamped after finish
                            ("r1", 12, 5.0, 1.0, 0.5, 0.0, 2.0, "e0")]),
-        (sql.INSERT_SHARE, [("r0", "e0", 10, 10.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
+        ("INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j, "
+         "static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated) "
+         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         [("r0", "e0", 10, 10.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
                             ("r0", "e0", 13, 13.0, 0, 0.25, 0.0, 0.25, 0.0, 1e-4, 1e-6, 0),
                             ("r1", "e0", 12, 12.0, 0, 7.0, 1.0, 6.0, 0.5, 1e-3, 1e-5, 0)]),
     ])
@@ -206,4 +219,6 @@ async def test_a_version_2_ledger_migrates_with_the_span_of_each_requests_work(
     assert (r0["first_interval"], r0["last_interval"], r0["intervals"]) == (10, 13, 2)
     assert r0["energy_j"] == pytest.approx(2.75, rel=1e-12)
     assert (r1["first_interval"], r1["last_interval"], r1["energy_j"]) == (12, 12, 7.0)
+    # version 9: an old request's class from its status, nothing in the failed account
+    assert (r0["outcome"], r0["http_status"], r0["failed_energy_j"]) == ("served", None, 0.0)
     await new.close()

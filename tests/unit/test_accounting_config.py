@@ -86,3 +86,12 @@ def test_the_apportioner_runs_in_a_process_unless_told_and_bad_modes_are_named()
     with pytest.raises(ConfigError) as err:
         parse_accounting({"apportioner": "sidecar"})
     assert err.value.path == "accounting.apportioner" and "inline" in err.value.message
+
+
+def test_failed_energy_goes_to_the_failed_account_unless_told_and_bad_values_are_named() -> None:
+    assert parse_accounting(None).failed_energy == "failed_account"
+    assert parse_accounting({"failed_energy": "tenant"}).failed_energy == "tenant"
+    with pytest.raises(ConfigError) as err:
+        parse_accounting({"failed_energy": "nobody"})
+    assert err.value.path == "accounting.failed_energy"
+    assert "failed_account" in err.value.message and "tenant" in err.value.message

@@ -69,4 +69,7 @@ async def test_a_request_not_yet_written_is_shown_pending_by_the_recorder(
     got = gateway.pending_request(rec.request_id)
     assert got is not None and got["final"] is False and got["energy_j"] == 0.0
     assert math.isclose(got["finished_s"], rec.wall(rec.finished_s))
+    # the fields of a written request's detail, as far as they are known before apportioning
+    assert (got["outcome"], got["http_status"], got["failed_energy_j"]) == (
+        rec.outcome, rec.http_status, 0.0)
     assert gateway.pending_request("no-such-id") is None

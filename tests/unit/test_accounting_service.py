@@ -61,7 +61,7 @@ async def test_model_meter_books_are_flagged_estimated(tmp_path: Path) -> None:
     got = await svc.ledger.request(rid)
     assert got is not None and got["estimated"] and got["energy_j"] > 0
     usage = await svc.ledger.usage(0.0, 1e12, None)
-    assert all(row[-1] for row in usage.energy) and all(row[-1] for row in usage.idle)
+    assert all(row[9] for row in usage.energy) and all(row[7] for row in usage.idle)
     expected = sum(model.prefill_j_per_token * r.prompt_tokens
                    + model.decode_j_per_token * r.completion_tokens for r in run.records)
     shares = math.fsum(r[5] for r in usage.energy)

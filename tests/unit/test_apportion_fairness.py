@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.accounting.apportion import Apportionment, apportion
@@ -202,6 +202,10 @@ def test_a_tenant_that_adds_a_request_does_not_pay_less(
     "adds (seen on intervals of one decode token and one prompt token)"))
 @settings(derandomize=True, max_examples=150, deadline=None)
 @given(tenant_rows("a", 0, 6), tenant_rows("b", 1), work_row("a-new"), energies, idle_powers)
+# the case found, kept: which examples a derandomized search draws depends on the constants
+# of the modules loaded with it, so the search alone may miss it in a bigger run
+@example([WorkRow("a0", 0, 0.0, 1.0, 1.0, 0.0, 0.0)], [WorkRow("b0", 0, 0.0, 1.0, 1.0, 0.0, 1340.0)],
+         WorkRow("a-new", 0, 1.0, 0.0, 1.0, 0.0, 0.0), 1.0, 0.0)
 def test_a_tenant_that_adds_a_request_does_not_pay_less_with_the_step_term(
         a_rows: list[WorkRow], b_rows: list[WorkRow], new: WorkRow, energy_j: float,
         idle_w: float) -> None:

@@ -280,7 +280,9 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
                  "('r0', 'e0', 11, 5.0, 6.0, 1.0, 0.0, 9.0, 1), "
                  "('r0', 'e0', 13, 0.0, 1.0, 0.0, 0.0, 2.0, 1), "  # a token after the finish
                  "('r2', 'e0', 13, 1.0, 1.0, 0.5, 0.0, 1.0, 0)")  # late, not apportioned yet
-    conn.executemany(sql.INSERT_SHARE, [
+    conn.executemany("INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, "
+                     "energy_j, static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
         ("r0", "e0", 11, 11.0, 0, 2.5, 1.0, 1.5, 0.5, 1e-3, 1e-5, 0),
         ("r0", "e0", 13, 13.0, 0, 0.25, 0.0, 0.25, 0.0, 1e-4, 1e-6, 0),
         ("r1", "e0", 12, 12.0, 0, 7.0, 1.0, 6.0, 0.5, 1e-3, 1e-5, 0)])
@@ -303,6 +305,8 @@ async def test_first_version_ledger_migrates_and_keeps_its_rows(tmp_path: Path) 
     # Version 3 gave the old request the span of its work, so its shares are found by key.
     assert (got["first_interval"], got["last_interval"]) == (11, 13)
     assert (got["intervals"], got["energy_j"]) == (2, 2.75)
+    # Version 9: its outcome class from its status, nothing in the failed account.
+    assert (got["outcome"], got["http_status"], got["failed_energy_j"]) == ("served", None, 0.0)
     pending = (await ledger.snapshot("e0", [(11, 11)])).rows
     assert [(p.row.request_id, p.row.decode_tokens, p.tenant) for p in pending] == [
         ("r0", 6.0, "t")]

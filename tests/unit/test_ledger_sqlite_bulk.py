@@ -28,7 +28,8 @@ def _tables(c: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
 
 def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
     return (f"r{i:06d}", tenant, "m", "e1", "fp8", "chat", "ok", 1, i * 0.5, i * 0.5 + 0.3,
-            0, 10 + i, 20 + i, i % 2, i // 8, i // 7, "rep", "engine")
+            0, 10 + i, 20 + i, i % 2, i // 8, i // 7, "rep", "engine", 200, "served",
+            None if i % 3 else i * 0.5 + 0.2)
 
 
 def _work(i: int, k: int, engine: str = "e1") -> EngineWork:
@@ -36,7 +37,8 @@ def _work(i: int, k: int, engine: str = "e1") -> EngineWork:
 
 
 def _share(i: int, k: int) -> tuple[Any, ...]:
-    return (f"r{i:06d}", "e1", k, k * 1.0, 0, 0.1 * i, 0.05, 0.05 * i, 0.2, 1e-3 * i, 1e-5, 0)
+    return (f"r{i:06d}", "e1", k, k * 1.0, 0, 0.1 * i, 0.05, 0.05 * i, 0.2, 1e-3 * i, 1e-5, 0,
+            0.01 * i)
 
 
 def _both(batches: Sequence[tuple[str, Sequence[Sequence[Any]]]],

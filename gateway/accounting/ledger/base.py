@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add
 from typing import Any, NamedTuple, Protocol
 
 from gateway.accounting.counters import CounterState
+from gateway.accounting.failed import BILL_ALL
 from gateway.accounting.work import Work, WorkRow, interval_span
 from gateway.errors import WattgateError
 from gateway.records import RequestRecord
@@ -51,6 +52,11 @@ class RequestRow(NamedTuple):
     # None when no engine ran it
     replica: str
     prompt_source: str = "engine"  # "engine" (usage), "gateway" (tokenizer) or "estimate"
+    http_status: int | None = None  # what the client was answered (None: before schema v9)
+    outcome: str = "served"  # its outcome class (gateway/outcomes.py)
+    # wall clock of the last read that carried a token event to the client (None: none did);
+    # where a failed request's bill stops (gateway/accounting/failed.py)
+    delivered_s: float | None = None
 
     @classmethod
     def from_record(cls, rec: RequestRecord, interval_s: float, replica: str,
@@ -70,7 +76,8 @@ class RequestRow(NamedTuple):
             rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
             rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
             math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
-            1 if rec.slo_met else 0, first, last, replica, rec.prompt_source))
+            1 if rec.slo_met else 0, first, last, replica, rec.prompt_source, rec.http_status,
+            rec.outcome, rec.wall(rec.read_times[-1]) if rec.read_times else None))
 
 
 class EngineWork(NamedTuple):
@@ -128,6 +135,10 @@ class IntervalRow:
     alpha: float
     beta: float
     gamma: float
+    # the engine's failed account: failed requests' energy not billed (failed.py)
+    failed_j: float = 0.0
+    failed_carbon_g: float = 0.0
+    failed_cost_usd: float = 0.0
 
 
 class ShareRow(NamedTuple):
@@ -145,6 +156,7 @@ class ShareRow(NamedTuple):
     carbon_g: float
     cost_usd: float
     estimated: int  # 1 when the interval's energy is estimated, not measured
+    failed_j: float = 0.0  # its share that went to the failed account (failed.py), not billed
 
 
 class Watermark(NamedTuple):
@@ -158,10 +170,13 @@ class Watermark(NamedTuple):
 
 
 class PendingWork(NamedTuple):
-    """A work row read back for apportioning, with its tenant."""
+    """A work row read back for apportioning, with its tenant and, for a failed request, up
+    to when (wall clock) its residency is billed if failures go to the failed account
+    (`failed.bill_until`; BILL_ALL for every other request)."""
 
     tenant: str
     row: WorkRow
+    bill_until_s: float = BILL_ALL
 
 
 class WorkSnapshot(NamedTuple):
@@ -175,11 +190,15 @@ class WorkSnapshot(NamedTuple):
 class UsageData:
     """Raw aggregates for chargeback, grouped by (tenant, model, precision, engine, hour)."""
 
-    energy: list[tuple[Any, ...]]  # dims..., energy_j, static_j, carbon_g, cost_usd, estimated
-    # dims..., requests, ok, prompt, completion, slo_met, first arrived_s, last finished_s
+    # dims..., energy_j, static_j, carbon_g, cost_usd, estimated, failed_j (not billed)
+    energy: list[tuple[Any, ...]]
+    # dims..., requests, ok, prompt, completion, slo_met, first arrived_s, last finished_s,
+    # then the requests per outcome class: served, refused, failed, cancelled
     requests: list[tuple[Any, ...]]
     # engine, model, precision, hour, idle_j, carbon, cost, estimated, first start_s, last end_s
     idle: list[tuple[Any, ...]]
+    # engine, model, precision, hour, failed_j, carbon, cost, estimated (the failed account)
+    failed: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class Ledger(Protocol):

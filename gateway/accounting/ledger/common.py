@@ -11,6 +11,7 @@ import orjson
 
 from gateway.accounting.chunks import in_chunks
 from gateway.accounting.counters import CounterState
+from gateway.accounting.failed import BILL_ALL, bill_until
 from gateway.accounting.ledger import sql
 from gateway.accounting.ledger.base import (
     EngineState,
@@ -39,7 +40,8 @@ _new = tuple.__new__  # a NamedTuple without its Python-level __new__
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
     return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
             i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
-            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, hour_of(i.start_s))
+            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, i.failed_j,
+            i.failed_carbon_g, i.failed_cost_usd, hour_of(i.start_s))
 
 
 def counter_params(c: CounterState | None) -> tuple[Any, ...]:
@@ -78,6 +80,8 @@ class SqlLedger(ABC):
 
     def __init__(self) -> None:
         self._tenant_cache: dict[str, str] = {}
+        # failed requests' billing cuts (failed.bill_until), by request id: only those
+        self._cut_cache: dict[str, float] = {}
         # Why the store refuses all work for good (e.g. its file deleted while open), for
         # readiness checks; None while it works or fails only transiently.
         self.fault: str | None = None
@@ -155,6 +159,8 @@ class SqlLedger(ABC):
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
         self._tenant_cache.update((r.request_id, r.tenant) for r in requests)
+        self._cut_cache.update((r.request_id, _cut(r.outcome, r.delivered_s))
+                               for r in requests if r.outcome == "failed")
         self._bound_tenants()
 
     async def open_since(self, seen_after_s: float) -> float | None:
@@ -175,9 +181,11 @@ class SqlLedger(ABC):
 
     async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
         tenant_of = (await self._tenants({r[0] for r in rows})).get
+        cut_of = self._cut_cache.get
         out: list[PendingWork] = []
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
-            out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r)))
+            out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r),
+                                       cut_of(r[0], BILL_ALL)))
                     for r in part]
         return out
 
@@ -190,7 +198,10 @@ class SqlLedger(ABC):
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])
             query = sql.with_marks(sql.SELECT_TENANTS, len(chunk))
-            cache.update(await self._fetch(query, chunk))
+            for rid, tenant, outcome, delivered in await self._fetch(query, chunk):
+                cache[rid] = tenant
+                if outcome == "failed":
+                    self._cut_cache[rid] = _cut(outcome, delivered)
         return cache
 
     def _bound_tenants(self) -> None:
@@ -198,6 +209,7 @@ class SqlLedger(ABC):
         if len(cache) > TENANT_CACHE:
             for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
                 del cache[rid]  # the oldest half: their requests' work is long apportioned
+                self._cut_cache.pop(rid, None)
 
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
@@ -213,7 +225,8 @@ class SqlLedger(ABC):
         wanted = set(idxs)
         rows = await self._fetch(sql.SELECT_INTERVALS, (engine, min(idxs), max(idxs)))
         return [IntervalRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9],
-                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16], r[17])
+                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16], r[17],
+                            r[18], r[19], r[20])
                 for r in rows if int(r[1]) in wanted]
 
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
@@ -245,10 +258,10 @@ class SqlLedger(ABC):
         out["stream"] = bool(out["stream"])
         out["slo_met"] = bool(out["slo_met"])
         first, last = out["first_interval"], out["last_interval"]
-        n, energy, static, dynamic, gpu_s, carbon, cost, est = (
+        n, energy, static, dynamic, gpu_s, carbon, cost, est, failed = (
             (await self._fetch(sql.SELECT_REQUEST_TOTALS, (
                 first, first if last is None else last, out["engine"], request_id)))[0]
-            if first is not None else (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
+            if first is not None else (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0))
         pending = 0 if first is None else (await self._fetch(sql.SELECT_REQUEST_PENDING, (
             out["engine"], first, first if last is None else last)))[0][0]
         final = True
@@ -260,7 +273,7 @@ class SqlLedger(ABC):
         out.update(energy_j=_num(energy), static_j=_num(static), dynamic_j=_num(dynamic),
                    gpu_s=_num(gpu_s), carbon_g=_num(carbon), cost_usd=_num(cost),
                    energy_kwh=_num(energy) / 3.6e6, intervals=int(n), final=final,
-                   estimated=bool(est))
+                   estimated=bool(est), failed_energy_j=_num(failed))
         return out
 
     async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData:
@@ -269,8 +282,18 @@ class SqlLedger(ABC):
                                    (since_s, until_s, *extra))
         reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
                                  (since_s, until_s, *extra))
-        idle = [] if tenant else await self._fetch(sql.USAGE_IDLE, (since_s, until_s))
-        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=_plain(idle))
+        accounts = [] if tenant else _plain(await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))
+        # one read of the intervals for both engine accounts: idle, and failed where it holds any
+        idle = [r[:10] for r in accounts]
+        failed = [(*r[:4], *r[10:13], r[7]) for r in accounts if r[10]]
+        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=idle, failed=failed)
+
+
+def _cut(outcome: str, delivered_s: float | None) -> float:
+    """A request's billing cut should failures go to the failed account (the apportioner
+    applies the config's switch)."""
+    return bill_until(outcome, None if delivered_s is None else float(delivered_s),
+                      "failed_account")
 
 
 def _plain(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

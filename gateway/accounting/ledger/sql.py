@@ -113,6 +113,29 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             last_interval {BIGINT})""",
         "CREATE INDEX reservations_tenant ON reservations (tenant)",
     )),
+    # How a request ended: the HTTP status it was answered, its outcome class
+    # (gateway/outcomes.py) and, for the failed account (gateway/accounting/failed.py), the
+    # wall-clock time of its last read that carried a token event to the client. Rows from
+    # before v9 get their class from their status: an engine's 4xx but 429 is refused, a
+    # request no engine ran refused (the gateway said no), any other failed.
+    # Each engine's failed account beside its idle account, per interval, and each share's
+    # part that went there.
+    (9, (
+        "ALTER TABLE requests ADD COLUMN http_status INTEGER",
+        "ALTER TABLE requests ADD COLUMN outcome TEXT NOT NULL DEFAULT 'served'",
+        "ALTER TABLE requests ADD COLUMN delivered_s {REAL}",
+        """UPDATE requests SET outcome = CASE
+            WHEN status = 'ok' THEN 'served'
+            WHEN status = 'client_disconnected' THEN 'cancelled'
+            WHEN status = 'upstream_http_429' THEN 'failed'
+            WHEN status LIKE 'upstream_http_4%' THEN 'refused'
+            WHEN last_interval IS NULL THEN 'refused'
+            ELSE 'failed' END""",
+        "ALTER TABLE intervals ADD COLUMN failed_j {REAL} NOT NULL DEFAULT 0",
+        "ALTER TABLE intervals ADD COLUMN failed_carbon_g {REAL} NOT NULL DEFAULT 0",
+        "ALTER TABLE intervals ADD COLUMN failed_cost_usd {REAL} NOT NULL DEFAULT 0",
+        "ALTER TABLE shares ADD COLUMN failed_j {REAL} NOT NULL DEFAULT 0",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -145,8 +168,9 @@ SET_VERSION = "INSERT INTO schema_version (version) VALUES (?)"
 
 INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, precision, slo_class,
     status, stream, arrived_s, finished_s, finished_hour, prompt_tokens, completion_tokens,
-    slo_met, first_interval, last_interval, replica, prompt_source)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"""
+    slo_met, first_interval, last_interval, replica, prompt_source, http_status, outcome,
+    delivered_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
     kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
 UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES (?, ?, ?)
@@ -172,7 +196,8 @@ SELECT_VERSIONS = """SELECT interval_idx, version FROM work_versions
 # An interval apportioned from what the apportioner read: clean unless written to since.
 CLEAR_DIRTY = """UPDATE work_versions SET dirty = 0
     WHERE engine = ? AND interval_idx = ? AND version = ?"""
-SELECT_TENANTS = "SELECT request_id, tenant FROM requests WHERE request_id IN ({MARKS})"
+SELECT_TENANTS = """SELECT request_id, tenant, outcome, delivered_s FROM requests
+    WHERE request_id IN ({MARKS})"""
 SELECT_TENANT_SHARES = """SELECT s.interval_idx, COALESCE(r.tenant, ''), SUM(s.energy_j),
     SUM(s.carbon_g), SUM(s.cost_usd) FROM shares s
     LEFT JOIN requests r ON r.request_id = s.request_id
@@ -182,12 +207,14 @@ SELECT_DIRTY = """SELECT interval_idx FROM work_versions
     WHERE engine = ? AND dirty = 1 AND interval_idx < ? ORDER BY interval_idx"""
 INTERVAL_COLUMNS = ("engine, interval_idx, start_s, interval_s, model, precision, gpus, energy_j, "
                     "static_j, dynamic_j, idle_j, idle_s, idle_carbon_g, idle_cost_usd, "
-                    "estimated, alpha, beta, gamma")
+                    "estimated, alpha, beta, gamma, failed_j, failed_carbon_g, failed_cost_usd")
 SELECT_INTERVALS = f"""SELECT {INTERVAL_COLUMNS} FROM intervals
     WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
 UPSERT_INTERVAL = f"""INSERT INTO intervals ({INTERVAL_COLUMNS}, hour_idx)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (engine, interval_idx) DO UPDATE SET energy_j = excluded.energy_j,
+    failed_j = excluded.failed_j, failed_carbon_g = excluded.failed_carbon_g,
+    failed_cost_usd = excluded.failed_cost_usd,
     static_j = excluded.static_j, dynamic_j = excluded.dynamic_j, idle_j = excluded.idle_j,
     idle_s = excluded.idle_s, idle_carbon_g = excluded.idle_carbon_g,
     idle_cost_usd = excluded.idle_cost_usd, estimated = excluded.estimated,
@@ -234,8 +261,8 @@ SELECT_PRECISION_TOKENS = """SELECT precision,
     CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) FROM requests
     WHERE arrived_s >= ? AND last_interval IS NOT NULL GROUP BY precision"""
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
-    static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+    static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated, failed_j)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 UPSERT_STATE = f"""INSERT INTO engine_state ({STATE_COLUMNS})
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (engine) DO UPDATE SET
     next_interval = excluded.next_interval, boundary_s = excluded.boundary_s,
@@ -250,16 +277,18 @@ UPDATE_COUNTER = """UPDATE engine_state SET counter_seen_s = ?, counter_raw_j = 
 
 SELECT_REQUEST = """SELECT request_id, tenant, model, engine, precision, slo_class, status, stream,
     arrived_s, finished_s, prompt_tokens, completion_tokens, slo_met, first_interval,
-    last_interval, replica, prompt_source FROM requests WHERE request_id = ?"""
+    last_interval, replica, prompt_source, http_status, outcome FROM requests
+    WHERE request_id = ?"""
 REQUEST_COLUMNS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", "status",
                    "stream", "arrived_s", "finished_s", "prompt_tokens", "completion_tokens",
-                   "slo_met", "first_interval", "last_interval", "replica", "prompt_source")
+                   "slo_met", "first_interval", "last_interval", "replica", "prompt_source",
+                   "http_status", "outcome")
 # One key look-up per interval of the request's work span (first, last, engine, request).
 SELECT_REQUEST_TOTALS = """WITH RECURSIVE span(k) AS (
         SELECT CAST(? AS BIGINT) UNION ALL SELECT k + 1 FROM span WHERE k < CAST(? AS BIGINT))
     SELECT COUNT(*), COALESCE(SUM(s.energy_j), 0), COALESCE(SUM(s.static_j), 0),
     COALESCE(SUM(s.dynamic_j), 0), COALESCE(SUM(s.gpu_s), 0), COALESCE(SUM(s.carbon_g), 0),
-    COALESCE(SUM(s.cost_usd), 0), COALESCE(MAX(s.estimated), 0)
+    COALESCE(SUM(s.cost_usd), 0), COALESCE(MAX(s.estimated), 0), COALESCE(SUM(s.failed_j), 0)
     FROM span JOIN shares s ON s.engine = ? AND s.interval_idx = span.k AND s.request_id = ?"""
 # Intervals of a request's span with work not yet apportioned (through the small index of
 # dirty intervals): its share may still change.
@@ -268,18 +297,23 @@ SELECT_REQUEST_PENDING = """SELECT COUNT(*) FROM work_versions
 SELECT_NEXT_INTERVAL = "SELECT next_interval FROM engine_state WHERE engine = ?"
 
 USAGE_ENERGY = """SELECT r.tenant, r.model, r.precision, s.engine, s.hour_idx, SUM(s.energy_j),
-    SUM(s.static_j), SUM(s.carbon_g), SUM(s.cost_usd), MAX(s.estimated)
+    SUM(s.static_j), SUM(s.carbon_g), SUM(s.cost_usd), MAX(s.estimated), SUM(s.failed_j)
     FROM shares s JOIN requests r ON r.request_id = s.request_id
     WHERE s.start_s >= ? AND s.start_s < ? {TENANT}
     GROUP BY r.tenant, r.model, r.precision, s.engine, s.hour_idx"""
 USAGE_REQUESTS = """SELECT tenant, model, precision, engine, finished_hour, COUNT(*),
     CAST(SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END) AS BIGINT),
     CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT),
-    CAST(SUM(slo_met) AS BIGINT), MIN(arrived_s), MAX(finished_s)
+    CAST(SUM(slo_met) AS BIGINT), MIN(arrived_s), MAX(finished_s),
+    CAST(SUM(CASE WHEN outcome = 'served' THEN 1 ELSE 0 END) AS BIGINT),
+    CAST(SUM(CASE WHEN outcome = 'refused' THEN 1 ELSE 0 END) AS BIGINT),
+    CAST(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END) AS BIGINT),
+    CAST(SUM(CASE WHEN outcome = 'cancelled' THEN 1 ELSE 0 END) AS BIGINT)
     FROM requests WHERE finished_s >= ? AND finished_s < ? {TENANT}
     GROUP BY tenant, model, precision, engine, finished_hour"""
 USAGE_IDLE = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle_carbon_g),
-    SUM(idle_cost_usd), MAX(estimated), MIN(start_s), MAX(start_s + interval_s) FROM intervals
+    SUM(idle_cost_usd), MAX(estimated), MIN(start_s), MAX(start_s + interval_s),
+    SUM(failed_j), SUM(failed_carbon_g), SUM(failed_cost_usd) FROM intervals
     WHERE start_s >= ? AND start_s < ? GROUP BY engine, model, precision, hour_idx"""
 
 
