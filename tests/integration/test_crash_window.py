@@ -136,10 +136,16 @@ def crash_once(tmp: Path, *, journal: bool = True, load_s: float = 3.0, clients:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("child_too", [True, False], ids=["with-its-child", "gateway-alone"])
 def test_sigkill_loses_at_most_the_last_fsync_window(tmp_path: Path, child_too: bool) -> None:
-    out = crash_once(tmp_path, child_too=child_too)
+    # With the child killed too, the kill must land while the child holds journalled records
+    # it has not written to the ledger, or the replay is not exercised; a child that happened
+    # to be caught up leaves nothing to replay, so that run is tried again (at most 3 times).
+    for attempt in range(3):
+        out = crash_once(tmp_path / f"run{attempt}", child_too=child_too)
+        if out.replayed or not child_too:
+            break
     assert out.answered >= 50, f"too little load to tell: {out.answered} answered"
     if child_too:
-        assert out.replayed, "the restart replayed no journal"
+        assert out.replayed, "the restart replayed no journal in 3 runs"
     late = [d for d in out.missing if d > BOUND_S]
     assert not late, (f"{len(out.missing)} of {out.answered} answered requests missing, "
                       f"{len(late)} answered more than {BOUND_S} s before the kill: {late[:5]}")
