@@ -126,7 +126,7 @@ def test_demo_serve_refuses_a_port_in_use_before_starting_anything(tmp_path: Pat
                                                                    busy_port: int) -> None:
     result = invoke("demo", "--serve", "--out", str(tmp_path), "--port", str(busy_port))
     assert result.exit_code == 1
-    assert f"port {busy_port} on 127.0.0.1 is in use" in error_line(result)
+    assert f"cannot listen on 127.0.0.1:{busy_port}: address already in use" in error_line(result)
     assert not (tmp_path / "fleet.log").exists()
 
 
