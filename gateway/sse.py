@@ -20,6 +20,8 @@ import orjson
 _TOKEN_RE = re.compile(rb'"choices":\s*\[\s*[^\s\]]')
 _USAGE_RE = re.compile(rb'"usage":\s*\{')
 _EMPTY_CHOICES_RE = re.compile(rb'"choices":\s*\[\s*\]')
+# a choice that ends: its `finish_reason` is a string ("stop", "length", ...), not null
+_FINISH_RE = re.compile(rb'"finish_reason":\s*"')
 
 
 def _split_point(buf: bytes) -> int:
@@ -36,7 +38,8 @@ class SseScanner:
     bytes, for clients that did not ask for it.
     """
 
-    __slots__ = ("_buf", "done", "error", "final_usage", "role_events", "strip_usage", "usage")
+    __slots__ = ("_buf", "done", "error", "final_usage", "finished", "role_events",
+                 "strip_usage", "usage")
 
     def __init__(self, *, strip_usage: bool):
         self._buf = b""
@@ -45,6 +48,7 @@ class SseScanner:
         self.done = False  # saw `data: [DONE]`
         self.final_usage = False  # saw the usage-only chunk (`"choices": []`) that ends a stream
         self.error = False  # saw an error event
+        self.finished = False  # saw a token event with a non-null finish_reason
         self.role_events = 0  # chat role chunks (token events by the count, with no token)
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
@@ -66,13 +70,17 @@ class SseScanner:
             self.error = True
         if b'"role"' in complete:
             self.role_events += complete.count(b'"role"')
+        if not self.finished and (b'"finish_reason":"' in complete or (
+                b'"finish_reason": ' in complete and _FINISH_RE.search(complete))):
+            self.finished = True
         return complete, _count_tokens(complete)
 
     @property
     def complete(self) -> bool:
-        """The relayed events hold the end of the answer: `[DONE]`, or the final usage chunk
-        for a client that asked for it (some clients stop reading there)."""
-        return self.done or (self.final_usage and not self.strip_usage)
+        """The relayed events hold the end of the answer: the token event that carries a
+        `finish_reason` (the last token the client gets; a client may stop reading there),
+        the final usage chunk it asked for, or `[DONE]`."""
+        return self.finished or self.done or (self.final_usage and not self.strip_usage)
 
     def _take_usage(self, complete: bytes) -> bytes:
         """Read the usage of each event that has one; cut usage-only events when stripping.
