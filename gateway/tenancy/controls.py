@@ -34,6 +34,7 @@ class TenantControls:
             assert isinstance(ledger, SqlLedger)  # behind the apportioner's commits
             self.store = TenancyStore(ledger, replica, config.tenant_controls, acct.pricing,
                                       wall)
+            self.store.budgeted = tuple(t.name for t in config.tenants if t.budgets.budgets)
         self.admission = Admission(config, self.metrics, clock=clock, store=self.store)
         for t in config.tenants:
             if t.budgets.budgets:
