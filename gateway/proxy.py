@@ -58,7 +58,7 @@ class Proxy:
         self.dispatch = Dispatch(config, upstreams, client, metrics, router, clock=clock,
                                  inflight=lambda: self.inflight)
         self.recorder = Recorder(config, admission, counter,
-                                 [metrics.observe, *sinks], clock)
+                                 [metrics.observe, *sinks], clock, client)
         self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
         self.draining = False
         # request ids: 64 random bits per process + a counter (24 hex digits, unique across
