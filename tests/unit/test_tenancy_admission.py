@@ -56,3 +56,28 @@ async def test_local_cap_without_a_ledger_and_token_estimates() -> None:
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}
     assert asked_tokens(chat) == 3
     assert (prompt_estimate({"prompt": [1, 2, 3]}), asked_tokens({})) == (3, None)
+
+
+def test_without_max_tokens_the_models_context_is_reserved() -> None:
+    raw = raw_config(EP)
+    raw["models"][0]["max_model_len"] = 4096
+    cfg = parse_config(raw, env={})
+    admission = Admission(cfg, None, clock=lambda: 0.0)
+    model = cfg.models[0].name
+    assert admission.output_tokens(model, 1000, 30) == 30  # max_tokens wins
+    assert admission.output_tokens(model, 1000, None) == 3096  # what the context leaves
+    assert admission.output_tokens(model, 5000, None) == 1
+    assert Admission(config(), None, clock=lambda: 0.0).output_tokens(model, 1000, None) == (
+        cfg.tenant_controls.default_max_tokens)
+
+
+def test_budget_downgrade_pinned_and_max_model_len_are_checked_at_load() -> None:
+    from gateway.errors import ConfigError
+
+    assert config(budget_downgrade_pinned=True).tenants[0].budgets.downgrade_pinned
+    with pytest.raises(ConfigError, match="budget_downgrade_pinned"):
+        config(budget_downgrade_pinned="yes")
+    raw = raw_config(EP)
+    raw["models"][0]["max_model_len"] = 0
+    with pytest.raises(ConfigError, match="max_model_len"):
+        parse_config(raw, env={})
