@@ -123,6 +123,14 @@ class TenantRates:
                                 Cost(output_j, output_j * g_per_j, output_j * usd_per_j))
         return cls(learnt)
 
+    def describe(self) -> list[dict[str, object]]:
+        """The learnt rates, for `/v1/usage`: per precision and prompt band (tokens, the
+        upper bound exclusive, None: unbounded), J per prompt token and per output token."""
+        edges = (0, *PROMPT_BANDS, None)
+        return [{"precision": precision, "prompt_tokens": [edges[band], edges[band + 1]],
+                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j}
+                for (precision, band), r in sorted(self.learnt.items())]
+
     def rates(self, precision: str, prompt_tokens: float, pricing: Pricing, now_s: float
               ) -> Rates:
         return (self.learnt.get((precision, band_of(prompt_tokens)))

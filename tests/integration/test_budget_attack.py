@@ -31,16 +31,19 @@ WAVES = 5
 WAVE = 10  # requests sent at once
 
 
-async def spent_j(url: str, tenant: str, deadline_s: float = 60.0) -> tuple[float, float]:
-    """(charged, reserved) J of `tenant`'s budget once nothing is reserved any more."""
+async def spent_j(url: str, tenant: str, deadline_s: float = 60.0
+                  ) -> tuple[float, float, list[dict[str, object]]]:
+    """(charged, reserved) J of `tenant`'s budget once nothing is reserved any more, and the
+    rates its reservations learnt."""
     auth = {"Authorization": f"Bearer {api_key(tenant)}"}
     end = time.monotonic() + deadline_s
     async with aiohttp.ClientSession() as s:
         while True:
             async with s.get(url + "/v1/usage", headers=auth) as r:
-                b = (await r.json())["budgets"][0]
+                usage = await r.json()
+            b = usage["budgets"][0]
             if b["held"] == 0 or time.monotonic() > end:
-                return float(b["spent"]), float(b["held"])
+                return float(b["spent"]), float(b["held"]), usage.get("budget_rates", [])
             await asyncio.sleep(0.5)
 
 
@@ -67,12 +70,14 @@ def test_neighbour_then_long_prompts_stays_within_the_budget(tmp_path: Path) -> 
     with running_fleet(tmp_path, ("neighbour", "attacker"),
                        (EngineSpec("vllm-bf16", "bf16", "vllm"),), tenant_extra=extra) as f:
         statuses = uvloop.run(attack(f.gateway_url))
-        spent, held = uvloop.run(spent_j(f.gateway_url, "attacker"))
+        spent, held, rates = uvloop.run(spent_j(f.gateway_url, "attacker"))
     admitted = statuses.count(200)
     overshoot = spent / BUDGET_J - 1.0
     print(f"attacker: {admitted} of {len(statuses)} admitted, billed {spent:.1f} J against "
-          f"{BUDGET_J:g} J ({overshoot:+.1%}), {held:.1f} J still reserved")
+          f"{BUDGET_J:g} J ({overshoot:+.1%}), {held:.1f} J still reserved; learnt {rates}")
     assert set(statuses) <= {200, 429}
     assert admitted >= 3, "the budget let some of the attack in"
     assert held == 0
     assert overshoot <= OVERSHOOT
+    # learnt from its own long-prompt bills only: nothing of the neighbour's short prompts
+    assert rates and all(r["prompt_tokens"] == [8192, None] for r in rates), rates
