@@ -35,6 +35,7 @@ class TenantControls:
             self.store = TenancyStore(ledger, replica, config.tenant_controls, acct.pricing,
                                       wall)
             self.store.budgeted = tuple(t.name for t in config.tenants if t.budgets.budgets)
+            self.store.interval_s = acct.interval_s
         self.admission = Admission(config, self.metrics, clock=clock, store=self.store)
         for t in config.tenants:
             if t.budgets.budgets:

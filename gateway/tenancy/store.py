@@ -40,8 +40,9 @@ log = logging.getLogger("wattgate.tenancy")
 
 REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
 NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
-RATE_WINDOW_S = 1800.0  # a tenant's rates from its bills of the last half hour
+RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
 RATE_MAX_BILLS = 2000  # at most its latest this many
+RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
 
 
@@ -79,6 +80,8 @@ class TenancyStore:
         self.replicas = 1
         self.rates: dict[str, TenantRates] = {}  # budgeted tenant -> its learnt rates
         self.budgeted: tuple[str, ...] = ()  # whose rates `refresh` learns
+        self.interval_s = 1.0  # the accounting grid: a request's shares start this before it
+        self._rates_at = -math.inf
         self._queue = _Settlements()
         self._task: asyncio.Task[None] | None = None
 
@@ -162,9 +165,14 @@ class TenancyStore:
         recent final bills."""
         now = self.wall()
         self.replicas = max(1, await self.ledger.live_replicas(now - REPLICA_LIVE_S))
+        if now - self._rates_at < RATE_EVERY_S:
+            return
+        self._rates_at = now
         rates: dict[str, TenantRates] = {}
         for tenant in self.budgeted:
-            rows = await self.ledger.tenant_bills(tenant, now - RATE_WINDOW_S, RATE_MAX_BILLS)
+            # requests that arrived in the window, with every share of theirs in it
+            rows = await self.ledger.tenant_bills(tenant, now - RATE_WINDOW_S, self.interval_s,
+                                                  RATE_MAX_BILLS)
             rates[tenant] = TenantRates.from_bills(Bill(*row) for row in rows)
         self.rates = rates
 

@@ -27,7 +27,7 @@ from loadgen.truth.workload import Planned, drive
 pytestmark = pytest.mark.timeout(420)
 BUDGET_J = 1200.0
 OVERSHOOT = 0.05
-WAVES = 5
+WAVES = 7
 WAVE = 10  # requests sent at once
 
 

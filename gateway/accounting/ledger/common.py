@@ -133,13 +133,13 @@ class SqlLedger(ABC):
         rows = await self._fetch(sql.SELECT_LIVE_REPLICAS, (seen_after_s,))
         return int(rows[0][0]) if rows else 0
 
-    async def tenant_bills(self, tenant: str, since_s: float, limit: int
+    async def tenant_bills(self, tenant: str, since_s: float, interval_s: float, limit: int
                            ) -> list[tuple[str, int, int, float, float, float]]:
-        """A tenant's latest `limit` final requests arrived since `since_s`: (precision,
-        prompt tokens, completion tokens, J, gCO2e, USD) each."""
-        # a request's shares start at most an interval before it arrived
+        """A tenant's latest `limit` final requests whose shares are all since `since_s`
+        (they arrived an interval later): (precision, prompt tokens, completion tokens, J,
+        gCO2e, USD) each."""
         rows = await self._fetch(sql.SELECT_TENANT_BILLS,
-                                 (since_s - 3600.0, tenant, since_s, limit))
+                                 (since_s, tenant, since_s + interval_s, limit))
         return [(str(p), int(pt or 0), int(ct or 0), float(e or 0), float(c or 0),
                  float(u or 0)) for p, pt, ct, e, c, u in rows]
 
