@@ -50,7 +50,7 @@ class RequestRow(NamedTuple):
     last_interval: int | None  # the interval of its finish, or of its last work if later;
     # None when no engine ran it
     replica: str
-    prompt_source: str = "engine"  # "engine" (usage), "gateway" (tokenizer) or "estimate"
+    prompt_source: str = "engine"  # "engine" (usage), "engine_tokenize", "gateway" (tokenizer), "estimate"
 
     @classmethod
     def from_record(cls, rec: RequestRecord, interval_s: float, replica: str,
