@@ -60,8 +60,9 @@ async def test_cut_off_streams_carry_vllms_prompt_count(
         logged_gateway: Gateway, vllm_servers: tuple[VllmServer, ...]) -> None:
     log = logged_gateway.access_log
     assert log is not None
-    cases = [("/v1/completions", {"prompt": PROMPT}),
-             ("/v1/chat/completions", {"messages": MESSAGES})]
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/completions", {"prompt": PROMPT}),
+        ("/v1/chat/completions", {"messages": MESSAGES})]
     ids: dict[str, int] = {}
     for path, body in cases:
         expected = await vllm_prompt_tokens(vllm_servers[0], path, body)
