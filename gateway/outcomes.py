@@ -19,8 +19,9 @@ dashboard, `wattgate report`, `/v1/usage`, the demo and the load generator's gra
 - cancelled: the client left before the answer ended (`client_disconnected`, 499).
 
 A stream's answer has ended for the client once the token event that carries a non-null
-`finish_reason` was handed to its socket: whoever closes the connection first after that,
-the request is `ok` (a client that reads no usage may stop there, before `[DONE]`).
+`finish_reason` (of every choice, with `n` > 1) was handed to its socket: whoever closes the
+connection first after that, the request is `ok` (a client that reads no usage may stop
+there, before `[DONE]`).
 
 SLO attainment and goodput are over served and failed requests (a failure is a miss);
 refusals and cancellations are counted apart; the error ratio is failed / (served + failed).
