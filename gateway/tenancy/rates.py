@@ -82,11 +82,13 @@ def fit_j(bills: Sequence[Bill], prior_ratio: float) -> tuple[float, float] | No
     spe = math.fsum(p * e for p, _, e in rows)
     sce = math.fsum(c * e for _, c, e in rows)
     det = spp * scc - spc * spc
-    a = b = -1.0
     if det > 1e-6 * spp * scc:  # the shapes differ enough to tell a prompt token from an output one
         a, b = (spe * scc - sce * spc) / det, (sce * spp - spe * spc) / det
-    if a < 0 or b < 0:
-        # one rate, in the prior's proportion: energy = s x (ratio x prompt + completion)
+        if a < 0 or b < 0:  # the best non-negative fit has one of them 0: the closer one
+            only_a, only_b = (spe / spp, 0.0), (0.0, sce / scc)
+            a, b = min(only_a, only_b, key=lambda ab: math.fsum(
+                (e - ab[0] * p - ab[1] * c) ** 2 for p, c, e in rows))
+    else:  # one shape: one rate, in the prior's proportion (energy = s x (ratio x p + c))
         w = [(prior_ratio * p + c, e) for p, c, e in rows]
         s = math.fsum(x * e for x, e in w) / math.fsum(x * x for x, _ in w)
         a, b = s * prior_ratio, s

@@ -59,3 +59,11 @@ def test_too_few_bills_or_a_band_never_sent_gets_the_conservative_prior() -> Non
     assert long.output.j == PRIOR_J_PER_OUTPUT_TOKEN["bf16"]
     assert long.prompt.j == pytest.approx(PRIOR_J_PER_OUTPUT_TOKEN["bf16"] * PRIOR_PROMPT_SHARE)
     assert rates.rates("int4", 50, PRICING, 0.0).output.j == PRIOR_J_PER_OUTPUT_TOKEN["int4"]
+
+
+def test_a_fit_that_would_go_negative_keeps_the_closer_single_rate() -> None:
+    # energy all from the output tokens, with noise that pulls the prompt's rate below 0
+    bills = [bill(100, 200, a=0.0, noise=1.05), bill(400, 20, a=0.0, noise=0.9),
+             bill(300, 100, a=0.0), bill(200, 50, a=0.0, noise=1.02)]
+    a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (-1.0, -1.0)
+    assert a == 0.0 and 0.27 < b < 0.3 * MAX_MARGIN
