@@ -61,6 +61,9 @@ class ModelPool:
     name: str
     endpoints: tuple[Endpoint, ...]
     tokenizer: str = ""  # tokenizer.json, model folder or cached hub name ("": 4-byte estimate)
+    # the engines' context length (vLLM's max_model_len): a budget reserves up to it for a
+    # request without max_tokens (None: tenant_controls.default_max_tokens)
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +215,8 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
         tokenizer = (r.text("tokenizer") if r.get("tokenizer") is not None
                      else default_of(ModelPool, "tokenizer"))
+        max_model_len = (r.integer("max_model_len", None) if r.get("max_model_len") is not None
+                         else None)
         for i, ep in enumerate(endpoints):
             if ep.name in seen_endpoints:
                 raise ConfigError(f"{r.at('endpoints')}[{i}].name", f"duplicate endpoint {ep.name!r}")
@@ -219,7 +224,8 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
         r.finish()
         if any(p.name == name for p in pools):
             raise ConfigError(r.at("name"), f"duplicate model {name!r}")
-        pools.append(ModelPool(name=name, endpoints=endpoints, tokenizer=tokenizer))
+        pools.append(ModelPool(name=name, endpoints=endpoints, tokenizer=tokenizer,
+                               max_model_len=max_model_len))
     return tuple(pools)
 
 

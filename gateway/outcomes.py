@@ -18,6 +18,11 @@ dashboard, `wattgate report`, `/v1/usage`, the demo and the load generator's gra
   protocol errors.
 - cancelled: the client left before the answer ended (`client_disconnected`, 499).
 
+A stream's answer has ended for the client once the token event that carries a non-null
+`finish_reason` (of every choice, with `n` > 1) was handed to its socket: whoever closes the
+connection first after that, the request is `ok` (a client that reads no usage may stop
+there, before `[DONE]`).
+
 SLO attainment and goodput are over served and failed requests (a failure is a miss);
 refusals and cancellations are counted apart; the error ratio is failed / (served + failed).
 """
@@ -41,8 +46,9 @@ class OutcomeRow(NamedTuple):
 
 
 OUTCOMES: Final[Mapping[Outcome, OutcomeRow]] = {
-    # a client that closes after the whole answer reached it ([DONE], or the usage chunk it
-    # asked for) is `ok`, not `client_disconnected`: the outcome is what the client got
+    # a client that closes after the whole answer reached it (the finish_reason event, the
+    # usage chunk it asked for, or [DONE]) is `ok`, not `client_disconnected`: the outcome is
+    # what the client got
     "ok": OutcomeRow("ok", 200),
     # nginx's code for a client that closed its connection before the answer ended
     "client_disconnected": OutcomeRow("client_disconnected", 499),

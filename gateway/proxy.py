@@ -54,13 +54,14 @@ class Proxy:
         # the learnt per-endpoint models are one of the sinks (gateway/routing/learner.py)
         models = next((k for k in sinks if isinstance(k, RoutingModels)), None)
         router = Router(config, upstreams, models, clock)
+        counter = counter or PromptCounter({})
         self.admit = Admit(config, admission, upstreams, prefix_chars=router.prefix_chars,
-                           estimate=router.slo_energy)
+                           estimate=router.slo_energy, counter=counter)
         self.auth = self.admit.auth
         self.dispatch = Dispatch(config, upstreams, client, metrics, router, clock=clock,
                                  inflight=lambda: self.inflight)
-        self.recorder = Recorder(config, admission, counter or PromptCounter({}),
-                                 [metrics.observe, *sinks], clock)
+        self.recorder = Recorder(config, admission, counter,
+                                 [metrics.observe, *sinks], clock, client)
         self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
         self.draining = False
         # request ids: 64 random bits per process + a counter (24 hex digits, unique across

@@ -71,12 +71,14 @@ class Relay:
 
     def __call__(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
                  *, engine: str, stream: bool, client_wants_usage: bool,
-                 headers: Mapping[str, str]) -> Coroutine[Any, Any, None]:
+                 headers: Mapping[str, str], choices: int = 1) -> Coroutine[Any, Any, None]:
         """Relay `upstream` to `exchange`: streamed if the client asked and the engine said
-        200, else in one piece. `headers` go on the client's response. (The coroutine of the
+        200, else in one piece. `headers` go on the client's response; `choices`: the
+        request's `n`. (The coroutine of the
         one that applies, not a wrapper around it: one frame less per request.)"""
         if stream and upstream.status == 200:
-            return self._stream(exchange, flight, upstream, engine, client_wants_usage, headers)
+            return self._stream(exchange, flight, upstream, engine, client_wants_usage, headers,
+                                choices)
         return self._body(exchange, flight, upstream, engine, headers)
 
     async def _body(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
@@ -117,9 +119,9 @@ class Relay:
 
     async def _stream(self, exchange: ServerExchange, flight: RelayFlight,
                       upstream: UpstreamBody, engine: str, client_wants_usage: bool,
-                      headers: Mapping[str, str]) -> None:
+                      headers: Mapping[str, str], choices: int) -> None:
         await exchange.start_stream(headers)
-        scanner = SseScanner(strip_usage=not client_wants_usage)
+        scanner = SseScanner(strip_usage=not client_wants_usage, choices=choices)
         error: WattgateError | None = None
         last = b""  # the final piece, sent with the end of the stream in one write
         try:

@@ -20,6 +20,8 @@ import orjson
 _TOKEN_RE = re.compile(rb'"choices":\s*\[\s*[^\s\]]')
 _USAGE_RE = re.compile(rb'"usage":\s*\{')
 _EMPTY_CHOICES_RE = re.compile(rb'"choices":\s*\[\s*\]')
+# a choice that ends: its `finish_reason` is a string ("stop", "length", ...), not null
+_FINISH_RE = re.compile(rb'"finish_reason":\s*"')
 
 
 def _split_point(buf: bytes) -> int:
@@ -36,15 +38,19 @@ class SseScanner:
     bytes, for clients that did not ask for it.
     """
 
-    __slots__ = ("_buf", "done", "error", "final_usage", "role_events", "strip_usage", "usage")
+    __slots__ = ("_buf", "choices", "done", "error", "final_usage", "finishes", "role_events",
+                 "strip_usage", "usage")
 
-    def __init__(self, *, strip_usage: bool):
+    def __init__(self, *, strip_usage: bool, choices: int = 1):
+        """`choices`: the request's `n`, the choices whose finish_reason ends the answer."""
         self._buf = b""
         self.strip_usage = strip_usage
         self.usage: dict[str, Any] | None = None
         self.done = False  # saw `data: [DONE]`
         self.final_usage = False  # saw the usage-only chunk (`"choices": []`) that ends a stream
         self.error = False  # saw an error event
+        self.choices = choices
+        self.finishes = 0  # token events seen with a non-null finish_reason
         self.role_events = 0  # chat role chunks (token events by the count, with no token)
 
     def feed(self, data: bytes) -> tuple[bytes, int]:
@@ -66,13 +72,25 @@ class SseScanner:
             self.error = True
         if b'"role"' in complete:
             self.role_events += complete.count(b'"role"')
+        if self.finishes < self.choices and b'"finish_reason":' in complete:
+            found = complete.count(b'"finish_reason":"')
+            if not found and b'"finish_reason": ' in complete:
+                found = len(_FINISH_RE.findall(complete))
+            self.finishes += found
         return complete, _count_tokens(complete)
 
     @property
+    def finished(self) -> bool:
+        """Every choice's token event with a non-null finish_reason was seen."""
+        return self.finishes >= self.choices
+
+    @property
     def complete(self) -> bool:
-        """The relayed events hold the end of the answer: `[DONE]`, or the final usage chunk
-        for a client that asked for it (some clients stop reading there)."""
-        return self.done or (self.final_usage and not self.strip_usage)
+        """The relayed events hold the end of the answer: the token event that carries a
+        `finish_reason` of every choice (the last token the client gets; a client may stop
+        reading there),
+        the final usage chunk it asked for, or `[DONE]`."""
+        return self.finished or self.done or (self.final_usage and not self.strip_usage)
 
     def _take_usage(self, complete: bytes) -> bytes:
         """Read the usage of each event that has one; cut usage-only events when stripping.

@@ -2,10 +2,11 @@
 
 An engine reports a request's prompt tokens in its usage object, which comes at the end of a
 response. A request that ends before it (client disconnect, engine failure, timeout) still did
-its prefill and is still charged for it, so the gateway counts the prompt itself: with the
-model's own tokenizer (the Rust `tokenizers` library, one `tokenizer.json` loaded once per
-model at startup), or, when none is configured, with an estimate of 4 bytes per token. The
-record says which (`prompt_source`: "engine", "gateway" or "estimate").
+its prefill and is still charged for it, so the gateway has the prompt counted: by the vLLM
+engine that served it (`POST /tokenize`, gateway/pipeline/record.py), else with the model's
+own tokenizer (the Rust `tokenizers` library, one `tokenizer.json` loaded once per model at
+startup), or, when neither can, with an estimate of 4 bytes per token. The record says which
+(`prompt_source`: "engine" for the usage, "engine_tokenize", "gateway" or "estimate").
 
 Encoding runs on a worker thread (`PromptCounter.count` is called through `asyncio.to_thread`):
 a long prompt takes milliseconds, which the event loop must not spend.
@@ -19,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-PromptSource = Literal["engine", "gateway", "estimate"]
+PromptSource = Literal["engine", "engine_tokenize", "gateway", "estimate"]
 BYTES_PER_TOKEN = 4.0  # the usual English average for BPE vocabularies of 32k-128k tokens
 
 

@@ -105,6 +105,20 @@ def _prompt_tokens(prompt: Any) -> tuple[int, list[str]]:
     return tokens, texts
 
 
+def tokenize_count(raw: bytes, served_model: str) -> int:
+    """The prompt tokens of a vLLM `POST /tokenize` body (`messages` as a chat request counts
+    them, else `prompt` as a completion does): what the request's usage would report."""
+    body = json_object(raw)
+    model = body.get("model", served_model)
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    if "messages" in body:
+        texts = _message_texts(body.get("messages"))
+        return sum(count_words(t) for t in texts) + CHAT_TOKENS_PER_MESSAGE * len(
+            body["messages"])
+    return _prompt_tokens(body.get("prompt"))[0]
+
+
 def _int_field(body: dict[str, Any], name: str, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:

@@ -32,6 +32,7 @@ from engines.sim.protocol import (
     Fault,
     parse_fault,
     parse_request,
+    tokenize_count,
 )
 from engines.sim.runtime import Channel, SimRuntime
 from engines.sim.scheduler import BatchingCore
@@ -101,6 +102,18 @@ async def metrics(request: web.Request) -> web.Response:
     running, waiting, kv = rt.core.load()
     body = render_vllm(rt.stats, st.cfg.model_name, running, waiting, kv)
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's `POST /tokenize`: the prompt's count as its usage would say (token ids are
+    not simulated: zeros)."""
+    st = request.app[STATE]
+    try:
+        count = tokenize_count(await request.read(), st.cfg.model_name)
+    except ApiError as exc:
+        return _error(exc)
+    return _json({"count": count, "max_model_len": st.deployment.max_model_len,
+                  "tokens": [0] * count, "token_strs": None})
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -356,8 +369,9 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    if cfg.dialect == "vllm":  # trtllm-serve has no embeddings endpoint
+    if cfg.dialect == "vllm":  # trtllm-serve has neither embeddings nor /tokenize
         app.router.add_post("/v1/embeddings", embeddings)
+        app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/sim/energy", sim_energy)
     app.router.add_get("/sim/requests", sim_requests)
     app.router.add_get("/sim/requests/{request_id}", sim_request)

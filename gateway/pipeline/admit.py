@@ -4,6 +4,7 @@ tenant's limits and budgets (429 past a limit; a budget downgrade forces a cheap
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from gateway.auth import Authenticator
@@ -12,6 +13,7 @@ from gateway.errors import ModelNotFoundError
 from gateway.pipeline.flight import Flight
 from gateway.requests import PreparedRequest, check_content_type, prepare
 from gateway.tenancy.admission import Admission
+from gateway.tokenizer import PromptCounter
 from gateway.upstreams import Upstreams
 from wire.exchange import ServerExchange
 
@@ -25,13 +27,15 @@ def shared_upstream_model(pool: ModelPool) -> str | None:
 class Admit:
     """Who is asking, for what, and may they: everything decided before routing."""
 
-    __slots__ = ("admission", "auth", "estimate", "max_body_bytes", "prefix_chars",
+    __slots__ = ("admission", "auth", "counter", "estimate", "max_body_bytes", "prefix_chars",
                  "upstream_models", "upstreams")
 
     def __init__(self, config: GatewayConfig, admission: Admission, upstreams: Upstreams, *,
-                 prefix_chars: int, estimate: bool):
-        """`prefix_chars` (> 0) and `estimate`: what routing will read of the request."""
+                 prefix_chars: int, estimate: bool, counter: PromptCounter):
+        """`prefix_chars` (> 0) and `estimate`: what routing will read of the request;
+        `counter`: the models' tokenizers, for a budgeted tenant's prompt."""
         self.auth = Authenticator(config)
+        self.counter = counter
         self.admission = admission
         self.upstreams = upstreams
         self.max_body_bytes = config.max_body_bytes
@@ -56,7 +60,13 @@ class Admit:
         if controlled:
             assert req.prompt_estimate is not None  # asked for above
             available = {s.endpoint.precision for s in self.upstreams.healthy(req.model)}
+            prompt_tokens = math.ceil(req.prompt_estimate)
+            if tenant.budgets.budgets and self.counter.has_tokenizer(req.model):
+                # a budget reserves by the prompt's real length: counted off the event loop,
+                # and only for budgeted tenants (nobody else waits for a tokenizer)
+                prompt_tokens, _ = await asyncio.to_thread(self.counter.count, req.model,
+                                                           req.body)
             flight.ticket = await self.admission.admit(
-                tenant, flight.request_id, math.ceil(req.prompt_estimate), req.max_tokens,
+                tenant, flight.request_id, req.model, prompt_tokens, req.max_tokens,
                 req.precision, available)
         return req

@@ -196,9 +196,11 @@ class Dispatch:
         says nothing of the engine: no success to end its run of failures."""
         answered = False
         try:
+            n = req.body.get("n")  # the choices whose finish_reason ends a stream
             await self.relay(exchange, flight, upstream, engine=state.endpoint.name,
                              stream=req.stream, client_wants_usage=req.client_wants_usage,
-                             headers=flight.response_headers())
+                             headers=flight.response_headers(),
+                             choices=n if type(n) is int and n > 1 else 1)
             answered = True
         except UpstreamError as exc:
             if flight.engine_failed and not req.stream \

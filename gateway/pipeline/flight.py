@@ -62,8 +62,9 @@ class Flight:
         self.body: dict[str, Any] | None = None  # the parsed request, to count its prompt
         self.upstream_status: int | None = None
         self.engine_done_s: float | None = None
-        # The client got the whole answer ([DONE], or the final usage chunk it asked for, was
-        # handed to its socket): whoever closes first after that, the request is `ok`.
+        # The client got the whole answer (the token event with the `finish_reason`, the
+        # final usage chunk it asked for, or [DONE] was handed to its socket): whoever closes
+        # first after that, the request is `ok`.
         self.delivered = False
         self.engine_failed = False  # the engine broke the response (outlier detection counts it)
         self.attempts = 0

@@ -1,36 +1,67 @@
 """The record step: a finished `Flight` becomes one `RequestRecord`, handed to every sink.
 
-A request whose engine never reported usage has its prompt counted first (the model's
-tokenizer off the event loop, else the byte estimate), so it is still charged for what the
-engine read.
+A request whose engine never reported usage has its prompt counted first, so it is still
+charged for what the engine read: by the engine itself where it can say (vLLM's
+`POST /tokenize` with the same model and prompt or messages: the count its usage would have
+given), else with the model's tokenizer off the event loop, else the byte estimate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
 
 from gateway.config import GatewayConfig
-from gateway.pipeline.flight import Flight
+from gateway.pipeline.flight import Flight, token_count
 from gateway.records import RequestRecord
+from gateway.sse import json_object
 from gateway.tenancy.admission import Admission
 from gateway.timing import latency_of, slo_met
 from gateway.tokenizer import PromptCounter
+from wire.client import UpstreamClient
+from wire.errors import UpstreamFailure
 
 log = logging.getLogger("wattgate.proxy")
 
 Sink = Callable[[RequestRecord], None]
+TOKENIZE_TIMEOUT_S = 2.0  # an engine slower than this to count a prompt: the gateway counts it
+# what vLLM's chat template reads besides the messages
+_CHAT_TEMPLATE_FIELDS = ("tools", "chat_template", "chat_template_kwargs",
+                         "add_generation_prompt", "continue_final_message")
+
+
+def tokenize_body(body: Mapping[str, Any], upstream_model: str) -> bytes | None:
+    """The body of vLLM's `POST /tokenize` for a request's prompt (its `messages` with what
+    the chat template reads, or its text `prompt`); None when there is nothing to ask (token
+    ids are counted as they are, a batch of prompts is not one count)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        out = {"model": upstream_model, "messages": messages}
+        out.update((k, body[k]) for k in _CHAT_TEMPLATE_FIELDS if k in body)
+        return orjson.dumps(out)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return orjson.dumps({"model": upstream_model, "prompt": prompt})
+    return None
 
 
 class Recorder:
-    __slots__ = ("admission", "clock", "config", "counter", "sinks", "slo_by_name")
+    __slots__ = ("admission", "client", "clock", "config", "counter", "sinks", "slo_by_name")
 
     def __init__(self, config: GatewayConfig, admission: Admission, counter: PromptCounter,
-                 sinks: Sequence[Sink], clock: Callable[[], float]):
+                 sinks: Sequence[Sink], clock: Callable[[], float],
+                 client: UpstreamClient | None = None):
+        """`client`: the engines' client, to ask a vLLM engine to count a prompt."""
         self.config = config
         self.admission = admission
         self.counter = counter
+        self.client = client
         self.sinks = tuple(sinks)
         self.clock = clock
         # config.slo() scans the classes: one dict lookup per record instead
@@ -40,6 +71,10 @@ class Recorder:
         """The prompt's tokens, counted by the gateway (`flight.needs_prompt_count()`)."""
         try:
             assert flight.body is not None
+            counted = await self.engine_count(flight)
+            if counted is not None:
+                flight.prompt_tokens, flight.prompt_source = counted, "engine_tokenize"
+                return
             if self.counter.has_tokenizer(flight.model):
                 tokens, source = await asyncio.to_thread(self.counter.count, flight.model,
                                                          flight.body)
@@ -49,6 +84,34 @@ class Recorder:
         except Exception:  # a tokenizer failure must not lose the record: it keeps 0 tokens
             log.warning("request %s: counting its prompt failed", flight.request_id,
                         exc_info=True)
+
+    async def engine_count(self, flight: Flight) -> int | None:
+        """The prompt's tokens as the vLLM engine that served `flight` counts them (its
+        `POST /tokenize`); None where it cannot say (another dialect, no answer in
+        TOKENIZE_TIMEOUT_S, an error)."""
+        state = flight.endpoint
+        if self.client is None or state is None or state.endpoint.kind != "vllm":
+            return None
+        assert flight.body is not None
+        payload = tokenize_body(flight.body, state.endpoint.upstream_model)
+        if payload is None:
+            return None
+        resp = None
+        try:
+            async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
+                resp = await self.client.post(state.endpoint.url, "/tokenize", payload,
+                                              [("Content-Type", "application/json")])
+                raw = await resp.read_all()
+        except (UpstreamFailure, TimeoutError):
+            if resp is not None:
+                resp.abort()
+            return None
+        resp.close()
+        doc = json_object(raw) if resp.status == 200 else None
+        count = doc.get("count") if doc is not None else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return None
+        return token_count(count)
 
     def finish(self, flight: Flight, finished: float | None = None) -> None:
         """Record `flight`, which ended at `finished` (monotonic; None: now); settle what the

@@ -19,11 +19,11 @@ from gateway.config import GatewayConfig, Tenant
 from gateway.errors import OverloadedError, WattgateError
 from gateway.records import RequestRecord
 from gateway.routing.precision import select_precisions
-from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate, weighted_tokens
+from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
-from gateway.tenancy.store import TenancyStore
+from gateway.tenancy.store import StoreVerdict, TenancyStore
 
 
 @dataclass(slots=True)
@@ -60,8 +60,12 @@ class Admission:
         # looked up per request: a set, not the tenant's fields each time
         self._controlled = frozenset(t.name for t in config.tenants
                                      if t.limits.any or t.budgets.budgets)
-        self.interval_s = (config.accounting.interval_s if config.accounting is not None
-                           else 1.0)
+        acct = config.accounting
+        self.interval_s = acct.interval_s if acct is not None else 1.0
+        # a finished request's energy is final this long after its last interval ends
+        self.final_after_s = (self.interval_s + acct.settle_s + acct.poll_s
+                              if acct is not None else 0.0)
+        self.max_model_len = {m.name: m.max_model_len for m in config.models}
 
     def controlled(self, tenant: Tenant) -> bool:
         return tenant.name in self._controlled
@@ -76,14 +80,24 @@ class Admission:
             self.metrics.limited.labels(tenant, reason).inc()
         return err
 
-    async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: int,
+    def output_tokens(self, model: str, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The output tokens a request may ask for: its max_tokens, else what the model's
+        context leaves after the prompt (as LiteLLM reserves), else the configured default."""
+        if max_tokens is not None:
+            return max_tokens
+        context = self.max_model_len.get(model)
+        if context is not None:
+            return max(1, context - prompt_tokens)
+        return self.config.tenant_controls.default_max_tokens
+
+    async def admit(self, tenant: Tenant, request_id: str, model: str, prompt_tokens: int,
                     max_tokens: int | None, override: str | None, available: Collection[str]
                     ) -> Ticket:
         ticket = Ticket(tenant.name)
         if not self.controlled(tenant):
             return ticket
-        tokens = prompt_tokens + (max_tokens if max_tokens is not None
-                                  else self.config.tenant_controls.default_max_tokens)
+        output = self.output_tokens(model, prompt_tokens, max_tokens)
+        tokens = prompt_tokens + output
         limiter = self.limiters.get(tenant.name)
         now = self.clock()
         if limiter is not None:
@@ -100,8 +114,7 @@ class Admission:
                     retry_after_s=verdict.retry_after_s, headers=ticket.headers))
             ticket.tokens = tokens
         try:
-            await self._hold(tenant, ticket, request_id,
-                             weighted_tokens(prompt_tokens, tokens - prompt_tokens), override,
+            await self._hold(tenant, ticket, request_id, prompt_tokens, output, override,
                              available)
         except WattgateError:  # refused after all: the tokens go back
             if limiter is not None:
@@ -109,8 +122,9 @@ class Admission:
             raise
         return ticket
 
-    async def _hold(self, tenant: Tenant, ticket: Ticket, request_id: str, tokens: int,
-                    override: str | None, available: Collection[str]) -> None:
+    async def _hold(self, tenant: Tenant, ticket: Ticket, request_id: str,
+                    prompt_tokens: int, output_tokens: int, override: str | None,
+                    available: Collection[str]) -> None:
         cap = tenant.limits.max_concurrent
         store = self.store
         if store is None or not (tenant.budgets.budgets or cap is not None):
@@ -125,16 +139,20 @@ class Admission:
         now_wall = store.wall()
         candidates = select_precisions(tenant.precision, override, available) or (
             (override,) if override else tuple(available) or ("bf16",))
-        rate: dict[str, float] = {p: store.per_token(p, now_wall).j
-                                  for p in tenant.precision.allowed}
-        first = max(candidates, key=lambda p: rate.get(p, 0.0))  # the dearest it may get
+        cost: dict[str, float] = {
+            p: estimate(prompt_tokens, output_tokens,
+                        store.rates_of(tenant.name, p, prompt_tokens, now_wall)).j
+            for p in {*tenant.precision.allowed, *candidates}}
+        first = max(candidates, key=lambda p: cost[p])  # the dearest it may get
         cheaper: list[str] = []
-        if tenant.budgets.on_budget == "downgrade" and override is None:
+        budgets = tenant.budgets
+        if budgets.on_budget == "downgrade" and (override is None or budgets.downgrade_pinned):
             cheaper = sorted((p for p in tenant.precision.allowed
-                              if p in available and rate[p] < rate.get(first, math.inf)),
-                             key=lambda p: -rate[p])
+                              if p in available and cost[p] < cost[first]),
+                             key=lambda p: -cost[p])
         try:
-            verdict = await store.admit(tenant, request_id, tokens, first, cheaper)
+            verdict = await store.admit(tenant, request_id, prompt_tokens, output_tokens, first,
+                                        cheaper)
         except LedgerError:
             # Fail closed: without the ledger no replica can tell what the others admitted.
             raise OverloadedError("the budget ledger is unreachable; retry shortly",
@@ -144,15 +162,9 @@ class Admission:
                 raise self._refuse(tenant.name, "concurrency", TenantLimitError(
                     f"too many requests in flight (max_concurrent {cap})", retry_after_s=1.0,
                     headers=ticket.headers))
-            over = [s for s in verdict.standing
-                    if estimate(tokens, store.per_token(first, now_wall)).of(s.budget.unit)
-                    > s.remaining] or list(verdict.standing)
-            b = over[0].budget
-            raise self._refuse(tenant.name, "budget", BudgetExceededError(
-                f"the {b.period}ly budget of {b.limit:g} {b.unit} has no room for this "
-                f"request ({_spent(over[0])})", retry_after_s=seconds_to_next_period(
-                    b.period, now_wall), headers={**ticket.headers,
-                                                  "x-wattgate-budget": "exceeded"}))
+            raise self._refuse(tenant.name, "budget", self._budget_refusal(
+                tenant, ticket, verdict, prompt_tokens, output_tokens, first, override,
+                now_wall))
         ticket.reserved = True
         self.active[tenant.name] += 1
         self._gauge(tenant.name)
@@ -161,6 +173,44 @@ class Admission:
             ticket.headers["x-wattgate-budget"] = f"downgraded;from={first}"
             if self.metrics is not None:
                 self.metrics.downgraded.labels(tenant.name).inc()
+
+    def _budget_refusal(self, tenant: Tenant, ticket: Ticket, verdict: StoreVerdict,
+                        prompt_tokens: int, output_tokens: int, first: str,
+                        override: str | None, now_wall: float) -> BudgetExceededError:
+        """The 429 for a request no budget has room for: which budget, what it holds, when
+        to retry, and why no downgrade helped."""
+        assert self.store is not None
+        need = estimate(prompt_tokens, output_tokens,
+                        self.store.rates_of(tenant.name, first, prompt_tokens, now_wall))
+        over = [s for s in verdict.standing if need.of(s.budget.unit) > s.remaining] or list(
+            verdict.standing)
+        b = over[0].budget
+        message = (f"the {b.period}ly budget of {b.limit:g} {b.unit} has no room for this "
+                   f"request (about {need.of(b.unit):.6g} {b.unit}; {_spent(over[0])})")
+        if override is not None and tenant.budgets.on_budget == "downgrade" \
+                and not tenant.budgets.downgrade_pinned:
+            message += (f"; the request pins precision {override!r}, which on_budget: downgrade "
+                        "leaves as asked (budget_downgrade_pinned is off)")
+        return BudgetExceededError(
+            message, retry_after_s=max(self._retry_after_s(s, need, verdict, now_wall)
+                                       for s in over),
+            headers={**ticket.headers, "x-wattgate-budget": "exceeded"})
+
+    def _retry_after_s(self, s: Spend, need: Cost, verdict: StoreVerdict, now_wall: float
+                       ) -> float:
+        """When `s` may have room for `need`: once the requests it holds reservations for
+        are billed, if the charges alone leave room (a reservation is an estimate, the bill
+        usually less); else when its period ends."""
+        period_end_s = seconds_to_next_period(s.budget.period, now_wall)
+        if s.held <= 0 or s.budget.limit - s.spent < need.of(s.budget.unit):
+            return period_end_s
+        wait_s = 0.0
+        if verdict.settled_last is not None:  # finished: final once the next interval is billed
+            final_at = (verdict.settled_last + 1) * self.interval_s + self.final_after_s
+            wait_s = final_at - now_wall
+        if verdict.open_now:  # still running: billed at the earliest that long after it ends
+            wait_s = max(wait_s, self.interval_s + self.final_after_s)
+        return min(max(wait_s, 1.0), period_end_s)
 
     def _gauge(self, tenant: str) -> None:
         if self.metrics is not None:
@@ -182,10 +232,11 @@ class Admission:
             last = (math.floor(rec.wall(rec.finished_s) / self.interval_s) if ran else None)
             cost: Cost | None = None
             if ran:
-                cost = estimate(weighted_tokens(rec.prompt_tokens, rec.completion_tokens),
-                                self.store.per_token(rec.precision, rec.wall(rec.finished_s)))
+                cost = estimate(rec.prompt_tokens, rec.completion_tokens, self.store.rates_of(
+                    rec.tenant, rec.precision, rec.prompt_tokens, rec.wall(rec.finished_s)))
             self.store.settle(rec.request_id, cost, rec.engine, last)
 
 
 def _spent(s: Spend) -> str:
-    return f"{s.spent:.6g} charged, {s.held:.6g} held by requests in flight"
+    return (f"{s.spent:.6g} charged, {s.held:.6g} reserved for requests running or not yet "
+            "billed")

@@ -1,10 +1,9 @@
-"""Budget arithmetic (pure): periods, cost estimates per precision, and the admission check.
+"""Budget arithmetic (pure): periods, cost estimates, and the admission check.
 
 A request is admitted when, for every budget of its tenant, what the ledger has charged in
-the period + what open reservations hold + this request's estimate stays within the limit.
-The estimate is (prompt tokens + max_tokens) x the precision's energy, carbon and cost per
-token: live from the ledger's recent bills where there are enough of them, else the default
-below, priced as the bill is (kWh x PUE x intensity, kWh x PUE x price; no GPU-hour share).
+the period + what reservations hold + this request's estimate stays within the limit. The
+estimate is prompt tokens x the cost of a prompt token + max_tokens x the cost of an output
+token, at rates learnt from the tenant's own bills (gateway/tenancy/rates.py).
 """
 
 from __future__ import annotations
@@ -18,23 +17,6 @@ from gateway.accounting.pricing import Pricing
 from gateway.tenancy.config import Budget
 
 HOUR_S = 3600.0
-# Budgets count cost-weighted tokens: a completion token is one, a prompt token
-# PROMPT_TOKEN_WEIGHT of one. A decoded token costs 20-50x a prompt token on a GPU (a decode
-# step reads every weight for a few tokens; a prefill step for thousands), so counting both
-# alike made a chat request's reservation a fraction of its bill, and a burst of them
-# overspent a budget by up to 86 %.
-PROMPT_TOKEN_WEIGHT = 0.05
-# Joules per weighted token when the ledger has no recent bill for a precision: an 8B model
-# on one H100 at light load (batch 1-8), idle share included, rounded up (a reservation that
-# is too big refuses early; one too small lets a budget overshoot). Recent bills replace it.
-DEFAULT_J_PER_TOKEN: dict[str, float] = {
-    "bf16": 1.5, "fp16": 1.5, "fp8": 1.8, "int8": 1.5, "int4": 1.0,
-}
-
-
-def weighted_tokens(prompt_tokens: float, completion_tokens: float) -> int:
-    """The tokens a budget counts for a request (see PROMPT_TOKEN_WEIGHT)."""
-    return math.ceil(completion_tokens + PROMPT_TOKEN_WEIGHT * prompt_tokens)
 QUALITY_ORDER: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8", "int4")
 
 
@@ -65,14 +47,27 @@ class Cost:
         return Cost(self.j + other.j, self.gco2e + other.gco2e, self.usd + other.usd)
 
 
-def per_token_default(precision: str, pricing: Pricing, now_s: float) -> Cost:
-    energy_j = DEFAULT_J_PER_TOKEN.get(precision, DEFAULT_J_PER_TOKEN["bf16"])
+    def times(self, k: float) -> Cost:
+        return Cost(self.j * k, self.gco2e * k, self.usd * k)
+
+
+def priced(energy_j: float, pricing: Pricing, now_s: float) -> Cost:
+    """`energy_j` with the carbon and cost the bill gives it (kWh x PUE x intensity, kWh x
+    PUE x price; no GPU-hour share)."""
     carbon, cost = pricing.charges((energy_j,), (0.0,), now_s)
     return Cost(energy_j, carbon[0], cost[0])
 
 
-def estimate(tokens: int, per_token: Cost) -> Cost:
-    return Cost(tokens * per_token.j, tokens * per_token.gco2e, tokens * per_token.usd)
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What one prompt token and one output token of a request cost."""
+
+    prompt: Cost
+    output: Cost
+
+
+def estimate(prompt_tokens: float, output_tokens: float, rates: Rates) -> Cost:
+    return rates.prompt.times(prompt_tokens).plus(rates.output.times(output_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +107,13 @@ def first_over(standing: Sequence[Spend], cost: Cost) -> Spend | None:
     return None
 
 
-def choose_precision(standing: Sequence[Spend], tokens: int, first: str,
-                     cheaper: Sequence[str], per_token: Mapping[str, Cost]
+def choose_precision(standing: Sequence[Spend], prompt_tokens: float, output_tokens: float,
+                     first: str, cheaper: Sequence[str], rates: Mapping[str, Rates]
                      ) -> tuple[str, Cost] | None:
     """The precision to admit at: `first` if its estimate fits, else the first of `cheaper`
     that fits (the downgrade), else None."""
     for precision in (first, *cheaper):
-        cost = estimate(tokens, per_token[precision])
+        cost = estimate(prompt_tokens, output_tokens, rates[precision])
         if first_over(standing, cost) is None:
             return precision, cost
     return None

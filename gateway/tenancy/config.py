@@ -9,6 +9,7 @@ A tenant's section:
       - {period: hour, kwh: 0.2}          # or j: 720000
       - {period: month, gco2e: 500}
     on_budget: reject                     # or downgrade: a cheaper allowed precision
+    budget_downgrade_pinned: false        # downgrade a precision the request pinned too
     budget_soft_percent: 80               # the alert threshold (a metric, not a refusal)
 """
 
@@ -56,6 +57,9 @@ class TenantBudgets:
     budgets: tuple[Budget, ...] = ()
     on_budget: str = "reject"
     soft_percent: float = 80.0
+    # on_budget: downgrade changes a precision the request pinned (`model@fp8`, the
+    # x-wattgate-precision header) too; off, such a request is refused and told why
+    downgrade_pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,4 +102,6 @@ def parse_budgets(r: FieldReader) -> TenantBudgets:
         budgets=tuple(budgets),
         on_budget=r.choice("on_budget", ON_BUDGET, default_of(TenantBudgets, "on_budget")),
         soft_percent=r.number("budget_soft_percent", default_of(TenantBudgets, "soft_percent")),
+        downgrade_pinned=r.flag("budget_downgrade_pinned",
+                                default_of(TenantBudgets, "downgrade_pinned")),
     )

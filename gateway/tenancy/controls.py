@@ -34,6 +34,8 @@ class TenantControls:
             assert isinstance(ledger, SqlLedger)  # behind the apportioner's commits
             self.store = TenancyStore(ledger, replica, config.tenant_controls, acct.pricing,
                                       wall)
+            self.store.budgeted = tuple(t.name for t in config.tenants if t.budgets.budgets)
+            self.store.interval_s = acct.interval_s
         self.admission = Admission(config, self.metrics, clock=clock, store=self.store)
         for t in config.tenants:
             if t.budgets.budgets:
@@ -66,6 +68,7 @@ class TenantControls:
         """A tenant's limits and what remains of them, for `/v1/usage`."""
         limiter = self.admission.limiters.get(tenant.name)
         budgets: list[dict[str, Any]] = []
+        rates: list[dict[str, Any]] = []
         if self.store is not None and tenant.budgets.budgets:
             try:
                 standing = await self.store.standing(tenant)
@@ -75,6 +78,8 @@ class TenantControls:
                         "limit": s.budget.limit, "spent": s.spent, "held": s.held,
                         "remaining": s.remaining, "used_ratio": s.used_ratio}
                        for s in standing]
+            learnt = self.store.rates.get(tenant.name)
+            rates = learnt.describe() if learnt is not None else []
         return {
             "tenant": tenant.name,
             "limits": {k: v for k, v in dataclasses.asdict(tenant.limits).items()
@@ -82,6 +87,9 @@ class TenantControls:
             "rate_limits": limiter.headers(self.admission.clock()) if limiter else {},
             "requests_in_flight": self.admission.active.get(tenant.name, 0),
             "budgets": budgets, "on_budget": tenant.budgets.on_budget,
+            # what its reservations are estimated at, learnt from its own bills (elsewhere:
+            # the prior, docs/operations.md)
+            "budget_rates": rates,
             "budget_soft_percent": tenant.budgets.soft_percent,
             "replicas": self.store.replicas if self.store is not None else 1,
         }

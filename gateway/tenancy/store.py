@@ -32,24 +32,17 @@ from gateway.accounting.ledger.base import LedgerError
 from gateway.accounting.ledger.common import Batch, SqlLedger
 from gateway.accounting.pricing import Pricing
 from gateway.config import Tenant
-from gateway.tenancy.budget import (
-    DEFAULT_J_PER_TOKEN,
-    Cost,
-    Spend,
-    choose_precision,
-    per_token_default,
-    period_start_hour,
-    spends,
-    weighted_tokens,
-)
+from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, period_start_hour, spends
 from gateway.tenancy.config import TenantControlsConfig
+from gateway.tenancy.rates import Bill, TenantRates
 
 log = logging.getLogger("wattgate.tenancy")
 
 REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
 NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
-RATE_WINDOW_S = 600.0  # per-token rates from the bills of the last ten minutes
-RATE_MIN_TOKENS = 2000  # fewer tokens than this: the default rate
+RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
+RATE_MAX_BILLS = 2000  # at most its latest this many
+RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
 
 
@@ -66,6 +59,8 @@ class StoreVerdict:
     precision: str = ""  # the precision the estimate fits at
     cost: Cost = field(default_factory=Cost)
     standing: tuple[Spend, ...] = ()
+    open_now: int = 0  # the tenant's requests in flight
+    settled_last: int | None = None  # last interval of its finished requests not yet final
 
 
 @dataclass(slots=True)
@@ -83,19 +78,25 @@ class TenancyStore:
         self.pricing = pricing
         self.wall = wall
         self.replicas = 1
-        self.rates: dict[str, Cost] = {}
+        self.rates: dict[str, TenantRates] = {}  # budgeted tenant -> its learnt rates
+        self.budgeted: tuple[str, ...] = ()  # whose rates `refresh` learns
+        self.interval_s = 1.0  # the accounting grid: a request's shares start this before it
+        self._rates_at = -math.inf
         self._queue = _Settlements()
         self._task: asyncio.Task[None] | None = None
 
-    def per_token(self, precision: str, now_s: float) -> Cost:
-        return self.rates.get(precision) or per_token_default(precision, self.pricing, now_s)
+    def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
+                 ) -> Rates:
+        """What a prompt and an output token of `tenant`'s request cost at `precision`."""
+        learnt = self.rates.get(tenant) or TenantRates()
+        return learnt.rates(precision, prompt_tokens, self.pricing, now_s)
 
-    async def admit(self, tenant: Tenant, request_id: str, tokens: int, first: str,
-                    cheaper: Sequence[str]) -> StoreVerdict:
+    async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
+                    output_tokens: float, first: str, cheaper: Sequence[str]) -> StoreVerdict:
         now = self.wall()
         budgets = tenant.budgets.budgets
         since = min((period_start_hour(b.period, now) for b in budgets), default=0)
-        per_token = {p: self.per_token(p, now) for p in (first, *cheaper)}
+        rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now) for p in (first, *cheaper)}
         result: list[StoreVerdict] = []
         cap = tenant.limits.max_concurrent
 
@@ -103,12 +104,16 @@ class TenancyStore:
             energy, carbon, cost, open_now = rows[2][0]
             standing = tuple(spends(budgets, rows[1], Cost(float(energy), float(carbon),
                                                            float(cost)), now))
+            last = rows[3][0][0] if rows[3] else None
             if cap is not None and int(open_now) >= cap:
                 result.append(StoreVerdict(False, "concurrency", standing=standing))
                 return ()
-            chosen = choose_precision(standing, tokens, first, cheaper, per_token)
+            chosen = choose_precision(standing, prompt_tokens, output_tokens, first, cheaper,
+                                      rates)
             if chosen is None:
-                result.append(StoreVerdict(False, "budget", standing=standing))
+                result.append(StoreVerdict(False, "budget", standing=standing,
+                                           open_now=int(open_now),
+                                           settled_last=None if last is None else int(last)))
                 return ()
             precision, c = chosen
             result.append(StoreVerdict(True, precision=precision, cost=c, standing=standing))
@@ -120,6 +125,7 @@ class TenancyStore:
             (sql.SELECT_TENANT_HOURS, (tenant.name, since)),
             (sql.SELECT_HELD, (now - NEW_REPLICA_S, now - REPLICA_LIVE_S, tenant.name,
                                now - self.cfg.reservation_ttl_s)),
+            (sql.SELECT_SETTLED_LAST, (tenant.name, now - self.cfg.reservation_ttl_s)),
         ], decide)
         return result[0]
 
@@ -155,15 +161,19 @@ class TenancyStore:
         return spends(budgets, hours, Cost(float(energy), float(carbon), float(cost)), now)
 
     async def refresh(self) -> None:
-        """Live replicas (this one at least) and per-precision rates from recent bills."""
+        """Live replicas (this one at least), and each budgeted tenant's rates from its own
+        recent final bills."""
         now = self.wall()
         self.replicas = max(1, await self.ledger.live_replicas(now - REPLICA_LIVE_S))
-        rates: dict[str, Cost] = {}
-        for precision, (energy, carbon, cost, prompt, completion) in (
-                await self.ledger.precision_bills(now - RATE_WINDOW_S)).items():
-            tokens = weighted_tokens(prompt, completion)
-            if tokens >= RATE_MIN_TOKENS and precision in DEFAULT_J_PER_TOKEN and energy > 0:
-                rates[precision] = Cost(energy / tokens, carbon / tokens, cost / tokens)
+        if now - self._rates_at < RATE_EVERY_S:
+            return
+        self._rates_at = now
+        rates: dict[str, TenantRates] = {}
+        for tenant in self.budgeted:
+            # requests that arrived in the window, with every share of theirs in it
+            rows = await self.ledger.tenant_bills(tenant, now - RATE_WINDOW_S, self.interval_s,
+                                                  RATE_MAX_BILLS)
+            rates[tenant] = TenantRates.from_bills(Bill(*row) for row in rows)
         self.rates = rates
 
     async def run(self, on_refresh: Callable[[], Any]) -> None:

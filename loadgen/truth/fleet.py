@@ -8,7 +8,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -52,14 +52,19 @@ def _digest(key: str) -> str:
 
 
 def gateway_config(engine_urls: dict[str, str], specs: Sequence[EngineSpec],
-                   tenants: Sequence[str], ledger: Path, port: int) -> dict[str, Any]:
+                   tenants: Sequence[str], ledger: Path, port: int,
+                   tenant_extra: Mapping[str, Mapping[str, Any]] | None = None
+                   ) -> dict[str, Any]:
+    """`tenant_extra`: more of a tenant's section (its budgets, ...), by tenant."""
     kinds = {s.name: s for s in specs}
+    extra = tenant_extra or {}
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "routing": {"policy": "least_load"},
         "slo_classes": {"default": {"ttft_s": 10.0}},
         "default_slo_class": "default",
-        "tenants": [{"name": t, "api_key_sha256": _digest(api_key(t))} for t in tenants],
+        "tenants": [{"name": t, "api_key_sha256": _digest(api_key(t)), **extra.get(t, {})}
+                    for t in tenants],
         "admin": {"api_key_sha256": _digest(ADMIN_KEY)},
         "models": [{"name": MODEL, "endpoints": [
             {"name": n, "url": u, "kind": kinds[n].dialect, "precision": kinds[n].precision}
@@ -76,7 +81,9 @@ def gateway_config(engine_urls: dict[str, str], specs: Sequence[EngineSpec],
 
 @contextlib.contextmanager
 def running_fleet(work_dir: Path, tenants: Sequence[str],
-                  specs: Sequence[EngineSpec] = FLEET, max_batch: int = 256) -> Iterator[Fleet]:
+                  specs: Sequence[EngineSpec] = FLEET, max_batch: int = 256,
+                  tenant_extra: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> Iterator[Fleet]:
     """The engines (one `wattgate sim fleet` process) and one `wattgate serve` in front."""
     work_dir.mkdir(parents=True, exist_ok=True)
     ports = {s.name: free_port() for s in specs}
@@ -89,7 +96,7 @@ def running_fleet(work_dir: Path, tenants: Sequence[str],
     gw_port = free_port()
     ledger = work_dir / "ledger.db"
     (work_dir / "gateway.yaml").write_text(yaml.safe_dump(
-        gateway_config(urls, specs, tenants, ledger, gw_port)))
+        gateway_config(urls, specs, tenants, ledger, gw_port, tenant_extra)))
     with open(work_dir / "fleet.log", "wb") as flog, open(work_dir / "gateway.log", "wb") as glog, \
             process(wattgate("sim", "fleet", str(work_dir / "fleet.yaml")), flog) as sims:
         for url in urls.values():

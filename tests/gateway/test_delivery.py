@@ -229,3 +229,22 @@ async def test_embeddings_go_only_to_engine_kinds_that_serve_them() -> None:
                 async with s.post(gw + "/v1/embeddings", headers=AUTH,
                                   json={"model": "m", "input": "a"}) as r:
                     assert r.status == 200 and r.headers["x-wattgate-endpoint"] == "v"
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+async def test_clients_closing_right_after_the_finish_reason_event_are_all_ok(front: bool
+                                                                            ) -> None:
+    """The engine pauses after the token event that carries `finish_reason`; 20 clients that
+    asked for no usage hang up as soon as they have read it, before `[DONE]`. Each got its
+    whole answer: every one is `ok`, with every token."""
+    records: list[RequestRecord] = []
+    async with fake_engine(FakeEngine(model="m", tokens=5, finish_gap_s=0.3)) as eng, \
+            running_gateway(make_config([ep(eng)]), sinks=[records.append], front=front) as gw:
+        body = {"model": "m", "max_tokens": 5, "stream": True, "prompt": PROMPT}
+        got = await asyncio.gather(*(raw_stream(gw, "/v1/completions", body,
+                                                b'"finish_reason":"length"')
+                                     for _ in range(20)))
+        assert all(b"[DONE]" not in g and b'"finish_reason":"length"' in g for g in got)
+        await wait_for(records, 20)
+    assert [r.status for r in records] == ["ok"] * 20
+    assert all(r.http_status == 200 and r.completion_tokens == 5 for r in records)

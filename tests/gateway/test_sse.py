@@ -132,3 +132,24 @@ def test_continuous_usage_chunks_keep_tokens_and_update_usage() -> None:
     out, n = sc.feed(chunk)
     assert (out, n) == (chunk, 1)
     assert sc.usage == {"completion_tokens": 1}
+
+
+def test_the_finish_reason_event_completes_the_answer_in_either_spacing() -> None:
+    sc = SseScanner(strip_usage=True)
+    sc.feed(TOK[0])
+    assert not sc.complete  # "finish_reason": null is not an end
+    sc.feed(b'data: {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}\n\n')
+    assert sc.finished and sc.complete and not sc.done
+    compact = SseScanner(strip_usage=True)
+    compact.feed(b'data: {"choices":[{"index":0,"text":"x","finish_reason":"length"}]}\n\n')
+    assert compact.complete
+
+
+def test_with_several_choices_the_answer_ends_at_the_last_ones_finish_reason() -> None:
+    sc = SseScanner(strip_usage=True, choices=2)
+    sc.feed(b'data: {"choices":[{"index":0,"text":"x","finish_reason":"length"}]}\n\n')
+    assert not sc.complete  # choice 1 is still decoding
+    sc.feed(b'data: {"choices":[{"index":1,"text":"y","finish_reason":null}]}\n\n')
+    assert not sc.complete
+    sc.feed(b'data: {"choices": [{"index": 1, "text": "z", "finish_reason": "stop"}]}\n\n')
+    assert sc.finished and sc.complete

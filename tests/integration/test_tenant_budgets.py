@@ -21,9 +21,9 @@ from tests.support.gateway import KEY_A, KEY_B, raw_config, running_gateway
 
 pytestmark = pytest.mark.timeout(90)
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
-# "hello" is 2 prompt tokens by the byte estimate; with 48 completion tokens, 49 weighted
-# tokens (a prompt token weighs 0.05) are reserved: 73.5 J at the BF16 default (1.5 J per
-# weighted token), 49 J at the INT4 one (1.0)
+# "hello" is 2 prompt tokens by the byte estimate; with 48 completion tokens, at the prior
+# (1.5 J an output token at BF16, 1.0 at INT4, a prompt token 1/30 of that) 72.1 J are
+# reserved at BF16, 48.07 J at INT4
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 48}
 
 
@@ -56,7 +56,7 @@ async def test_concurrent_requests_past_a_joule_budget_are_refused(tmp_path: Pat
             got = await asyncio.gather(*(post(s, gw + "/v1/completions") for _ in range(6)))
             async with s.get(gw + "/metrics") as r:
                 text = await r.text()
-    assert sorted(g[0] for g in got) == [200, 200, 200, 429, 429, 429]  # 3 x 73.5 J fit in 230
+    assert sorted(g[0] for g in got) == [200, 200, 200, 429, 429, 429]  # 3 x 72.1 J fit in 230
     refused = [g for g in got if g[0] == 429]
     for _, body, headers in refused:
         assert orjson.loads(body)["error"]["code"] == "budget_exceeded"
@@ -75,7 +75,7 @@ async def test_downgrade_admits_at_a_cheaper_precision_when_the_budget_is_short(
             got = await asyncio.gather(*(post(s, gw + "/v1/completions") for _ in range(3)))
     by_status = sorted((g[0], g[2].get("x-wattgate-precision", ""),
                         g[2].get("x-wattgate-budget", "")) for g in got)
-    # 73.5 J at BF16, then 58.5 J left: 49 J at INT4 fits, then nothing does
+    # 72.1 J at BF16, then 59.9 J left: 48.07 J at INT4 fits, then nothing does
     assert by_status[0][0] == 200 and by_status[0][2] == ""
     assert by_status[1] == (200, "int4", "downgraded;from=bf16")
     assert by_status[2][0] == 429 and by_status[2][2] == "exceeded"

@@ -30,6 +30,7 @@ class FakeEngine:
     headers: list[dict[str, str]] = field(default_factory=list)
     port: int = 0
     done_gap_s: float = 0.0  # pause between `data: [DONE]` and the end of the response
+    finish_gap_s: float = 0.0  # pause between the finish_reason event and what follows it
     aborted: int = 0  # streams whose client went away before the end
     # per stream: (request received, first token event written, last token event written),
     # time.monotonic() seconds: what the engine really did, event-loop lag included
@@ -138,6 +139,8 @@ class FakeEngine:
             if sent < n:
                 await asyncio.sleep(self.itl_s)
         self.wire.append((received, first, last))
+        if self.finish_gap_s:
+            await asyncio.sleep(self.finish_gap_s)
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
             await resp.write(b"data: " + orjson.dumps({"id": "cmpl-1", "object": "chunk",

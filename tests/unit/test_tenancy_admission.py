@@ -37,7 +37,7 @@ async def test_a_budgeted_tenant_fails_closed_when_the_ledger_is_down() -> None:
                          Pricing(), lambda: 0.0)
     admission = Admission(cfg, None, clock=lambda: 0.0, store=store)
     with pytest.raises(OverloadedError) as exc:
-        await admission.admit(cfg.tenants[0], "id", 10, 90, None, {"bf16"})
+        await admission.admit(cfg.tenants[0], "id", "m", 10, 90, None, {"bf16"})
     assert exc.value.status == 503 and exc.value.code == "ledger_unavailable"
     # the 100 tokens it took went back
     assert admission.limiters["tenant-a"].headers(0.0)["x-ratelimit-remaining-tokens"] == "1000"
@@ -48,11 +48,36 @@ async def test_local_cap_without_a_ledger_and_token_estimates() -> None:
     raw["tenants"][0]["limits"] = {"max_concurrent": 1}
     cfg = parse_config(raw, env={})
     admission = Admission(cfg, None, clock=lambda: 0.0)
-    ticket = await admission.admit(cfg.tenants[0], "a", 1, 4, None, {"bf16"})
+    ticket = await admission.admit(cfg.tenants[0], "a", "m", 1, 4, None, {"bf16"})
     assert ticket.local_slot
     with pytest.raises(TenantLimitError):
-        await admission.admit(cfg.tenants[0], "b", 1, 4, None, {"bf16"})
+        await admission.admit(cfg.tenants[0], "b", "m", 1, 4, None, {"bf16"})
     assert (prompt_estimate({"prompt": "x" * 40}), asked_tokens({"max_tokens": 7})) == (10, 7)
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}
     assert asked_tokens(chat) == 3
     assert (prompt_estimate({"prompt": [1, 2, 3]}), asked_tokens({})) == (3, None)
+
+
+def test_without_max_tokens_the_models_context_is_reserved() -> None:
+    raw = raw_config(EP)
+    raw["models"][0]["max_model_len"] = 4096
+    cfg = parse_config(raw, env={})
+    admission = Admission(cfg, None, clock=lambda: 0.0)
+    model = cfg.models[0].name
+    assert admission.output_tokens(model, 1000, 30) == 30  # max_tokens wins
+    assert admission.output_tokens(model, 1000, None) == 3096  # what the context leaves
+    assert admission.output_tokens(model, 5000, None) == 1
+    assert Admission(config(), None, clock=lambda: 0.0).output_tokens(model, 1000, None) == (
+        cfg.tenant_controls.default_max_tokens)
+
+
+def test_budget_downgrade_pinned_and_max_model_len_are_checked_at_load() -> None:
+    from gateway.errors import ConfigError
+
+    assert config(budget_downgrade_pinned=True).tenants[0].budgets.downgrade_pinned
+    with pytest.raises(ConfigError, match="budget_downgrade_pinned"):
+        config(budget_downgrade_pinned="yes")
+    raw = raw_config(EP)
+    raw["models"][0]["max_model_len"] = 0
+    with pytest.raises(ConfigError, match="max_model_len"):
+        parse_config(raw, env={})

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from gateway.tenancy.budget import (
     Cost,
+    Rates,
     choose_precision,
     first_over,
     period_start_hour,
@@ -48,12 +49,14 @@ def test_a_request_fits_only_if_every_budget_has_room() -> None:
 
 def test_downgrade_picks_the_first_cheaper_precision_that_fits() -> None:
     standing = spends([Budget("hour", "j", 100.0)], [(0, 70.0, 0.0, 0.0)], Cost(), 0.0)
-    per_token = {"bf16": Cost(j=0.5), "fp8": Cost(j=0.35), "int4": Cost(j=0.3)}
-    # 30 J left. 80 tokens: bf16 40 J does not fit; without a downgrade that is a refusal
-    assert choose_precision(standing, 80, "bf16", [], per_token) is None
-    # 50 tokens: bf16 25 J fits; 80 tokens: fp8 28 J is the first cheaper one that fits
-    assert choose_precision(standing, 50, "bf16", ["fp8", "int4"], per_token) == (
+    rates = {p: Rates(Cost(j=j / 10), Cost(j=j))
+             for p, j in (("bf16", 0.5), ("fp8", 0.35), ("int4", 0.3))}
+    # 30 J left. 100 prompt + 70 output tokens: bf16 5 + 35 J does not fit; without a
+    # downgrade that is a refusal
+    assert choose_precision(standing, 100, 70, "bf16", [], rates) is None
+    # 100 + 40: bf16 25 J fits; 100 + 70: fp8 3.5 + 24.5 J is the first cheaper one that fits
+    assert choose_precision(standing, 100, 40, "bf16", ["fp8", "int4"], rates) == (
         "bf16", Cost(j=25.0))
-    chosen = choose_precision(standing, 80, "bf16", ["fp8", "int4"], per_token)
+    chosen = choose_precision(standing, 100, 70, "bf16", ["fp8", "int4"], rates)
     assert chosen is not None and chosen[0] == "fp8"
-    assert choose_precision(standing, 120, "bf16", ["fp8", "int4"], per_token) is None
+    assert choose_precision(standing, 100, 120, "bf16", ["fp8", "int4"], rates) is None

@@ -51,7 +51,8 @@ class RequestRow(NamedTuple):
     last_interval: int | None  # the interval of its finish, or of its last work if later;
     # None when no engine ran it
     replica: str
-    prompt_source: str = "engine"  # "engine" (usage), "gateway" (tokenizer) or "estimate"
+    # "engine" (usage), "engine_tokenize" (its /tokenize), "gateway" (tokenizer), "estimate"
+    prompt_source: str = "engine"
     http_status: int | None = None  # what the client was answered (None: before schema v9)
     outcome: str = "served"  # its outcome class (gateway/outcomes.py)
     # wall clock of the last read that carried a token event to the client (None: none did);

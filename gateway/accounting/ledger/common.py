@@ -137,15 +137,15 @@ class SqlLedger(ABC):
         rows = await self._fetch(sql.SELECT_LIVE_REPLICAS, (seen_after_s,))
         return int(rows[0][0]) if rows else 0
 
-    async def precision_bills(self, since_s: float
-                              ) -> dict[str, tuple[float, float, float, int, int]]:
-        """Per precision since `since_s`: (J, gCO2e, USD) charged, and the prompt and
-        completion tokens served."""
-        charges = await self._fetch(sql.SELECT_PRECISION_CHARGES, (since_s,))
-        tokens = {p: (int(pt or 0), int(ct or 0))
-                  for p, pt, ct in await self._fetch(sql.SELECT_PRECISION_TOKENS, (since_s,))}
-        return {str(p): (float(e or 0), float(c or 0), float(u or 0), *tokens.get(p, (0, 0)))
-                for p, e, c, u in charges}
+    async def tenant_bills(self, tenant: str, since_s: float, interval_s: float, limit: int
+                           ) -> list[tuple[str, int, int, float, float, float]]:
+        """A tenant's latest `limit` final requests whose shares are all since `since_s`
+        (they arrived an interval later): (precision, prompt tokens, completion tokens, J,
+        gCO2e, USD) each."""
+        rows = await self._fetch(sql.SELECT_TENANT_BILLS,
+                                 (since_s, tenant, since_s + interval_s, limit))
+        return [(str(p), int(pt or 0), int(ct or 0), float(e or 0), float(c or 0),
+                 float(u or 0)) for p, pt, ct, e, c, u in rows]
 
     async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
                      watermark: Watermark | None = None) -> None:

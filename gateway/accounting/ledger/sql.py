@@ -246,6 +246,10 @@ SELECT_HELD = """SELECT COALESCE(SUM(energy_j), 0), COALESCE(SUM(carbon_g), 0),
     FROM reservations WHERE tenant = ? AND created_s >= ? AND NOT COALESCE(
     last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
                           WHERE e.engine = reservations.engine), FALSE)"""
+# The last interval of a tenant's settled reservations (finished requests not yet final), as
+# purged: they are final once the interval after it is apportioned.
+SELECT_SETTLED_LAST = """SELECT MAX(last_interval) FROM reservations
+    WHERE tenant = ? AND open = 0 AND created_s >= ?"""
 INSERT_RESERVATION = """INSERT INTO reservations (request_id, tenant, replica, created_s,
     energy_j, carbon_g, cost_usd, open, engine, last_interval)
     VALUES (?, ?, ?, ?, ?, ?, ?, 1, NULL, NULL) ON CONFLICT (request_id) DO NOTHING"""
@@ -253,13 +257,16 @@ SETTLE_RESERVATION = """UPDATE reservations SET open = 0, energy_j = ?, carbon_g
     cost_usd = ?, engine = ?, last_interval = ? WHERE request_id = ?"""
 DELETE_RESERVATION = "DELETE FROM reservations WHERE request_id = ?"
 SELECT_LIVE_REPLICAS = "SELECT COUNT(*) FROM replicas WHERE seen_s >= ?"
-# Recent bills per precision: charges of shares since a time, tokens of requests since then.
-SELECT_PRECISION_CHARGES = """SELECT r.precision, SUM(s.energy_j), SUM(s.carbon_g),
-    SUM(s.cost_usd) FROM shares s JOIN requests r ON r.request_id = s.request_id
-    WHERE s.start_s >= ? GROUP BY r.precision"""
-SELECT_PRECISION_TOKENS = """SELECT precision,
-    CAST(SUM(prompt_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT) FROM requests
-    WHERE arrived_s >= ? AND last_interval IS NOT NULL GROUP BY precision"""
+# A tenant's latest final requests (the interval after their last one apportioned) since a
+# time, each with its charges: what its budget reservations learn from (tenancy/rates.py).
+SELECT_TENANT_BILLS = """SELECT r.precision, r.prompt_tokens, r.completion_tokens,
+    SUM(s.energy_j), SUM(s.carbon_g), SUM(s.cost_usd)
+    FROM shares s JOIN requests r ON r.request_id = s.request_id
+    WHERE s.start_s >= ? AND r.tenant = ? AND r.arrived_s >= ? AND r.last_interval IS NOT NULL
+    AND r.last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
+                                WHERE e.engine = r.engine)
+    GROUP BY r.request_id, r.precision, r.prompt_tokens, r.completion_tokens
+    ORDER BY MAX(r.finished_s) DESC LIMIT ?"""
 INSERT_SHARE = """INSERT INTO shares (request_id, engine, interval_idx, start_s, hour_idx, energy_j,
     static_j, dynamic_j, gpu_s, carbon_g, cost_usd, estimated, failed_j)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""

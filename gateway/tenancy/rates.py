@@ -1,0 +1,139 @@
+"""What a tenant's tokens cost, learnt from that tenant's own bills (pure).
+
+A budget reserves a request's estimate before it runs: prompt tokens x the cost of a prompt
+token + max_tokens x the cost of an output token. Both rates are learnt per precision and
+prompt-length band from the tenant's own recent, final bills (a request's energy and its
+prompt and completion tokens), never from other tenants' traffic: a neighbour's cheap
+short-prompt traffic says nothing of what this tenant's 16k-token prompts cost. A band in
+which the tenant has too few bills of its own uses the conservative prior below.
+
+The fit is least squares of energy = a x prompt + b x completion over the band's bills (a,
+b >= 0; where the bills cannot tell a from b, as when every request has the same shape, the
+prior's ratio of a to b is scaled to the bills), then scaled up by the worst under-estimate
+among those bills (at most MAX_MARGIN): the estimate of a request shaped like one already
+billed is at least its bill. A budget can then overshoot by what one request costs beyond
+its estimate (a shape the tenant never sent before, at the prior), not by a multiple of it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.accounting.pricing import Pricing
+from gateway.tenancy.budget import Cost, Rates, priced
+
+# Prompt-length bands (tokens): a prompt token of a long context costs more (attention), and
+# a tenant's short and long requests are learnt apart.
+PROMPT_BANDS: tuple[int, ...] = (512, 2048, 8192)
+# The prior, J per output token when a band has no bills of the tenant's own: an 8B model on
+# one H100 at light load (batch 1-8), idle share included, rounded up (a reservation too big
+# refuses early; one too small lets a budget overshoot).
+PRIOR_J_PER_OUTPUT_TOKEN: dict[str, float] = {
+    "bf16": 1.5, "fp16": 1.5, "fp8": 1.8, "int8": 1.5, "int4": 1.0,
+}
+# A prompt token at the prior costs this share of an output token: 0.05 J at BF16. An 8B
+# model's prefill is ~16 GFLOP a token, a third more at a 10k-token context (attention); an
+# H100 at 700 W doing 300-400 TFLOP/s spends 0.02-0.04 J on it.
+PRIOR_PROMPT_SHARE = 1.0 / 30.0
+MIN_BILLS = 3  # fewer bills of its own in a band: the prior
+MAX_MARGIN = 2.0  # the most the worst under-estimate among the bills scales the fit by
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """One final request of a tenant: its precision, tokens and charges."""
+
+    precision: str
+    prompt_tokens: int
+    completion_tokens: int
+    energy_j: float
+    carbon_g: float
+    cost_usd: float
+
+
+def band_of(prompt_tokens: float) -> int:
+    return bisect.bisect_right(PROMPT_BANDS, prompt_tokens)
+
+
+def prior_j(precision: str) -> tuple[float, float]:
+    """(J per prompt token, J per output token) when nothing is learnt."""
+    output = PRIOR_J_PER_OUTPUT_TOKEN.get(precision, PRIOR_J_PER_OUTPUT_TOKEN["bf16"])
+    return output * PRIOR_PROMPT_SHARE, output
+
+
+def prior(precision: str, pricing: Pricing, now_s: float) -> Rates:
+    a, b = prior_j(precision)
+    return Rates(priced(a, pricing, now_s), priced(b, pricing, now_s))
+
+
+def fit_j(bills: Sequence[Bill], prior_ratio: float) -> tuple[float, float] | None:
+    """(J per prompt token, J per output token) fitted to `bills`, margin included; None when
+    they are too few. `prior_ratio`: a / b where the bills cannot tell them apart."""
+    rows = [(float(b.prompt_tokens), float(b.completion_tokens), b.energy_j) for b in bills
+            if b.energy_j > 0 and b.prompt_tokens + b.completion_tokens > 0]
+    if len(rows) < MIN_BILLS:
+        return None
+    spp = math.fsum(p * p for p, _, _ in rows)
+    scc = math.fsum(c * c for _, c, _ in rows)
+    spc = math.fsum(p * c for p, c, _ in rows)
+    spe = math.fsum(p * e for p, _, e in rows)
+    sce = math.fsum(c * e for _, c, e in rows)
+    det = spp * scc - spc * spc
+    if det > 1e-6 * spp * scc:  # the shapes differ enough to tell a prompt token from an output one
+        a, b = (spe * scc - sce * spc) / det, (sce * spp - spe * spc) / det
+        if a < 0 or b < 0:  # the best non-negative fit has one of them 0: the closer one
+            only_a, only_b = (spe / spp, 0.0), (0.0, sce / scc)
+            a, b = min(only_a, only_b, key=lambda ab: math.fsum(
+                (e - ab[0] * p - ab[1] * c) ** 2 for p, c, e in rows))
+    else:  # one shape: one rate, in the prior's proportion (energy = s x (ratio x p + c))
+        w = [(prior_ratio * p + c, e) for p, c, e in rows]
+        s = math.fsum(x * e for x, e in w) / math.fsum(x * x for x, _ in w)
+        a, b = s * prior_ratio, s
+    worst = max(e / (a * p + b * c) for p, c, e in rows if a * p + b * c > 0)
+    margin = min(max(worst, 1.0), MAX_MARGIN)
+    return a * margin, b * margin
+
+
+class TenantRates:
+    """One tenant's learnt rates per (precision, prompt band), and the prior elsewhere."""
+
+    __slots__ = ("learnt",)
+
+    def __init__(self, learnt: Mapping[tuple[str, int], Rates] | None = None):
+        self.learnt = dict(learnt or {})
+
+    @classmethod
+    def from_bills(cls, bills: Iterable[Bill]) -> TenantRates:
+        groups: dict[tuple[str, int], list[Bill]] = {}
+        for b in bills:
+            groups.setdefault((b.precision, band_of(b.prompt_tokens)), []).append(b)
+        learnt: dict[tuple[str, int], Rates] = {}
+        for key, group in groups.items():
+            a0, b0 = prior_j(key[0])
+            fitted = fit_j(group, a0 / b0)
+            if fitted is None:
+                continue
+            energy = math.fsum(x.energy_j for x in group)
+            # carbon and cost per joule as these bills were priced
+            g_per_j = math.fsum(x.carbon_g for x in group) / energy if energy > 0 else 0.0
+            usd_per_j = math.fsum(x.cost_usd for x in group) / energy if energy > 0 else 0.0
+            prompt_j, output_j = fitted
+            learnt[key] = Rates(Cost(prompt_j, prompt_j * g_per_j, prompt_j * usd_per_j),
+                                Cost(output_j, output_j * g_per_j, output_j * usd_per_j))
+        return cls(learnt)
+
+    def describe(self) -> list[dict[str, object]]:
+        """The learnt rates, for `/v1/usage`: per precision and prompt band (tokens, the
+        upper bound exclusive, None: unbounded), J per prompt token and per output token."""
+        edges = (0, *PROMPT_BANDS, None)
+        return [{"precision": precision, "prompt_tokens": [edges[band], edges[band + 1]],
+                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j}
+                for (precision, band), r in sorted(self.learnt.items())]
+
+    def rates(self, precision: str, prompt_tokens: float, pricing: Pricing, now_s: float
+              ) -> Rates:
+        return (self.learnt.get((precision, band_of(prompt_tokens)))
+                or prior(precision, pricing, now_s))

@@ -1,0 +1,69 @@
+"""A tenant's token rates, learnt from its own bills per precision and prompt band."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.accounting.pricing import Pricing
+from gateway.tenancy.budget import estimate
+from gateway.tenancy.rates import (
+    MAX_MARGIN,
+    PRIOR_J_PER_OUTPUT_TOKEN,
+    PRIOR_PROMPT_SHARE,
+    Bill,
+    TenantRates,
+    band_of,
+    fit_j,
+)
+
+PRICING = Pricing()
+
+
+def bill(prompt: int, completion: int, a: float = 0.02, b: float = 0.3, noise: float = 1.0,
+         precision: str = "bf16") -> Bill:
+    return Bill(precision, prompt, completion, (a * prompt + b * completion) * noise, 0.0, 0.0)
+
+
+def test_two_shapes_tell_a_prompt_token_from_an_output_token() -> None:
+    bills = [bill(100, 200), bill(300, 10), bill(200, 100), bill(400, 50)]
+    a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (0.0, 0.0)
+    assert a == pytest.approx(0.02) and b == pytest.approx(0.3)
+
+
+def test_one_shape_scales_the_prior_proportion_to_the_bills() -> None:
+    bills = [bill(100, 200)] * 4
+    a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (0.0, 0.0)
+    assert a == pytest.approx(b * PRIOR_PROMPT_SHARE)
+    assert a * 100 + b * 200 == pytest.approx(bills[0].energy_j)  # that shape is billed right
+
+
+def test_the_worst_under_estimate_among_the_bills_scales_the_fit_up() -> None:
+    bills = [bill(100, 200, noise=0.9), bill(300, 10), bill(200, 100, noise=1.3), bill(400, 50)]
+    a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (0.0, 0.0)
+    assert all(a * x.prompt_tokens + b * x.completion_tokens >= x.energy_j * (1 - 1e-9)
+               for x in bills)
+    # one wild bill scales it by MAX_MARGIN at most: that bill stays under-estimated
+    wild = [bill(100, 200), bill(300, 10), bill(200, 100, noise=9.0), bill(400, 50)]
+    a2, b2 = fit_j(wild, PRIOR_PROMPT_SHARE) or (0.0, 0.0)
+    assert a2 * 200 + b2 * 100 < wild[2].energy_j
+    assert a2 * 200 + b2 * 100 >= MAX_MARGIN * (0.02 * 200 + 0.3 * 100)
+
+
+def test_too_few_bills_or_a_band_never_sent_gets_the_conservative_prior() -> None:
+    assert fit_j([bill(100, 200)] * 2, PRIOR_PROMPT_SHARE) is None
+    rates = TenantRates.from_bills([bill(50, 200, a=0.0005, b=0.09)] * 10)
+    short = rates.rates("bf16", 50, PRICING, 0.0)
+    assert estimate(50, 200, short).j == pytest.approx(0.0005 * 50 + 0.09 * 200)
+    long = rates.rates("bf16", 12000, PRICING, 0.0)  # another band: the prior
+    assert band_of(12000) != band_of(50)
+    assert long.output.j == PRIOR_J_PER_OUTPUT_TOKEN["bf16"]
+    assert long.prompt.j == pytest.approx(PRIOR_J_PER_OUTPUT_TOKEN["bf16"] * PRIOR_PROMPT_SHARE)
+    assert rates.rates("int4", 50, PRICING, 0.0).output.j == PRIOR_J_PER_OUTPUT_TOKEN["int4"]
+
+
+def test_a_fit_that_would_go_negative_keeps_the_closer_single_rate() -> None:
+    # energy all from the output tokens, with noise that pulls the prompt's rate below 0
+    bills = [bill(100, 200, a=0.0, noise=1.05), bill(400, 20, a=0.0, noise=0.9),
+             bill(300, 100, a=0.0), bill(200, 50, a=0.0, noise=1.02)]
+    a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (-1.0, -1.0)
+    assert a == 0.0 and 0.27 < b < 0.3 * MAX_MARGIN
