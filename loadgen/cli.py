@@ -14,7 +14,16 @@ import yaml
 
 from gateway.tokenizer import TokenizerNotFound
 from gateway.vocab import SloClass
-from loadgen import arrivals, lengths, prompts, report, report_html, traces
+from loadgen import (
+    arrivals,
+    lengths,
+    prompts,
+    report,
+    report_html,
+    search_cli,
+    search_report,
+    traces,
+)
 from loadgen.client import ClientOptions, Target
 from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
 from loadgen.experiments import (
@@ -27,7 +36,7 @@ from loadgen.experiments import (
 )
 from loadgen.precision import precision_report, slo_text
 from loadgen.runner import RunOptions, RunOutcome, run_workload
-from loadgen.targets import arm_targets, check_reachable, check_target, parse_pairs
+from loadgen.targets import check_reachable, check_target, parse_pairs
 from loadgen.workload import TenantSpec, Workload, build_plan, load_workload, requested_rate_rps
 
 
@@ -246,18 +255,36 @@ async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
               "--rate only.")
 @click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True,
               help="Share of requests that must meet the SLO for a rate to count as met.")
+@search_cli.search_options
 def compare(**p: Any) -> None:
-    """Replay one seeded schedule and prompt set against each precision: paired deltas, and per
-    precision the highest rate meeting the SLO, J/token there, gCO2e and USD per 1M tokens,
-    and the recommended precision."""
+    """Replay one seeded schedule and prompt set against each arm (one engine kind at one
+    precision): paired deltas, and per arm the highest rate meeting the SLO, J/token there,
+    gCO2e and USD per 1M tokens, and the recommended precision. With --search: each arm's
+    capacity by search, with 95 % intervals, and a recommendation that says when the arms
+    cannot be told apart."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
     quality = {k: float(v) for k, v in parse_pairs(p["quality"], "--quality").items()}
-    targets = arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
-    check_reachable(t.base_url for t in targets.values())
-    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
-    arm_prec = {prec: prec for prec in precisions}
+    direct = parse_pairs(p["arm_target"], "--arm-target")
+    arms = search_cli.build_arms(p, w, precisions, direct, _run)
+    check_reachable(a.target.base_url for a in arms)
     opts = run_options(p)
+    if p["search"]:
+        sr, outcomes = search_cli.run_search(p, w, arms, opts, _run, _err)
+        click.echo(search_report.text(sr))
+        if p["out_dir"] is not None:
+            p["out_dir"].mkdir(parents=True, exist_ok=True)
+            report.write_json(p["out_dir"] / "compare.json", outcomes,
+                              {"search": search_report.to_json(sr)})
+            report.write_csv(p["out_dir"] / "compare.csv", outcomes)
+            report_html.write_html(p["out_dir"] / "compare.html", "wattgate loadgen compare "
+                                   "--search", outcomes, search=sr, base=sr.base)
+            _err(f"wrote {p['out_dir']}/compare.json, .csv, .html")
+        fail_if_nothing_succeeded(outcomes)
+        return
+    targets = {a.label: a.target for a in arms}
+    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
+    arm_prec = {a.label: a.precision for a in arms}
     if rates:
         outcomes, points = _run(sweep_rates(w, targets, rates, opts))
         # paired deltas at the highest rate every arm ran
@@ -268,9 +295,12 @@ def compare(**p: Any) -> None:
         outcomes, deltas = _run(compare_arms(w, targets, opts))
         rate = requested_rate_rps(w, build_plan(w))
         points = [point(o.label, rate, o.summary, o.energy_overall) for o in outcomes]
-    pr = precision_report(points, precisions, p["target_attainment"], slo_text(w.slo_classes),
-                          quality, "offered requests/s")
+    pr = precision_report(points, list(targets), p["target_attainment"], slo_text(w.slo_classes),
+                          quality, "offered requests/s, wall time", arm_prec)
     click.echo(report.run_table(outcomes, arm_prec if not rates else None, quality))
+    for a in arms:
+        if a.note:
+            click.echo(f"{a.label}: {a.note}")
     click.echo()
     click.echo(report.delta_table(deltas))
     click.echo()
@@ -308,8 +338,14 @@ def sweep(**p: Any) -> None:
     w = build_workload(p)
     rates = [float(x) for x in p["rates"].split(",") if x.strip()]
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    targets = (arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
-               if precisions else {"run": Target(p["target"], w.model, w.api)})
+    arms = (search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"],
+                                                                 "--arm-target"), _run)
+            if precisions else [])
+    targets = ({a.label: a.target for a in arms} if arms
+               else {"run": Target(p["target"], w.model, w.api)})
+    for a in arms:
+        if a.note:
+            _err(f"{a.label}: {a.note}")
     check_reachable(t.base_url for t in targets.values())
     outcomes, points = _run(sweep_rates(w, targets, rates, run_options(p)))
     sw = sweep_result(points, p["target_attainment"])

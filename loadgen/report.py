@@ -21,6 +21,7 @@ from loadgen.experiments import (
 )
 from loadgen.precision import PRECISION_HEADER, PrecisionReport, headline, precision_rows
 from loadgen.runner import RunOutcome
+from loadgen.timebase import WALL, TimeBase
 
 
 def _ms(x: float | None) -> str:
@@ -49,17 +50,25 @@ RUN_HEADER = ("arm", "sent", "ok", "refused", "failed", "req/s", "TTFT p50", "TT
               "J/out-tok", "gCO2e/1M tok", "USD/1M tok")
 
 
-def run_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
-    """One row per run (arm): latency (ms) from intended arrival, goodput, energy."""
+def run_rows(outcomes: Sequence[RunOutcome], base: TimeBase = WALL) -> list[list[str]]:
+    """One row per run (arm): latency (ms) from intended arrival, goodput, energy; latencies
+    and rates in `base` (the client's lag stays on the wall, where the client keeps time)."""
     rows = []
+
+    def ms(x: float | None) -> str:
+        return _ms(None if x is None else base.seconds(x))
+
+    def rps(x: float | None) -> str:
+        return _num(None if x is None else base.rate(x))
+
     for o in outcomes:
         s, e = o.summary, o.energy_overall
+        lat = s.from_intended
         rows.append([o.label or "run", str(s.requests), str(s.ok), str(s.refused),
-                     str(s.failed), _num(s.throughput_rps),
-                     _ms(s.from_intended.ttft_s.p50), _ms(s.from_intended.ttft_s.p99),
-                     _ms(s.from_intended.tpot_s.p50), _ms(s.from_intended.tpot_s.p99),
-                     _ms(s.from_intended.e2e_s.p50), _ms(s.lag_s.p99),
-                     _num(s.goodput_rps), _num(s.attainment, "{:.1%}"),
+                     str(s.failed), rps(s.throughput_rps),
+                     ms(lat.ttft_s.p50), ms(lat.ttft_s.p99), ms(lat.tpot_s.p50),
+                     ms(lat.tpot_s.p99), ms(lat.e2e_s.p50), _ms(s.lag_s.p99),
+                     rps(s.goodput_rps), _num(s.attainment, "{:.1%}"),
                      _num(e.j_per_request if e else None, "{:.1f}"),
                      _num(e.j_per_output_token if e else None, "{:.3f}"),
                      _num(e.carbon_g_per_1k_tokens * 1e3 if e else None, "{:.1f}"),
@@ -79,11 +88,17 @@ def run_notes(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
     return notes
 
 
+def time_note(base: TimeBase = WALL) -> str:
+    extra = "" if base.time_scale == 1.0 else " (lag p99: the client's, wall time)"
+    return (f"time base: {base.name}: latency in ms and rates in req/s, measured from "
+            f"intended arrival{extra}")
+
+
 def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
-              quality: dict[str, float] | None = None) -> str:
-    """One row per run (arm): latency from intended arrival, goodput, energy."""
-    text = ("latency in ms, measured from intended arrival; " + ATTAINMENT_NOTE + "\n"
-            + text_table(RUN_HEADER, run_rows(outcomes)))
+              quality: dict[str, float] | None = None, base: TimeBase = WALL) -> str:
+    """One row per run (arm): latency from intended arrival, goodput, energy, in `base`."""
+    text = (time_note(base) + "; " + ATTAINMENT_NOTE + "\n"
+            + text_table(RUN_HEADER, run_rows(outcomes, base)))
     return text + "\n" + "\n".join(run_notes(outcomes, arm_precisions, quality))
 
 
