@@ -8,18 +8,19 @@ could not be graded (the client fell behind its schedule) counts as attainment 0
 generator could not offer that rate, so it is not shown as met.
 
 Every rate is run `trials` times with seeds `seed, seed + 1, ...` (the same seeds at every rate
-and on every arm, so arms and rates are compared on the same schedules). A rate stops after a
-trial that is over-saturated (`over_saturated`: TTFT and in-flight count both rising through
-the run, TTFT by more than the SLO's TTFT limit), since its remaining trials can only miss.
+and on every arm, so arms and rates are compared on the same schedules). A rate stops early
+once its mean attainment cannot reach the target even if every trial left attains 1, or after
+a trial that missed and is over-saturated (`over_saturated`: TTFT and in-flight count both
+rising through the run, TTFT by more than the SLO's TTFT limit: the queue grows without bound).
 
 Intervals (95 %, named in `Interval.method`):
 - attainment and J per output token at a rate: Student t over the trials' values,
   mean +/- t(0.975, n-1) x s / sqrt(n);
-- capacity: Student t over the per-trial capacities (trial i's capacity: its attainment
-  interpolated linearly to the target between the largest rate it met, having met every
-  lower one, and the next rate it ran at), widened to hold the search's bracket [largest
-  rate met, smallest rate missed]. A search that met the SLO at
-  `max_rps` has no upper end (capacity ">= max tested").
+- capacity (the estimate is the mean of the per-trial capacities): Student t over them
+  (trial i's capacity: its attainment interpolated linearly to the target between the
+  largest rate it met, having met every lower one, and the next rate it ran at), widened to
+  hold the search's bracket [largest rate met, smallest rate missed]. A search that met the
+  SLO at `max_rps` has no upper end (capacity ">= max tested").
 """
 
 from __future__ import annotations
@@ -125,10 +126,16 @@ class SearchConfig:
 @dataclass(frozen=True, slots=True)
 class CapacityResult:
     steps: tuple[RateStep, ...]  # every rate tried, sorted by rate
-    capacity_rps: float | None  # the largest rate met (None: no rate tried met the SLO)
+    largest_met_rps: float | None  # the search bracket's low end (None: no rate met the SLO)
     first_miss_rps: float | None  # the smallest rate above it that missed (None: never missed)
     interval: Interval | None  # capacity's 95 % interval; high = inf when never saturated
     max_tested_rps: float
+
+    @property
+    def capacity_rps(self) -> float | None:
+        """The estimate: the mean of the per-trial capacities, the interval's centre (one bad
+        trial moves the bracket, which the mean attainment decides, more than this)."""
+        return None if self.interval is None else self.interval.mean
 
     @property
     def saturated(self) -> bool:
@@ -151,12 +158,15 @@ def rate_step(rate_rps: float, trials: Sequence[Trial], target: float, stopped_e
 
 
 async def measure(run_at: RunAt, rate_rps: float, cfg: SearchConfig) -> RateStep:
-    """`cfg.trials` trials at one rate, stopping after an over-saturated one that missed."""
+    """`cfg.trials` trials at one rate, stopping early after an over-saturated trial that
+    missed, or once the mean cannot reach the target even if every trial left attains 1."""
     trials: list[Trial] = []
     for i in range(cfg.trials):
         trial = await run_at(rate_rps, cfg.seed + i)
         trials.append(trial)
-        if trial.over_saturated and _attainment(trial) < cfg.target_attainment:
+        best_mean = (sum(map(_attainment, trials)) + cfg.trials - len(trials)) / cfg.trials
+        if best_mean < cfg.target_attainment or (
+                trial.over_saturated and _attainment(trial) < cfg.target_attainment):
             break
     return rate_step(rate_rps, trials, cfg.target_attainment, len(trials) < cfg.trials)
 
@@ -224,7 +234,7 @@ def capacity_result(steps: tuple[RateStep, ...], met: float | None, missed: floa
                    CAPACITY_METHOD)
     low = min(t.low, met)
     high = max(t.high, missed) if missed is not None else math.inf
-    return CapacityResult(steps, met, missed, Interval(met, low, high, t.n, CAPACITY_METHOD),
+    return CapacityResult(steps, met, missed, Interval(t.mean, low, high, t.n, CAPACITY_METHOD),
                           top)
 
 
@@ -264,4 +274,5 @@ def with_energy(r: CapacityResult, j_of: Callable[[float, int], float | None],
                                               t.over_saturated) for t in s.trials],
                             target, s.stopped_early)
                   for s in r.steps)
-    return CapacityResult(steps, r.capacity_rps, r.first_miss_rps, r.interval, r.max_tested_rps)
+    return CapacityResult(steps, r.largest_met_rps, r.first_miss_rps, r.interval,
+                          r.max_tested_rps)

@@ -11,6 +11,8 @@ import pytest
 
 from loadgen.capacity import (
     CAPACITY_METHOD,
+    CapacityResult,
+    RunAt,
     SearchConfig,
     Trial,
     over_saturated,
@@ -21,7 +23,7 @@ from loadgen.capacity import (
 
 
 def fake_arm(capacity_rps: float, noise: float, *, saturating: bool = True
-             ) -> tuple[list[float], object]:
+             ) -> tuple[list[float], RunAt]:
     """Trial with seed s has its own capacity C_s = C (1 + noise z_s) and attainment
     1 - 0.1 (rate / C_s)^6 (0.9 exactly at C_s); J/token falls with load."""
     calls: list[float] = []
@@ -36,10 +38,13 @@ def fake_arm(capacity_rps: float, noise: float, *, saturating: bool = True
     return calls, run_at
 
 
-def search(capacity: float, noise: float, **kw: float) -> object:
+def search(capacity: float, noise: float, start_rps: float = 10.0, seed: int = 0
+           ) -> CapacityResult:
     _, run_at = fake_arm(capacity, noise)
-    cfg = SearchConfig(**{"start_rps": 10.0, "max_rps": 1000.0, "seed": 0, **kw})  # type: ignore[arg-type]
-    return asyncio.run(search_capacity(run_at, cfg))  # type: ignore[arg-type]
+    cfg = SearchConfig(start_rps=start_rps, max_rps=1000.0, seed=seed)
+    r = asyncio.run(search_capacity(run_at, cfg))
+    assert r.interval is not None or r.capacity_rps is None
+    return r
 
 
 def test_t_interval_is_mean_plus_minus_t_s_over_root_n() -> None:
@@ -58,10 +63,11 @@ def test_one_value_has_no_interval() -> None:
 @pytest.mark.parametrize("capacity", [37.0, 61.0, 140.0, 520.0])
 def test_search_without_noise_finds_the_capacity_within_five_percent(capacity: float) -> None:
     r = search(capacity, 0.0)
-    assert r.capacity_rps is not None and r.first_miss_rps is not None
-    assert capacity / 1.05 <= r.capacity_rps <= capacity < r.first_miss_rps
-    assert r.first_miss_rps - r.capacity_rps <= 0.05 * r.capacity_rps
-    assert r.interval.low <= capacity <= r.interval.high
+    assert r.largest_met_rps is not None and r.first_miss_rps is not None
+    assert capacity / 1.05 <= r.largest_met_rps <= capacity < r.first_miss_rps
+    assert r.first_miss_rps - r.largest_met_rps <= 0.05 * r.largest_met_rps
+    assert r.capacity_rps == pytest.approx(capacity, rel=0.05)
+    assert r.interval is not None and r.interval.low <= capacity <= r.interval.high
     assert r.interval.method == CAPACITY_METHOD
 
 
@@ -71,19 +77,20 @@ def test_search_with_noise_finds_the_capacity_within_five_percent(seed: int) -> 
     within 5 % of the true capacity and its interval holds it."""
     r = search(80.0, 0.02, seed=seed)
     assert r.capacity_rps == pytest.approx(80.0, rel=0.05)
-    assert r.interval.low <= 80.0 <= r.interval.high
+    assert r.interval is not None and r.interval.low <= 80.0 <= r.interval.high
     assert r.interval.half_width_pct < 10
 
 
 def test_a_start_above_capacity_ramps_down() -> None:
     r = search(12.0, 0.0, start_rps=50.0)
-    assert r.capacity_rps == pytest.approx(12.0, rel=0.05) and r.capacity_rps <= 12.0
+    assert r.capacity_rps == pytest.approx(12.0, rel=0.05)
+    assert r.largest_met_rps is not None and r.largest_met_rps <= 12.0
 
 
 def test_never_saturated_says_so_with_no_upper_end() -> None:
     r = search(5000.0, 0.0)
     assert r.capacity_rps == 1000.0 == r.max_tested_rps
-    assert not r.saturated and r.interval.high == math.inf
+    assert not r.saturated and r.interval is not None and r.interval.high == math.inf
 
 
 def test_nothing_met_gives_no_capacity() -> None:
@@ -112,13 +119,17 @@ def test_an_ungraded_trial_counts_as_a_miss() -> None:
         return Trial(seed, None if rate_rps > 20 else 1.0, None)
 
     r = asyncio.run(search_capacity(run_at, SearchConfig(start_rps=10.0, max_rps=100.0)))
-    assert r.capacity_rps is not None and 19.0 <= r.capacity_rps <= 20.0
+    assert r.largest_met_rps is not None and 19.0 <= r.largest_met_rps <= 20.0
+    assert r.capacity_rps == pytest.approx(20.0, rel=0.05)
 
 
-def queue(rate_rps: float, service_rps: float, n: int = 60) -> tuple[list[float], ...]:
+def queue(rate_rps: float, service_rps: float, n: int = 60
+          ) -> tuple[list[float], list[float], list[float | None]]:
     """A single FIFO server with a fixed service time: arrivals, ends, TTFTs."""
     arrivals = [i / rate_rps for i in range(n)]
-    ends, ttfts, free = [], [], 0.0
+    ends: list[float] = []
+    ttfts: list[float | None] = []
+    free = 0.0
     for a in arrivals:
         start = max(a, free)
         free = start + 1 / service_rps
@@ -128,7 +139,16 @@ def queue(rate_rps: float, service_rps: float, n: int = 60) -> tuple[list[float]
 
 
 def test_over_saturated_on_a_growing_queue_not_on_a_steady_one() -> None:
-    assert over_saturated(*queue(20.0, 10.0), ttft_limit_s=0.5)
-    assert not over_saturated(*queue(8.0, 10.0), ttft_limit_s=0.5)
+    assert over_saturated(*queue(20.0, 10.0), 0.5)
+    assert not over_saturated(*queue(8.0, 10.0), 0.5)
     # rising but within the TTFT limit over the run: not clearly past capacity
-    assert not over_saturated(*queue(10.5, 10.0), ttft_limit_s=0.5)
+    assert not over_saturated(*queue(10.5, 10.0), 0.5)
+
+
+def test_a_rate_stops_once_its_target_is_out_of_reach() -> None:
+    """After a first trial at 0.6, three trials cannot average 0.9: no more are run."""
+    async def run_at(rate_rps: float, seed: int) -> Trial:
+        return Trial(seed, 1.0 if rate_rps <= 10 else 0.6, None)
+
+    r = asyncio.run(search_capacity(run_at, SearchConfig(start_rps=10.0, max_rps=100.0)))
+    assert [len(s.trials) for s in r.steps if s.rate_rps > 10] == [1] * (len(r.steps) - 1)
