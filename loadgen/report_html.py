@@ -186,7 +186,20 @@ def search_section(r: SearchReport) -> str:
                     table(sr.header(r), sr.rows(r), f"time base: {r.base.name}"),
                     *(f"<p>{esc(n)}</p>" for n in r.notes),
                     figure(search_plot(r), f"Each arm's rates as the search tried them; "
-                           f"{r.base.name}.")])
+                           f"{r.base.name}."), _search_pareto(r)])
+
+
+def _search_pareto(r: SearchReport) -> str:
+    """Each arm at its estimated capacity: (label, capacity, J/out-tok at its rate met
+    closest to it), with the non-dominated frontier."""
+    pts = [(a.label, cap, j.mean) for a in r.arms
+           if (cap := a.search.capacity_rps) is not None
+           and (j := decide.j_at(a, cap)) is not None]
+    if not pts:
+        return "<p>Pareto frontier: n/a (no arm met the SLO with energy data).</p>"
+    return figure(pareto_plot(pts, "SLO capacity vs energy per token (Pareto frontier across "
+                              "arms)", f"req/s, {r.base.name}"),
+                  "One point per arm at its SLO capacity.")
 
 
 def answer_box(lines: Sequence[str]) -> str:
@@ -261,7 +274,7 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
                quality: dict[str, float] | None = None, notes: Sequence[str] = (),
                answer: Sequence[str] = (), sections: Sequence[str] = (),
                raw: Sequence[tuple[str, str]] = (), base: TimeBase = WALL,
-               search: SearchReport | None = None) -> None:
+               search: SearchReport | None = None, runs_title: str = "Runs") -> None:
     """One self-contained page: the answer first (`answer` lines, then the recommended
     precision), `notes`, the precision section, caller `sections` (HTML), the runs, paired
     deltas and plots, and the raw text tables folded in <details> (plus `raw` (title, text))."""
@@ -274,7 +287,7 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
     if precision is not None:
         body.append(precision_section(precision, rate_label))
     body += sections
-    body += runs_section(outcomes, arm_precisions, quality, deltas, base)
+    body += runs_section(outcomes, arm_precisions, quality, deltas, base, runs_title)
     if sweep is not None and precision is None:
         body += ["<h2>Goodput vs offered rate</h2>", figure(sweep_plot(sweep), "")]
         raw = [("sweep table", report.sweep_table(sweep)), *raw]
