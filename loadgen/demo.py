@@ -184,8 +184,8 @@ def _show(r: DemoResults, out_dir: Path) -> None:
     click.echo(report.tenant_table(r.tenants))
     click.echo("\n== precisions: SLO capacity by search, J/token along the load curve ==")
     click.echo(search_report.text(r.search))
-    click.echo(f"\npaired at the highest rate every precision ran ({dp.BASE.name}):")
-    click.echo(report.delta_table(r.deltas))
+    click.echo("\npaired at the highest rate every precision ran:")
+    click.echo(report.delta_table(r.deltas, dp.BASE))
     click.echo("\n== routing: the same load, least_load vs slo_energy ==")
     click.echo(report.text_table(dp.ROUTING_HEADER, dp.routing_rows(r.routing)))
     click.echo(dp.surplus_note(r.routing))
@@ -213,7 +213,7 @@ def _show(r: DemoResults, out_dir: Path) -> None:
                                             "arrival.", *dp.notes(), budget_note],
                   raw=[(f"precision search trials ({dp.BASE.name})",
                         report.run_table(r.sweep, None, {}, dp.BASE))],
-                  runs_title="Tenants' runs")
+                  runs_title="Tenants' runs", delta_base=dp.BASE)
     _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
 
 

@@ -156,15 +156,17 @@ DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT f
                 "dJ/token")
 
 
-def delta_rows(deltas: Sequence[PairedDelta]) -> list[list[str]]:
-    return [[d.arm, d.baseline, str(d.pairs), _ms(d.ttft_median_delta_s),
-             _ms(d.tpot_median_delta_s), _ms(d.e2e_median_delta_s),
+def delta_rows(deltas: Sequence[PairedDelta], base: TimeBase = WALL) -> list[list[str]]:
+    """Paired deltas, latency deltas in ms of `base`."""
+    return [[d.arm, d.baseline, str(d.pairs), _ms(base.seconds(d.ttft_median_delta_s)),
+             _ms(base.seconds(d.tpot_median_delta_s)), _ms(base.seconds(d.e2e_median_delta_s)),
              _num(d.ttft_faster_share, "{:.0%}"), _num(d.j_per_token_delta_pct, "{:+.1f}%")]
             for d in deltas]
 
 
-def delta_table(deltas: Sequence[PairedDelta]) -> str:
-    return text_table(DELTA_HEADER, delta_rows(deltas))
+def delta_table(deltas: Sequence[PairedDelta], base: TimeBase = WALL) -> str:
+    return (f"paired deltas, latency in ms, {base.name}\n"
+            + text_table(DELTA_HEADER, delta_rows(deltas, base)))
 
 
 def sweep_table(sw: SweepResult) -> str:

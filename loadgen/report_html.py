@@ -184,6 +184,8 @@ def search_section(r: SearchReport) -> str:
     return "".join(["<h2>Precisions: SLO capacity by search, J per output token along the "
                     "load curve</h2>", f"<p>{esc(sr.method_note(r))}</p>",
                     table(sr.header(r), sr.rows(r), f"time base: {r.base.name}"),
+                    f"<p>{esc(sr.curve_title(r))}:</p><ul>",
+                    *(f"<li>{esc(x)}</li>" for x in sr.curve_lines(r)), "</ul>",
                     *(f"<p>{esc(n)}</p>" for n in r.notes),
                     figure(search_plot(r), f"Each arm's rates as the search tried them; "
                            f"{r.base.name}."), _search_pareto(r)])
@@ -252,7 +254,11 @@ def sweep_plot(sw: SweepResult) -> str:
 
 def runs_section(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None,
                  quality: dict[str, float] | None, deltas: Sequence[PairedDelta],
-                 base: TimeBase = WALL, title: str = "Runs") -> list[str]:
+                 base: TimeBase = WALL, title: str = "Runs",
+                 delta_base: TimeBase | None = None) -> list[str]:
+    """The runs' table, notes, paired deltas (in `delta_base`, default `base`: the deltas
+    may come from other runs than these) and latency CDFs."""
+    delta_base = base if delta_base is None else delta_base
     parts = [f"<h2>{esc(title)}</h2>", table(report.RUN_HEADER, report.run_rows(outcomes, base),
                                              report.time_note(base)),
              "<ul>" + "".join(f"<li>{esc(n)}</li>"
@@ -260,7 +266,8 @@ def runs_section(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] 
              + "</ul>"]
     if deltas:
         parts += ["<h2>Paired deltas (same requests, arm minus baseline)</h2>",
-                  table(report.DELTA_HEADER, report.delta_rows(deltas))]
+                  table(report.DELTA_HEADER, report.delta_rows(deltas, delta_base),
+                        f"latency in ms, {delta_base.name}")]
     parts.append(f"<h2>Latency ({esc(title)})</h2>" + figure(
         cdf_plot(outcomes, base), f"Cumulative distributions over successful requests, "
         f"{base.name}."))
@@ -274,7 +281,8 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
                quality: dict[str, float] | None = None, notes: Sequence[str] = (),
                answer: Sequence[str] = (), sections: Sequence[str] = (),
                raw: Sequence[tuple[str, str]] = (), base: TimeBase = WALL,
-               search: SearchReport | None = None, runs_title: str = "Runs") -> None:
+               search: SearchReport | None = None, runs_title: str = "Runs",
+               delta_base: TimeBase | None = None) -> None:
     """One self-contained page: the answer first (`answer` lines, then the recommended
     precision), `notes`, the precision section, caller `sections` (HTML), the runs, paired
     deltas and plots, and the raw text tables folded in <details> (plus `raw` (title, text))."""
@@ -287,7 +295,8 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
     if precision is not None:
         body.append(precision_section(precision, rate_label))
     body += sections
-    body += runs_section(outcomes, arm_precisions, quality, deltas, base, runs_title)
+    body += runs_section(outcomes, arm_precisions, quality, deltas, base, runs_title,
+                         delta_base)
     if sweep is not None and precision is None:
         body += ["<h2>Goodput vs offered rate</h2>", figure(sweep_plot(sweep), "")]
         raw = [("sweep table", report.sweep_table(sweep)), *raw]

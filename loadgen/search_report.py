@@ -30,8 +30,18 @@ def header(r: SearchReport) -> tuple[str, ...]:
     need = "n/a" if r.decision.need_rps is None else f"{r.decision.need_rps:.3g}"
     tb = r.base.short
     return ("arm", "engine", "precision", f"SLO capacity (req/s, {tb}) [95 % CI]",
-            f"J/out-tok at {need} req/s [95 % CI]",
-            f"along the load curve (req/s, {tb}: J/out-tok, attainment)", "format")
+            f"J/out-tok at {need} req/s [95 % CI]", "rates tried", "format")
+
+
+def curve_title(r: SearchReport) -> str:
+    return (f"J per output token along the load curve (req/s, {r.base.short}: J/out-tok "
+            "+/- half its 95 % interval, mean attainment)")
+
+
+def curve_lines(r: SearchReport) -> list[str]:
+    """One line per arm: every rate tried, in order."""
+    return [f"{a.label}: " + "; ".join(_curve_point(s) for s in a.search.steps)
+            for a in r.arms]
 
 
 def _curve_point(s: RateStep) -> str:
@@ -39,7 +49,7 @@ def _curve_point(s: RateStep) -> str:
     jt = "n/a" if j is None else (f"{j.mean:.3f}" + (f"+/-{(j.high - j.low) / 2:.3f}"
                                                      if math.isfinite(j.high) else ""))
     mark = "" if s.meets else " missed"
-    stop = f", {len(s.trials)} trial (over-saturated)" if s.stopped_early else ""
+    stop = f", stopped after {len(s.trials)} of the trials" if s.stopped_early else ""
     return f"{s.rate_rps:.3g}: {jt}, {s.attainment.mean:.0%}{mark}{stop}"
 
 
@@ -51,8 +61,7 @@ def rows(r: SearchReport) -> list[list[str]]:
                 " (no significant difference)" if a.label in r.decision.tied else "")
         out.append([a.label + mark, a.engine_kind, a.precision, capacity_text(a.search),
                     interval_text(j_at(a, need)) if need is not None else "n/a",
-                    "; ".join(_curve_point(s) for s in a.search.steps),
-                    numeric_format(a.precision)])
+                    str(len(a.search.steps)), numeric_format(a.precision)])
     return out
 
 
@@ -62,15 +71,17 @@ def method_note(r: SearchReport) -> str:
             f"requests (mean attainment of a rate's trials). Search: from {c.start_rps:g} "
             f"req/s x{c.growth:g} until missed (at most {c.max_rps:g}), then bisection to "
             f"{c.tolerance:.0%}; {c.trials} trials per rate (seeds {c.seed}..."
-            f"{c.seed + c.trials - 1}), a rate stops after an over-saturated trial (TTFT and "
-            f"in-flight rising, TTFT by more than its limit). Intervals: attainment and "
+            f"{c.seed + c.trials - 1}); a rate stops early once its target is out of reach or "
+            f"after an over-saturated trial (TTFT and in-flight rising, TTFT by more than its "
+            f"limit). Intervals: attainment and "
             f"J/out-tok: {T_METHOD}; capacity: {CAPACITY_METHOD}.")
 
 
 def text(r: SearchReport) -> str:
     from loadgen.report import text_table
 
-    lines = [headline(r.decision), method_note(r), text_table(header(r), rows(r))]
+    lines = [headline(r.decision), method_note(r), text_table(header(r), rows(r)),
+             curve_title(r) + ":", *curve_lines(r)]
     return "\n".join([*lines, *r.notes])
 
 

@@ -27,12 +27,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
                                                                  Path]:
     out = tmp_path_factory.mktemp("demo")
     proc = subprocess.run(wattgate_cmd("demo", "--duration", "8", "--out", str(out)),
-                          cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     return proc, out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)
 def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
         demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     proc, out = demo_run
@@ -61,7 +61,7 @@ def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(390)
 def test_demo_html_opens_with_the_answer_and_renders_in_a_browser(
         demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Checked as a person would: headless Chromium renders the page to a non-blank PNG, and
