@@ -7,7 +7,8 @@ served by one engine kind stays one arm through the gateway, labelled by both ("
 A precision served by several kinds is split into one arm per endpoint, sent to that engine
 directly (the gateway has no per-endpoint pin), labelled "fp8 (trtllm, h100-trt-fp8)": its
 energy is then the simulator's ground truth when the engine is simulated, else not measured.
-Without the listing (no admin key, or the target is an engine) the kind is "unchecked".
+Without the listing (no admin key, or the target is an engine) the kind is "unchecked". An arm
+named with `--arm-target PREC=URL` is that one engine, labelled by its precision.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def plan_arms(precisions: Sequence[str], gateway: Mapping[str, Target],
     arms: list[Arm] = []
     for prec in precisions:
         if prec in direct:
-            arms.append(Arm(f"{prec} (direct)", prec, "direct", direct[prec],
+            arms.append(Arm(prec, prec, "direct", direct[prec],
                             f"sent to {direct[prec].base_url} (--arm-target)"))
             continue
         mine = [e for e in endpoints or () if e.precision == prec]

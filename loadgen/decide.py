@@ -123,8 +123,8 @@ def decide(arms: Sequence[ArmResult], need_rps: float | None, slo: str,
     if tied:
         return Decision(need, source, "no significant difference", None,
                         (best.label, *tied), narrow,
-                        f"no significant difference {head} between {best.label} and "
-                        f"{', '.join(tied)} (95 % intervals overlap): {js}{tail}")
+                        f"{head}, between {best.label} and {', '.join(tied)} (95 % "
+                        f"intervals overlap): {js}{tail}")
     return Decision(need, source, "recommended", best.label, (), narrow,
                     f"{best.label} has the fewest J per output token {head}: {js}{tail}")
 
@@ -141,5 +141,5 @@ def headline(d: Decision) -> str:
     if d.verdict == "recommended":
         return f"Recommended: {d.recommended}. {d.why}."
     if d.verdict == "no significant difference":
-        return f"No significant difference: {d.why}."
+        return f"No significant difference {d.why}."
     return f"No recommendation ({d.verdict}): {d.why}."

@@ -110,7 +110,7 @@ def test_without_the_endpoint_list_arms_say_the_kind_is_unchecked() -> None:
                      None)
     assert arms[0].engine_kind == "unchecked" and "--admin-key" in arms[0].note
     direct = plan_arms(["bf16"], {}, {"bf16": Target("http://e:1", "m")}, [])
-    assert direct[0].label == "bf16 (direct)" and direct[0].engine_kind == "direct"
+    assert direct[0].label == "bf16" and direct[0].engine_kind == "direct"
 
 
 def test_endpoints_of_keeps_the_model() -> None:
