@@ -36,6 +36,7 @@ from loadgen.experiments import (
 )
 from loadgen.precision import precision_report, slo_text
 from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.slo_source import fetch_tenant_slos, graded_by_gateway
 from loadgen.targets import check_reachable, check_target, parse_pairs
 from loadgen.workload import TenantSpec, Workload, build_plan, load_workload, requested_rate_rps
 
@@ -85,6 +86,11 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-energy", is_flag=True, help="Skip the energy fetch."),
         click.option("--slo-ttft-ms", type=float, default=500.0, show_default=True),
         click.option("--slo-tpot-ms", type=float, default=50.0, show_default=True),
+        click.option("--slo-source", type=click.Choice(["gateway", "own"]), default="gateway",
+                     show_default=True, help="gateway: grade each tenant with an API key by "
+                     "the SLO class the gateway grades it by (GET /v1/usage), else by the "
+                     "load generator's own (--slo-*-ms or the workload's); own: always the "
+                     "load generator's."),
         click.option("--seed", type=int, default=None,
                      help="Seeds arrivals and prompts (default: the workload's, else 0)."),
         click.option("--workers", type=int, default=1, show_default=True,
@@ -125,6 +131,11 @@ def build_workload(p: dict[str, Any]) -> Workload:
                                  "tokenizer") from None
     if w.prompts.warning:
         _err(w.prompts.warning)
+    if p["slo_source"] == "gateway":
+        found = _run(fetch_tenant_slos(p["target"], w.tenants))
+        w, notes = graded_by_gateway(w, found, p.get("time_scale") or 1.0)
+        for note in notes:
+            _err(note)
     return w
 
 

@@ -27,6 +27,7 @@ from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig
 from loadgen.client import ClientOptions, Target, make_session
 from loadgen.decide import decide
+from loadgen.metrics import DEFAULT_LAG_THRESHOLD_S
 from loadgen.precision import slo_text
 from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
@@ -145,7 +146,9 @@ async def with_energy(o: RunOutcome, admin_key: str, wait_s: float) -> RunOutcom
 
 
 def _opts() -> RunOptions:
-    return RunOptions(fetch_energy=False, progress=False, client=ClientOptions())
+    # the schedule-lag limit in engine time, like every other figure of these phases
+    return RunOptions(fetch_energy=False, progress=False, client=ClientOptions(),
+                      lag_threshold_s=DEFAULT_LAG_THRESHOLD_S / TIME_SCALE)
 
 
 def engine_workload(duration_s: float, seed: int) -> Workload:
