@@ -24,12 +24,10 @@ from loadgen import (
     search_report,
     traces,
 )
+from loadgen.arm_runs import compare_arms, sweep_rates
 from loadgen.client import ClientOptions, Target
 from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
 from loadgen.experiments import (
-    PairedDelta,
-    SweepPoint,
-    numeric_format,
     paired_delta,
     point,
     sweep_result,
@@ -239,19 +237,6 @@ def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
             sys.exit(1)
 
 
-async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
-                       ) -> tuple[list[RunOutcome], list[PairedDelta]]:
-    plan = build_plan(w)  # one plan, replayed on every arm: request i pairs across arms
-    outcomes = []
-    for prec, target in targets.items():
-        _err(f"arm {prec}: {numeric_format(prec)} -> {target.base_url} model={target.model}")
-        outcomes.append(await run_workload(w, target, opts, label=prec, plan=plan))
-    base = outcomes[0]
-    deltas = [paired_delta(base.label, base.requests, o.label, o.requests, base.energy_overall,
-                           o.energy_overall) for o in outcomes[1:]]
-    return outcomes, deltas
-
-
 @loadgen.command()
 @common
 @click.option("--precisions", default="bf16,fp8,int8,int4", show_default=True,
@@ -283,14 +268,7 @@ def compare(**p: Any) -> None:
     if p["search"]:
         sr, outcomes = search_cli.run_search(p, w, arms, opts, _run, _err)
         click.echo(search_report.text(sr))
-        if p["out_dir"] is not None:
-            p["out_dir"].mkdir(parents=True, exist_ok=True)
-            report.write_json(p["out_dir"] / "compare.json", outcomes,
-                              {"search": search_report.to_json(sr)})
-            report.write_csv(p["out_dir"] / "compare.csv", outcomes)
-            report_html.write_html(p["out_dir"] / "compare.html", "wattgate loadgen compare "
-                                   "--search", outcomes, search=sr, base=sr.base)
-            _err(f"wrote {p['out_dir']}/compare.json, .csv, .html")
+        search_cli.write_search(p["out_dir"], sr, outcomes, _err)
         fail_if_nothing_succeeded(outcomes)
         return
     targets = {a.label: a.target for a in arms}
@@ -319,22 +297,6 @@ def compare(**p: Any) -> None:
     write_outputs(p["out_dir"], "compare", outcomes, deltas=deltas, arm_precisions=arm_prec,
                   quality=quality, precision=pr, title="wattgate loadgen compare")
     fail_if_nothing_succeeded(outcomes)
-
-
-async def sweep_rates(w: Workload, targets: dict[str, Target], rates: Sequence[float],
-                      opts: RunOptions) -> tuple[list[RunOutcome], list[SweepPoint]]:
-    outcomes, points = [], []
-    for rate in rates:
-        arrival = (arrivals.Gamma(rate, w.arrival.burstiness)
-                   if isinstance(w.arrival, arrivals.Gamma) else arrivals.Poisson(rate))
-        wr = replace(w, arrival=arrival)
-        plan = build_plan(wr)
-        for arm, target in targets.items():
-            _err(f"sweep {arm} at {rate:g} req/s ({len(plan)} requests)")
-            o = await run_workload(wr, target, opts, label=f"{arm}@{rate:g}", plan=plan)
-            outcomes.append(o)
-            points.append(point(arm, rate, o.summary, o.energy_overall))
-    return outcomes, points
 
 
 @loadgen.command()

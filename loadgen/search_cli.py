@@ -4,10 +4,12 @@ recommendation with its uncertainty (the shell over loadgen/search.py and loadge
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
+from loadgen import report, report_html, search_report
 from loadgen.arms import Arm, fetch_endpoints, plan_arms
 from loadgen.capacity import SearchConfig
 from loadgen.decide import decide
@@ -75,3 +77,16 @@ def run_search(p: dict[str, Any], w: Workload, arms: Sequence[Arm], opts: RunOpt
                       f"req/s ({base.short})")
     notes = tuple(f"{a.label}: {a.note}" for a in arms if a.note)
     return SearchReport(tuple(results), decision, cfg, slo, base, notes), outcomes
+
+
+def write_search(out_dir: Path | None, sr: SearchReport, outcomes: Sequence[RunOutcome],
+                 say: Callable[[str], None]) -> None:
+    """compare.json (every trial, and the search), .csv and .html under `out_dir`."""
+    if out_dir is None:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_json(out_dir / "compare.json", outcomes, {"search": search_report.to_json(sr)})
+    report.write_csv(out_dir / "compare.csv", outcomes)
+    report_html.write_html(out_dir / "compare.html", "wattgate loadgen compare --search",
+                           outcomes, search=sr, base=sr.base)
+    say(f"wrote {out_dir}/compare.json, .csv, .html")
