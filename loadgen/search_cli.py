@@ -35,9 +35,9 @@ SEARCH_OPTIONS = [
                  help="--search: the rate you need (req/s): recommend the fewest J/token that "
                  "meets the SLO there (default: the highest capacity found)."),
     click.option("--time-scale", "time_scale", type=float, default=1.0, show_default=True,
-                 help="The engines' time_scale (simulator): rates, the SLO and every reported "
-                 "latency are engine time; the client sends at rate x scale and grades wall "
-                 "latency against SLO / scale."),
+                 help="--search: the engines' time_scale (simulator): rates, the SLO and every "
+                 "reported latency are engine time; the client sends at rate x scale and "
+                 "grades wall latency against SLO / scale."),
 ]
 
 
