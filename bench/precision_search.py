@@ -5,9 +5,9 @@ BF16/FP8/INT8/INT4, time_scale 0.1, through a least_load gateway; capacity by se
 per rate, 95 % intervals) once per seed, and checks across the runs: the same recommendation
 (or "no significant difference"), and each arm's capacity inside every other run's interval.
 
-    .venv/bin/python -m bench.precision_search [--seeds 0,1000,2000] [--trial-s 3]
+    .venv/bin/python -m bench.precision_search [--seeds 0,1000,2000] [--trial-s 3] [--name N]
 
-Writes bench/results/precision_search.json and .md.
+Writes bench/results/N.json and .md (N: precision_search).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def markdown(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     lines = ["# Precision search: three seeded runs of the demo's precision phase", "",
              f"Commit {doc['commit']}. `python -m bench.precision_search --seeds "
-             f"{','.join(map(str, s['seeds']))} --trial-s {s['trial_s']:g}`: {s['fleet']}; "
+             f"{','.join(map(str, s['seeds']))} --trial-s {s['trial_s']:g}` on a shared 2-core "
+             f"machine: {s['fleet']}; "
              f"SLO {doc['runs'][0]['slo']} for 90 % of requests; search from "
              f"{s['start_rps']:g} req/s x2 to at most {s['max_rps']:g}, bisection to 5 %, "
              f"{s['trials']} trials of {s['trial_s']:g} s (wall) per rate. Time base: "
@@ -106,6 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1000,2000")
     ap.add_argument("--trial-s", type=float, default=3.0)
+    ap.add_argument("--name", default="precision_search", help="results file name")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     runs = [one_run(seed, args.trial_s) for seed in seeds]
@@ -117,8 +119,8 @@ def main() -> None:
                                  "tokens, Poisson arrivals, through a least_load gateway"},
            "runs": runs, "checks": checks(runs)}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "precision_search.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    (OUT / "precision_search.md").write_text(markdown(doc))
+    (OUT / f"{args.name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (OUT / f"{args.name}.md").write_text(markdown(doc))
     print(markdown(doc))
 
 
