@@ -91,6 +91,9 @@ class Trial:
     attainment: float | None  # None: not graded (the client fell behind its schedule)
     j_per_output_token: float | None
     over_saturated: bool = False
+    # how many request lifetimes (E2E p50) the trial's arrivals span: a trial of a few
+    # lifetimes measures a transient, not the queue the rate settles to
+    lifetimes: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +274,8 @@ def with_energy(r: CapacityResult, j_of: Callable[[float, int], float | None],
     """`r` with each trial's J per output token from `j_of(rate, seed)` (energy fetched after
     the search, which decides on attainment alone)."""
     steps = tuple(rate_step(s.rate_rps, [Trial(t.seed, t.attainment, j_of(s.rate_rps, t.seed),
-                                              t.over_saturated) for t in s.trials],
+                                              t.over_saturated, t.lifetimes)
+                                        for t in s.trials],
                             target, s.stopped_early)
                   for s in r.steps)
     return CapacityResult(steps, r.largest_met_rps, r.first_miss_rps, r.interval,

@@ -25,6 +25,8 @@ from loadgen.capacity import CapacityResult, Interval, RateStep
 
 CAPACITY_HALF_WIDTH_PCT = 10.0
 J_HALF_WIDTH_PCT = 5.0
+# fewer request lifetimes (E2E p50) per trial than this, near capacity, measure a transient
+MIN_LIFETIMES = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,16 @@ def interval_text(iv: Interval | None, fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(iv.mean)} [{fmt.format(iv.low)}, {fmt.format(iv.high)}]"
 
 
+def short_trials(arms: Sequence[ArmResult]) -> float | None:
+    """The fewest request lifetimes a trial at any arm's largest rate met spans, when under
+    MIN_LIFETIMES (None when every such trial is long enough or none says)."""
+    spans = [t.lifetimes for a in arms if (c := a.search.largest_met_rps) is not None
+             for s in a.search.steps if s.rate_rps == c for t in s.trials
+             if t.lifetimes is not None]
+    low = min(spans, default=None)
+    return low if low is not None and low < MIN_LIFETIMES else None
+
+
 def _narrow(arms: Sequence[ArmResult], need_rps: float) -> bool:
     for a in arms:
         iv, j = a.search.interval, j_at(a, need_rps)
@@ -110,6 +122,13 @@ def decide(arms: Sequence[ArmResult], need_rps: float | None, slo: str,
     more = "" if narrow else (f"; intervals wider than +/-{CAPACITY_HALF_WIDTH_PCT:g} % "
                               f"(capacity) or +/-{J_HALF_WIDTH_PCT:g} % (J/token): run more "
                               "trials to decide")
+    short = short_trials(arms)
+    if short is not None:
+        narrow = False
+        more += (f"; trials near capacity span only {short:.1f} request lifetimes (E2E p50), "
+                 f"under {MIN_LIFETIMES:g}: they measure a transient, not a settled queue, and "
+                 "the capacities may move from run to run more than their intervals say; "
+                 "lengthen the trials")
     head = (f"at {need:.3g} {rate_unit} ({source}), meeting {slo} for "
             f"{target_attainment:.0%} of requests")
     js = "; ".join(f"{a.label} {interval_text(j_at(a, need))} J/out-tok" for a in ranked)

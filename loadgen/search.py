@@ -10,6 +10,7 @@ Energy is fetched once after every search, since the search decides on attainmen
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -55,7 +56,10 @@ def trial_of(o: RunOutcome, seed: int, ttft_limit_wall_s: float) -> Trial:
     saturated = over_saturated([r.intended_s for r in rs], [r.end_s for r in rs],
                                [None if r.first_token_s is None else r.first_token_s
                                 - r.intended_s for r in rs], ttft_limit_wall_s)
-    return Trial(seed, o.summary.attainment, None, saturated)
+    e2e_s = o.summary.from_intended.e2e_s.p50
+    span_s = max(r.intended_s for r in rs) - min(r.intended_s for r in rs) if rs else 0.0
+    lifetimes = span_s / e2e_s if e2e_s and not math.isnan(e2e_s) and e2e_s > 0 else None
+    return Trial(seed, o.summary.attainment, None, saturated, lifetimes)
 
 
 async def search_arm(arm: Arm, w: Workload, cfg: SearchConfig, base: TimeBase,

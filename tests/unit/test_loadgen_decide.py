@@ -116,3 +116,19 @@ def test_without_the_endpoint_list_arms_say_the_kind_is_unchecked() -> None:
 def test_endpoints_of_keeps_the_model() -> None:
     assert [e.name for e in endpoints_of(DOC, "other")] == ["x"]
     assert endpoints_of(DOC, "m")[0] == Endpoint("h100-bf16", "http://e:1", "vllm", "bf16")
+
+
+def test_trials_of_a_few_request_lifetimes_are_flagged() -> None:
+    """Near capacity, a trial spanning 3 E2E lifetimes measures a transient: said, and the
+    intervals are not taken as narrow enough."""
+    a = arm("int8 (vllm)", 100.0, 0.2, 0.001, cap_half=1.0)
+    short = [s if s.rate_rps != 100.0 else RateStep(
+        s.rate_rps, tuple(Trial(t.seed, t.attainment, t.j_per_output_token, False, 3.0)
+                          for t in s.trials), s.attainment, s.j_per_output_token, s.meets,
+        False) for s in a.search.steps]
+    flagged = ArmResult(a.label, a.precision, a.engine_kind, CapacityResult(
+        tuple(short), a.search.largest_met_rps, a.search.first_miss_rps, a.search.interval,
+        a.search.max_tested_rps))
+    assert decide([a], None, "SLO", 0.9, "req/s").narrow_enough
+    d = decide([flagged], None, "SLO", 0.9, "req/s")
+    assert not d.narrow_enough and "span only 3.0 request lifetimes" in d.why
