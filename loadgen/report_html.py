@@ -300,7 +300,7 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
     if sweep is not None and precision is None:
         body += ["<h2>Goodput vs offered rate</h2>", figure(sweep_plot(sweep), "")]
         raw = [("sweep table", report.sweep_table(sweep)), *raw]
-    if precision is None and sweep is None:
+    if precision is None and sweep is None and search is None:
         pts = report.pareto_points(outcomes, None)
         if pts:
             body.append("<h2>Goodput vs energy per token</h2>" + figure(pareto_plot(
