@@ -90,5 +90,7 @@ def plan_arms(precisions: Sequence[str], gateway: Mapping[str, Target],
                 arms.append(Arm(f"{prec} ({e.kind}, {e.name})", prec, e.kind,
                                 Target(e.url, base.model.split("@")[0], base.api),
                                 f"{prec} is served by {' and '.join(kinds)} engines: split "
-                                f"into one arm per engine, this one sent to {e.url} directly"))
+                                f"into one arm per engine, this one sent to {e.url} directly; "
+                                "its energy is the engine's own (a simulator's ground truth), "
+                                "not the gateway's apportioned accounting of the other arms"))
     return arms

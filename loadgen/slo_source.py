@@ -70,7 +70,8 @@ def graded_by_gateway(w: Workload, found: Mapping[str, SloClass], time_scale: fl
     gateway = {s.name: _scaled(s, time_scale) for s in found.values()}
     tenants = tuple(replace(t, slo_class=found[t.name].name) if t.name in found else t
                     for t in w.tenants)
-    own = [s for s in w.slo_classes if s.name not in gateway]
+    used = {t.slo_class for t in tenants}
+    own = [s for s in w.slo_classes if s.name not in gateway and s.name in used]
     notes = [f"SLO: tenant {t.name} graded by the gateway's class {found[t.name].name}"
              if t.name in found else f"SLO: tenant {t.name} graded by the load generator's "
              f"class {t.slo_class} (the gateway did not say)" for t in w.tenants]

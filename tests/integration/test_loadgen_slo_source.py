@@ -53,4 +53,8 @@ def test_gateway_limits_become_engine_time_under_a_time_scale() -> None:
     graded, _ = graded_by_gateway(workload(b), {"tenant-b": SloClass("batch", ttft_s=5.0)}, 0.1)
     assert graded.slo("batch") == SloClass("batch", ttft_s=0.5)
     assert graded.tenants[0].slo_class == "batch"
-    assert graded.slo("default") == SloClass("default", ttft_s=0.5, tpot_s=0.05)
+    # the load generator's own class grades nobody now: not listed beside the gateway's
+    assert [c.name for c in graded.slo_classes] == ["batch"]
+    keyless = TenantSpec("someone")
+    both, _ = graded_by_gateway(workload(b, keyless), {"tenant-b": SloClass("batch")})
+    assert [c.name for c in both.slo_classes] == ["default", "batch"]
