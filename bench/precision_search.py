@@ -110,8 +110,9 @@ def main() -> None:
     ap.add_argument("--name", default="precision_search", help="results file name")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
+    ran_on = commit()  # the code as loaded, before the runs
     runs = [one_run(seed, args.trial_s) for seed in seeds]
-    doc = {"commit": commit(),
+    doc = {"commit": ran_on,
            "settings": {"seeds": seeds, "trial_s": args.trial_s, "trials": dp.TRIALS,
                         "start_rps": dp.SEARCH_START_RPS, "max_rps": dp.SEARCH_MAX_RPS,
                         "fleet": "four simulated vLLM H100 engines (llama-3.1-8b; BF16, FP8, "

@@ -235,7 +235,7 @@ def capacity_result(steps: tuple[RateStep, ...], met: float | None, missed: floa
     seeds = sorted({t.seed for s in steps for t in s.trials})
     t = t_interval([per_trial_capacity(steps, seed, target) for seed in seeds],
                    CAPACITY_METHOD)
-    low = min(t.low, met)
+    low = max(0.0, min(t.low, met))  # no rate below 0
     high = max(t.high, missed) if missed is not None else math.inf
     return CapacityResult(steps, met, missed, Interval(t.mean, low, high, t.n, CAPACITY_METHOD),
                           top)
