@@ -100,7 +100,7 @@ def distinct_colours(png: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_keep_running_prints_urls_serves_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     # Ctrl-C as at a terminal, even when this test runs under a shell that started it in the
     # background (which leaves SIGINT ignored, and the demo would inherit that)
