@@ -202,7 +202,7 @@ def _show(r: DemoResults, out_dir: Path) -> None:
                       f"{e.cost_usd:.4f} USD" for e in r.tenants.energy_by_tenant)
     sections = [
         "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, report.tenant_rows(r.tenants),
-                                             "latency in ms from intended arrival"),
+                                             "latency in ms from intended arrival, wall time"),
         "<h2>Routing: least_load vs slo_energy (same seeded load)</h2>"
         + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing),
                    f"{dp.ROUTING_RATE_RPS:g} req/s, {dp.BASE.name}")

@@ -114,7 +114,8 @@ def send_vs_intended(o: RunOutcome) -> str:
              _ms(getattr(s.from_intended, f).p50), _ms(getattr(s.from_intended, f).p99)]
             for name, f in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"),
                             ("E2E", "e2e_s"))]
-    head = (f"requested {_num(s.requested_rate_rps)} req/s, achieved {_num(s.achieved_rate_rps)}"
+    head = (f"wall time: requested {_num(s.requested_rate_rps)} req/s, achieved "
+            f"{_num(s.achieved_rate_rps)}"
             f" req/s; schedule lag p50 {_ms(s.lag_s.p50)} ms, p99 {_ms(s.lag_s.p99)} ms, "
             f"max {_ms(s.lag_s.max)} ms")
     return head + "\n" + text_table(["metric (ms)", "send p50", "send p99", "intended p50",
@@ -142,14 +143,15 @@ def tenant_rows(o: RunOutcome) -> list[list[str]]:
 
 
 def tenant_table(o: RunOutcome) -> str:
-    return text_table(TENANT_HEADER, tenant_rows(o))
+    return ("per tenant, latency in ms and goodput in req/s, wall time\n"
+            + text_table(TENANT_HEADER, tenant_rows(o)))
 
 
 def class_table(o: RunOutcome) -> str:
     rows = [[g.slo, str(g.sent), str(g.ok), str(g.refused), str(g.failed),
              _num(g.goodput_rps), _num(g.attainment, "{:.1%}")] for g in o.summary.per_class]
-    return text_table(["slo class", "sent", "ok", "refused", "failed", "goodput req/s",
-                       "attainment"], rows)
+    return text_table(["slo class", "sent", "ok", "refused", "failed",
+                       "goodput req/s (wall time)", "attainment"], rows)
 
 
 DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
