@@ -17,7 +17,14 @@ from dataclasses import replace
 from gateway.vocab import SloClass
 from loadgen import arrivals
 from loadgen.arms import Arm
-from loadgen.capacity import SearchConfig, Trial, over_saturated, search_capacity, with_energy
+from loadgen.capacity import (
+    RunAt,
+    SearchConfig,
+    Trial,
+    over_saturated,
+    search_capacity,
+    with_energy,
+)
 from loadgen.decide import ArmResult
 from loadgen.runner import RunOptions, RunOutcome, add_energy, run_workload
 from loadgen.timebase import TimeBase
@@ -62,11 +69,10 @@ def trial_of(o: RunOutcome, seed: int, ttft_limit_wall_s: float) -> Trial:
     return Trial(seed, o.summary.attainment, None, saturated, lifetimes)
 
 
-async def search_arm(arm: Arm, w: Workload, cfg: SearchConfig, base: TimeBase,
-                     opts: RunOptions, say: Callable[[str], None]
-                     ) -> tuple[ArmResult, list[RunOutcome]]:
-    """One arm's capacity search; its trials' outcomes with energy, labelled arm@rate#seed."""
-    runs: dict[tuple[float, int], RunOutcome] = {}
+def trial_runner(arm: Arm, w: Workload, base: TimeBase, opts: RunOptions,
+                 runs: dict[tuple[float, int], RunOutcome], say: Callable[[str], None]
+                 ) -> RunAt:
+    """The `run_at(rate, seed)` of one arm: one run of `w` at that rate, kept in `runs`."""
     # the schedule-lag limit is engine time too: at time_scale 0.1 a 10 ms wall lag is 1 ms
     quiet = replace(opts, fetch_energy=False, progress=False,
                     lag_threshold_s=opts.lag_threshold_s / base.time_scale)
@@ -84,6 +90,15 @@ async def search_arm(arm: Arm, w: Workload, cfg: SearchConfig, base: TimeBase,
             + (", over-saturated" if trial.over_saturated else ""))
         return trial
 
+    return run_at
+
+
+async def search_arm(arm: Arm, w: Workload, cfg: SearchConfig, base: TimeBase,
+                     opts: RunOptions, say: Callable[[str], None]
+                     ) -> tuple[ArmResult, list[RunOutcome]]:
+    """One arm's capacity search; its trials' outcomes with energy, labelled arm@rate#seed."""
+    runs: dict[tuple[float, int], RunOutcome] = {}
+    run_at = trial_runner(arm, w, base, opts, runs, say)
     result = await search_capacity(run_at, cfg)
     done = {k: await add_energy(o, opts) for k, o in runs.items()} if opts.fetch_energy else runs
 
