@@ -14,20 +14,28 @@ import yaml
 
 from gateway.tokenizer import TokenizerNotFound
 from gateway.vocab import SloClass
-from loadgen import arrivals, lengths, prompts, report, report_html, traces
+from loadgen import (
+    arrivals,
+    lengths,
+    prompts,
+    report,
+    report_html,
+    search_cli,
+    search_report,
+    traces,
+)
+from loadgen.arm_runs import compare_arms, sweep_rates
 from loadgen.client import ClientOptions, Target
 from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
 from loadgen.experiments import (
-    PairedDelta,
-    SweepPoint,
-    numeric_format,
     paired_delta,
     point,
     sweep_result,
 )
 from loadgen.precision import precision_report, slo_text
 from loadgen.runner import RunOptions, RunOutcome, run_workload
-from loadgen.targets import arm_targets, check_reachable, check_target, parse_pairs
+from loadgen.slo_source import fetch_tenant_slos, graded_by_gateway
+from loadgen.targets import check_reachable, check_target, parse_pairs
 from loadgen.workload import TenantSpec, Workload, build_plan, load_workload, requested_rate_rps
 
 
@@ -76,6 +84,11 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--no-energy", is_flag=True, help="Skip the energy fetch."),
         click.option("--slo-ttft-ms", type=float, default=500.0, show_default=True),
         click.option("--slo-tpot-ms", type=float, default=50.0, show_default=True),
+        click.option("--slo-source", type=click.Choice(["gateway", "own"]), default="gateway",
+                     show_default=True, help="gateway: grade each tenant with an API key by "
+                     "the SLO class the gateway grades it by (GET /v1/usage), else by the "
+                     "load generator's own (--slo-*-ms or the workload's); own: always the "
+                     "load generator's."),
         click.option("--seed", type=int, default=None,
                      help="Seeds arrivals and prompts (default: the workload's, else 0)."),
         click.option("--workers", type=int, default=1, show_default=True,
@@ -116,6 +129,11 @@ def build_workload(p: dict[str, Any]) -> Workload:
                                  "tokenizer") from None
     if w.prompts.warning:
         _err(w.prompts.warning)
+    if p["slo_source"] == "gateway":
+        found = _run(fetch_tenant_slos(p["target"], w.tenants))
+        w, notes = graded_by_gateway(w, found, p.get("time_scale") or 1.0)
+        for note in notes:
+            _err(note)
     return w
 
 
@@ -219,19 +237,6 @@ def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
             sys.exit(1)
 
 
-async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
-                       ) -> tuple[list[RunOutcome], list[PairedDelta]]:
-    plan = build_plan(w)  # one plan, replayed on every arm: request i pairs across arms
-    outcomes = []
-    for prec, target in targets.items():
-        _err(f"arm {prec}: {numeric_format(prec)} -> {target.base_url} model={target.model}")
-        outcomes.append(await run_workload(w, target, opts, label=prec, plan=plan))
-    base = outcomes[0]
-    deltas = [paired_delta(base.label, base.requests, o.label, o.requests, base.energy_overall,
-                           o.energy_overall) for o in outcomes[1:]]
-    return outcomes, deltas
-
-
 @loadgen.command()
 @common
 @click.option("--precisions", default="bf16,fp8,int8,int4", show_default=True,
@@ -246,18 +251,29 @@ async def compare_arms(w: Workload, targets: dict[str, Target], opts: RunOptions
               "--rate only.")
 @click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True,
               help="Share of requests that must meet the SLO for a rate to count as met.")
+@search_cli.search_options
 def compare(**p: Any) -> None:
-    """Replay one seeded schedule and prompt set against each precision: paired deltas, and per
-    precision the highest rate meeting the SLO, J/token there, gCO2e and USD per 1M tokens,
-    and the recommended precision."""
+    """Replay one seeded schedule and prompt set against each arm (one engine kind at one
+    precision): paired deltas, and per arm the highest rate meeting the SLO, J/token there,
+    gCO2e and USD per 1M tokens, and the recommended precision. With --search: each arm's
+    capacity by search, with 95 % intervals, and a recommendation that says when the arms
+    cannot be told apart."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
     quality = {k: float(v) for k, v in parse_pairs(p["quality"], "--quality").items()}
-    targets = arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
-    check_reachable(t.base_url for t in targets.values())
-    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
-    arm_prec = {prec: prec for prec in precisions}
+    direct = parse_pairs(p["arm_target"], "--arm-target")
+    arms = search_cli.build_arms(p, w, precisions, direct, _run)
+    check_reachable(a.target.base_url for a in arms)
     opts = run_options(p)
+    if p["search"]:
+        sr, outcomes = search_cli.run_search(p, w, arms, opts, _run, _err)
+        click.echo(search_report.text(sr))
+        search_cli.write_search(p["out_dir"], sr, outcomes, _err)
+        fail_if_nothing_succeeded(outcomes)
+        return
+    targets = {a.label: a.target for a in arms}
+    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
+    arm_prec = {a.label: a.precision for a in arms}
     if rates:
         outcomes, points = _run(sweep_rates(w, targets, rates, opts))
         # paired deltas at the highest rate every arm ran
@@ -268,9 +284,12 @@ def compare(**p: Any) -> None:
         outcomes, deltas = _run(compare_arms(w, targets, opts))
         rate = requested_rate_rps(w, build_plan(w))
         points = [point(o.label, rate, o.summary, o.energy_overall) for o in outcomes]
-    pr = precision_report(points, precisions, p["target_attainment"], slo_text(w.slo_classes),
-                          quality, "offered requests/s")
+    pr = precision_report(points, list(targets), p["target_attainment"], slo_text(w.slo_classes),
+                          quality, "offered requests/s, wall time", arm_prec)
     click.echo(report.run_table(outcomes, arm_prec if not rates else None, quality))
+    for a in arms:
+        if a.note:
+            click.echo(f"{a.label}: {a.note}")
     click.echo()
     click.echo(report.delta_table(deltas))
     click.echo()
@@ -278,22 +297,6 @@ def compare(**p: Any) -> None:
     write_outputs(p["out_dir"], "compare", outcomes, deltas=deltas, arm_precisions=arm_prec,
                   quality=quality, precision=pr, title="wattgate loadgen compare")
     fail_if_nothing_succeeded(outcomes)
-
-
-async def sweep_rates(w: Workload, targets: dict[str, Target], rates: Sequence[float],
-                      opts: RunOptions) -> tuple[list[RunOutcome], list[SweepPoint]]:
-    outcomes, points = [], []
-    for rate in rates:
-        arrival = (arrivals.Gamma(rate, w.arrival.burstiness)
-                   if isinstance(w.arrival, arrivals.Gamma) else arrivals.Poisson(rate))
-        wr = replace(w, arrival=arrival)
-        plan = build_plan(wr)
-        for arm, target in targets.items():
-            _err(f"sweep {arm} at {rate:g} req/s ({len(plan)} requests)")
-            o = await run_workload(wr, target, opts, label=f"{arm}@{rate:g}", plan=plan)
-            outcomes.append(o)
-            points.append(point(arm, rate, o.summary, o.energy_overall))
-    return outcomes, points
 
 
 @loadgen.command()
@@ -308,8 +311,14 @@ def sweep(**p: Any) -> None:
     w = build_workload(p)
     rates = [float(x) for x in p["rates"].split(",") if x.strip()]
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    targets = (arm_targets(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"))
-               if precisions else {"run": Target(p["target"], w.model, w.api)})
+    arms = (search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"],
+                                                                 "--arm-target"), _run)
+            if precisions else [])
+    targets = ({a.label: a.target for a in arms} if arms
+               else {"run": Target(p["target"], w.model, w.api)})
+    for a in arms:
+        if a.note:
+            _err(f"{a.label}: {a.note}")
     check_reachable(t.base_url for t in targets.values())
     outcomes, points = _run(sweep_rates(w, targets, rates, run_options(p)))
     sw = sweep_result(points, p["target_attainment"])

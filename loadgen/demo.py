@@ -21,14 +21,14 @@ import click
 import yaml
 
 from gateway.vocab import SloClass
-from loadgen import arrivals, lengths, report
+from loadgen import arrivals, lengths, report, search_report
 from loadgen.client import ClientOptions, Target
 from loadgen.demo_precision import RoutingRuns, ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
-from loadgen.precision import PrecisionReport, precision_report, slo_text
 from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.search_report import SearchReport
 from loadgen.workload import TenantSpec, Workload
 from wire.ports import taken_message
 
@@ -128,9 +128,9 @@ def finality_wait_s(gateway_config: Path) -> float:
 @dataclass(frozen=True, slots=True)
 class DemoResults:
     tenants: RunOutcome
-    sweep: list[RunOutcome]  # every precision at every rate, on the scaled fleet
-    precision: PrecisionReport
-    deltas: list[PairedDelta]  # paired, at the highest rate of the sweep
+    sweep: list[RunOutcome]  # every trial of every precision's search, on the scaled fleet
+    search: SearchReport
+    deltas: list[PairedDelta]  # paired, at the highest rate every precision ran (first seed)
     routing: RoutingRuns  # least_load, slo_energy, and the surplus engines' idle joules
 
 
@@ -145,20 +145,21 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
     _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
     tw = tenant_workload(duration_s / 2, seed)
     tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
-    sweep_s, routing_s = max(3.0, duration_s / 16), max(3.0, duration_s / 10)
-    _say(f"phase 2: precisions {', '.join(dp.PRECISIONS)} at "
-         f"{', '.join(f'{r:g}' for r in dp.RATES_RPS)} req/s (engine time), {sweep_s:.0f} s each")
-    sweep, points = await dp.precision_sweep(stack, sweep_s, seed, ADMIN_KEY, energy_wait_s)
-    pr = precision_report(points, dp.PRECISIONS, 0.9, slo_text(
-        (SloClass("interactive", ttft_s=dp.SLO_TTFT_S, tpot_s=dp.SLO_TPOT_S),)), {},
-        f"engine-time requests/s (simulator time_scale {dp.TIME_SCALE:g})")
-    top = [o for o in sweep if o.label.endswith(f"@{max(dp.RATES_RPS):g}")]
+    # 60 s -> 8 s trials: 3 s ones measure a transient and overstate capacity, and their
+    # capacities move between runs beyond their intervals (bench/results/precision_search*.md)
+    trial_s, routing_s = max(2.0, duration_s / 7.5), max(3.0, duration_s / 10)
+    _say(f"phase 2: capacity search per precision ({', '.join(dp.PRECISIONS)}): from "
+         f"{dp.SEARCH_START_RPS:g} req/s (engine time) doubling until the SLO is missed, then "
+         f"bisection to 5 %, {dp.TRIALS} trials of {trial_s:.0f} s per rate")
+    search, sweep = await dp.precision_search(stack, trial_s, seed, ADMIN_KEY, energy_wait_s,
+                                              _say)
+    top = dp.paired_at_common_rate(search, sweep)
     deltas = [paired_delta(top[0].label, top[0].requests, o.label, o.requests,
                            top[0].energy_overall, o.energy_overall) for o in top[1:]]
     _say(f"phase 3: routing least_load vs slo_energy, {dp.ROUTING_RATE_RPS:g} req/s "
          f"(engine time), {routing_s:.0f} s each")
     routing = await dp.routing_runs(stack, routing_s, seed, ADMIN_KEY, energy_wait_s)
-    return DemoResults(tenants, sweep, pr, deltas, routing)
+    return DemoResults(tenants, sweep, search, deltas, routing)
 
 
 def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
@@ -183,11 +184,10 @@ def _show(r: DemoResults, out_dir: Path) -> None:
     click.echo(report.run_table([r.tenants]))
     click.echo()
     click.echo(report.tenant_table(r.tenants))
-    click.echo("\n== precisions: SLO capacity and J/token along the load curve ==")
-    click.echo(report.precision_table(r.precision))
-    click.echo("\n" + report.run_table(r.sweep, None, {}))
-    click.echo()
-    click.echo(report.delta_table(r.deltas))
+    click.echo("\n== precisions: SLO capacity by search, J/token along the load curve ==")
+    click.echo(search_report.text(r.search))
+    click.echo("\npaired at the highest rate every precision ran:")
+    click.echo(report.delta_table(r.deltas, dp.BASE))
     click.echo("\n== routing: the same load, least_load vs slo_energy ==")
     click.echo(report.text_table(dp.ROUTING_HEADER, dp.routing_rows(r.routing)))
     click.echo(dp.surplus_note(r.routing))
@@ -196,23 +196,26 @@ def _show(r: DemoResults, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes = [r.tenants, *r.sweep, *r.routing.outcomes]
     report.write_json(out_dir / "demo.json", outcomes,
-                      {"deltas": r.deltas, "precision": r.precision})
+                      {"deltas": r.deltas, "search": search_report.to_json(r.search)})
     report.write_csv(out_dir / "demo.csv", outcomes)
     bills = "; ".join(f"{e.name} {e.energy_j:.0f} J, {e.carbon_g:.3f} gCO2e, "
                       f"{e.cost_usd:.4f} USD" for e in r.tenants.energy_by_tenant)
     sections = [
         "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, report.tenant_rows(r.tenants),
-                                             "latency in ms from intended arrival"),
+                                             "latency in ms from intended arrival, wall time"),
         "<h2>Routing: least_load vs slo_energy (same seeded load)</h2>"
-        + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing))
-        + f"<p>{html.escape(dp.surplus_note(r.routing))}</p>"]
-    rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants, *r.routing.outcomes],
-                  deltas=r.deltas, precision=r.precision, rate_label="req/s, engine time",
-                  quality={}, answer=[f"Tenants' bills: {bills or 'n/a'}."],
+        + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing),
+                   f"{dp.ROUTING_RATE_RPS:g} req/s, {dp.BASE.name}")
+        + f"<p>{html.escape(dp.surplus_note(r.routing))}</p>",
+        "".join(rh.runs_section(r.routing.outcomes, None, {}, [], dp.BASE, "Routing runs"))]
+    rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants], deltas=r.deltas,
+                  search=r.search, quality={}, answer=[f"Tenants' bills: {bills or 'n/a'}."],
                   sections=sections, notes=["Simulated H100 fleet (roofline timing and power "
                                             "model); latencies measured from intended "
                                             "arrival.", *dp.notes(), budget_note],
-                  raw=[("precision sweep runs (wall time)", report.run_table(r.sweep, None, {}))])
+                  raw=[(f"precision search trials ({dp.BASE.name})",
+                        report.run_table(r.sweep, None, {}, dp.BASE))],
+                  runs_title="Tenants' runs", delta_base=dp.BASE)
     _say(f"report: {out_dir / 'demo.html'} (also demo.json, demo.csv)")
 
 

@@ -6,15 +6,15 @@ tens of requests in its batch there. At real time that is hundreds of token even
 per engine, more than two CPU cores can relay and time. With `time_scale` 0.1 engine time runs at
 a tenth of wall time: the same batch arrives at a tenth of the rate, the client's and gateway's
 own delays shrink tenfold in engine time, and the SLO graded on wall time is the engine SLO
-divided by 0.1. Rates and latencies are reported in engine time; joules are engine joules.
+divided by 0.1. Rates and latencies are reported in engine time (every table and plot names
+its time base); joules are engine joules.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,18 +23,29 @@ import yaml
 
 from gateway.vocab import SloClass
 from loadgen import arrivals, energy, lengths
+from loadgen.arms import Arm
+from loadgen.capacity import SearchConfig
 from loadgen.client import ClientOptions, Target, make_session
-from loadgen.experiments import SweepPoint, point
+from loadgen.decide import decide
+from loadgen.metrics import DEFAULT_LAG_THRESHOLD_S
+from loadgen.precision import slo_text
 from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
 from loadgen.runner import RunOptions, RunOutcome, run_workload
+from loadgen.search import search_arms
+from loadgen.search_report import SearchReport
+from loadgen.timebase import TimeBase
 from loadgen.workload import TenantSpec, Workload, build_plan
 
 TIME_SCALE = 0.1
 PRECISIONS = ("bf16", "fp8", "int8", "int4")
 # engine-time SLO for the sweep: a tight interactive TPOT, so capacities differ by precision
 SLO_TTFT_S, SLO_TPOT_S = 0.5, 0.009
-RATES_RPS = (25.0, 50.0, 100.0, 150.0)  # engine time
+# the capacity search, engine time: from 25 req/s doubling to at most 400, then bisection
+SEARCH_START_RPS, SEARCH_MAX_RPS = 25.0, 400.0
+TRIALS = 3
+TARGET_ATTAINMENT = 0.9
+BASE = TimeBase(TIME_SCALE)
 ROUTING_RATE_RPS = 60.0  # engine time, across the whole fleet
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 32
 POLICIES = ("least_load", "slo_energy")
@@ -135,35 +146,53 @@ async def with_energy(o: RunOutcome, admin_key: str, wait_s: float) -> RunOutcom
 
 
 def _opts() -> RunOptions:
-    return RunOptions(fetch_energy=False, progress=False, client=ClientOptions())
+    # the schedule-lag limit in engine time, like every other figure of these phases
+    return RunOptions(fetch_energy=False, progress=False, client=ClientOptions(),
+                      lag_threshold_s=DEFAULT_LAG_THRESHOLD_S / TIME_SCALE)
 
 
-async def precision_sweep(stack: ScaledStack, duration_s: float, seed: int, admin_key: str,
-                          wait_s: float) -> tuple[list[RunOutcome], list[SweepPoint]]:
-    """Every precision at every rate; at one rate the arms run at once (one engine each) on
-    one seeded plan. Points carry engine-time rates."""
-    base = stack.gateways["least_load"]
-    runs: list[tuple[float, RunOutcome]] = []
-    for rate in RATES_RPS:
-        w = workload(rate, duration_s, seed)
-        plan = build_plan(w)
-        outs = await asyncio.gather(*(
-            run_workload(w, Target(base, f"{MODEL}@{p}"), _opts(), label=f"{p}@{rate:g}",
-                         plan=plan) for p in PRECISIONS))
-        runs += [(rate, o) for o in outs]
-    done = [await with_energy(o, admin_key, wait_s) for _, o in runs]
-    points = [engine_point(o.label.split("@")[0], rate, o)
-              for (rate, _), o in zip(runs, done, strict=True)]
-    return done, points
+def engine_workload(duration_s: float, seed: int) -> Workload:
+    """acme's requests with the SLO in engine time, for the capacity search (which sets the
+    rate and scales rates and limits to the wall itself)."""
+    tenant = TenantSpec("acme", api_key="sk-demo-acme",
+                        prompt_tokens=lengths.fixed(PROMPT_TOKENS),
+                        output_tokens=lengths.fixed(OUTPUT_TOKENS), slo_class="interactive")
+    return Workload(model=MODEL, tenants=(tenant,), arrival=arrivals.Poisson(SEARCH_START_RPS),
+                    duration_s=duration_s, seed=seed,
+                    slo_classes=(SloClass("interactive", ttft_s=SLO_TTFT_S, tpot_s=SLO_TPOT_S),),
+                    prompts=WordPrompts(chosen=True))
 
 
-def engine_point(arm: str, rate_rps: float, o: RunOutcome) -> SweepPoint:
-    """The sweep point in engine time: rates and goodput x 1/time scale, latency x time scale."""
-    p = point(arm, rate_rps, o.summary, o.energy_overall)
-    k = 1 / TIME_SCALE
-    return replace(p, achieved_rate_rps=p.achieved_rate_rps * k,
-                   goodput_rps=None if p.goodput_rps is None else p.goodput_rps * k,
-                   ttft_p99_s=p.ttft_p99_s * TIME_SCALE, tpot_p99_s=p.tpot_p99_s * TIME_SCALE)
+async def precision_search(stack: ScaledStack, trial_s: float, seed: int, admin_key: str,
+                           wait_s: float, say: Callable[[str], None]
+                           ) -> tuple[SearchReport, list[RunOutcome]]:
+    """Each precision's SLO capacity by search (loadgen/capacity.py), the arms at once (one
+    engine each, all vLLM: one engine kind per arm), through the least_load gateway;
+    everything in engine time."""
+    base_url = stack.gateways["least_load"]
+    arms = [Arm(f"{p} (vllm)", p, "vllm", Target(base_url, f"{MODEL}@{p}")) for p in PRECISIONS]
+    cfg = SearchConfig(start_rps=SEARCH_START_RPS, max_rps=SEARCH_MAX_RPS,
+                       target_attainment=TARGET_ATTAINMENT, trials=TRIALS, seed=seed)
+    opts = RunOptions(admin_key=admin_key, energy_wait_s=wait_s, progress=False,
+                      client=ClientOptions())
+    results, outcomes = await search_arms(arms, engine_workload(trial_s, seed), cfg, BASE, opts,
+                                          say, at_once=True)
+    slo = slo_text((SloClass("interactive", ttft_s=SLO_TTFT_S, tpot_s=SLO_TPOT_S),))
+    decision = decide(results, None, f"{slo} (engine time)", TARGET_ATTAINMENT,
+                      "req/s (engine time)")
+    return SearchReport(tuple(results), decision, cfg, f"{slo} (engine time)", BASE), outcomes
+
+
+def paired_at_common_rate(r: SearchReport, outcomes: Sequence[RunOutcome]) -> list[RunOutcome]:
+    """One outcome per arm at the highest rate every arm ran, first seed: the same plan on
+    every arm (same rate and seed), so request i pairs across them."""
+    rates = set.intersection(*({s.rate_rps for s in a.search.steps} for a in r.arms))
+    if not rates:
+        return []
+    top = max(rates)
+    labels = [f"{a.label}@{top:.4g}#{r.config.seed}" for a in r.arms]
+    by_label = {o.label: o for o in outcomes}
+    return [by_label[x] for x in labels if x in by_label]
 
 
 async def surplus_idle_j(base: str, admin_key: str) -> float:
@@ -236,10 +265,11 @@ def surplus_note(runs: RoutingRuns) -> str:
 
 
 def notes() -> list[str]:
-    return [f"Precision sweep and routing comparison: a second simulated H100 fleet (vLLM "
+    return [f"Precision search and routing comparison: a second simulated H100 fleet (vLLM "
             f"BF16/FP8/INT8/INT4) with time_scale {TIME_SCALE:g}: engine time runs at "
             f"{TIME_SCALE:g} x wall time, so two CPU cores can carry the batch sizes an H100 "
-            "holds at its SLO capacity. Rates, goodput and the SLO are in engine time (the "
+            "holds at its SLO capacity. Rates, latencies, goodput and the SLO of these phases "
+            "are in engine time in every table and plot (the "
             f"client sent at {TIME_SCALE:g} x these rates and graded wall latency against the "
             f"SLO / {TIME_SCALE:g}); joules are the engines' own. Requests: {PROMPT_TOKENS} "
             f"prompt words, {OUTPUT_TOKENS} output tokens, Poisson arrivals."]

@@ -26,7 +26,9 @@ NUMERIC_FORMATS: dict[str, str] = {
 
 
 def numeric_format(precision: str) -> str:
-    return NUMERIC_FORMATS.get(precision, f"{precision} (format not catalogued)")
+    """The format of a precision, or of an arm labelled "fp8 (vllm)" (precision first)."""
+    key = precision.split(" ", 1)[0]
+    return NUMERIC_FORMATS.get(key, f"{key} (format not catalogued)")
 
 
 def accuracy_condition(precision: str, quality: dict[str, float]) -> str:

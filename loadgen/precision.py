@@ -32,6 +32,20 @@ class PrecisionArm:
     def capacity_rps(self) -> float | None:
         return self.capacity.rate_rps if self.capacity else None
 
+    @property
+    def saturated(self) -> bool:
+        """Whether the SLO was missed at some rate above its capacity (else the capacity is
+        only a lower bound: the highest rate tried)."""
+        cap = self.capacity_rps
+        return any(p.rate_rps > (cap or 0.0) for p in self.curve)  # above it: all missed
+
+    def capacity_text(self) -> str:
+        if self.capacity_rps is None:
+            return "none met"
+        if not self.saturated:
+            return f">= {self.capacity_rps:g} (max tested, not saturated)"
+        return f"{self.capacity_rps:g}"
+
 
 @dataclass(frozen=True, slots=True)
 class PrecisionReport:
@@ -44,11 +58,14 @@ class PrecisionReport:
 
 
 def precision_arm(precision: str, points: Sequence[SweepPoint], target_attainment: float,
-                  quality: dict[str, float]) -> PrecisionArm:
+                  quality: dict[str, float], numeric: str = "") -> PrecisionArm:
+    """`precision`: the arm's label; `numeric`: its precision when the label is more (an arm
+    "fp8 (vllm)" is FP8 on one engine kind)."""
     curve = tuple(sorted((p for p in points if p.arm == precision), key=lambda p: p.rate_rps))
     ok = [p for p in curve if meets(p, target_attainment)]
-    return PrecisionArm(precision, numeric_format(precision),
-                        accuracy_condition(precision, quality), quality.get(precision), curve,
+    prec = numeric or precision
+    return PrecisionArm(precision, numeric_format(prec), accuracy_condition(prec, quality),
+                        quality.get(prec), curve,
                         max(ok, key=lambda p: p.rate_rps) if ok else None)
 
 
@@ -69,7 +86,9 @@ def recommend(arms: Sequence[PrecisionArm], target_attainment: float, slo: str
     best = min(at_top, key=lambda a: _j(a.capacity))
     j = best.capacity.j_per_output_token if best.capacity else None
     parts = [f"{best.precision} meets {slo} for {target_attainment:.0%} of requests up to "
-             f"{top:g} req/s, the highest rate any precision met"]
+             f"{top:g} req/s, the highest rate any precision met"
+             + ("" if best.saturated else " (and the highest rate tried: its capacity is >= "
+                f"{top:g}, not reached)")]
     parts.append(f", at {j:.3f} J per output token there" if j is not None
                  else " (no energy data)")
     others = [a for a in at_top if a is not best]
@@ -90,8 +109,11 @@ def recommend(arms: Sequence[PrecisionArm], target_attainment: float, slo: str
 
 def precision_report(points: Sequence[SweepPoint], precisions: Sequence[str],
                      target_attainment: float, slo: str, quality: dict[str, float],
-                     rate_note: str = "offered requests/s") -> PrecisionReport:
-    arms = tuple(precision_arm(p, points, target_attainment, quality) for p in precisions)
+                     rate_note: str = "offered requests/s",
+                     arm_precisions: dict[str, str] | None = None) -> PrecisionReport:
+    """`precisions`: the arms' labels; `arm_precisions`: label -> precision where they differ."""
+    arms = tuple(precision_arm(p, points, target_attainment, quality,
+                               (arm_precisions or {}).get(p, "")) for p in precisions)
     rec, why = recommend(arms, target_attainment, slo)
     return PrecisionReport(target_attainment, slo, rate_note, arms, rec, why)
 
@@ -126,7 +148,7 @@ def precision_rows(r: PrecisionReport) -> list[list[str]]:
                           + ("" if meets(p, r.target_attainment) else " (SLO missed)")
                           for p in a.curve)
         rows.append([a.precision + (" (recommended)" if a.precision == r.recommended else ""),
-                     _f(a.capacity_rps, "{:g}") if c else "none met",
+                     a.capacity_text(),
                      _f(c.j_per_output_token if c else None, "{:.3f}"), curve,
                      _f(c.carbon_g_per_1m_tokens if c else None, "{:.1f}"),
                      _f(c.usd_per_1m_tokens if c else None, "{:.3f}"),

@@ -21,6 +21,7 @@ from loadgen.experiments import (
 )
 from loadgen.precision import PRECISION_HEADER, PrecisionReport, headline, precision_rows
 from loadgen.runner import RunOutcome
+from loadgen.timebase import WALL, TimeBase
 
 
 def _ms(x: float | None) -> str:
@@ -49,17 +50,25 @@ RUN_HEADER = ("arm", "sent", "ok", "refused", "failed", "req/s", "TTFT p50", "TT
               "J/out-tok", "gCO2e/1M tok", "USD/1M tok")
 
 
-def run_rows(outcomes: Sequence[RunOutcome]) -> list[list[str]]:
-    """One row per run (arm): latency (ms) from intended arrival, goodput, energy."""
+def run_rows(outcomes: Sequence[RunOutcome], base: TimeBase = WALL) -> list[list[str]]:
+    """One row per run (arm): latency (ms) from intended arrival, goodput, energy; latencies
+    and rates in `base` (the client's lag stays on the wall, where the client keeps time)."""
     rows = []
+
+    def ms(x: float | None) -> str:
+        return _ms(None if x is None else base.seconds(x))
+
+    def rps(x: float | None) -> str:
+        return _num(None if x is None else base.rate(x))
+
     for o in outcomes:
         s, e = o.summary, o.energy_overall
+        lat = s.from_intended
         rows.append([o.label or "run", str(s.requests), str(s.ok), str(s.refused),
-                     str(s.failed), _num(s.throughput_rps),
-                     _ms(s.from_intended.ttft_s.p50), _ms(s.from_intended.ttft_s.p99),
-                     _ms(s.from_intended.tpot_s.p50), _ms(s.from_intended.tpot_s.p99),
-                     _ms(s.from_intended.e2e_s.p50), _ms(s.lag_s.p99),
-                     _num(s.goodput_rps), _num(s.attainment, "{:.1%}"),
+                     str(s.failed), rps(s.throughput_rps),
+                     ms(lat.ttft_s.p50), ms(lat.ttft_s.p99), ms(lat.tpot_s.p50),
+                     ms(lat.tpot_s.p99), ms(lat.e2e_s.p50), _ms(s.lag_s.p99),
+                     rps(s.goodput_rps), _num(s.attainment, "{:.1%}"),
                      _num(e.j_per_request if e else None, "{:.1f}"),
                      _num(e.j_per_output_token if e else None, "{:.3f}"),
                      _num(e.carbon_g_per_1k_tokens * 1e3 if e else None, "{:.1f}"),
@@ -79,11 +88,17 @@ def run_notes(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | N
     return notes
 
 
+def time_note(base: TimeBase = WALL) -> str:
+    extra = "" if base.time_scale == 1.0 else " (lag p99: the client's, wall time)"
+    return (f"time base: {base.name}: latency in ms and rates in req/s, measured from "
+            f"intended arrival{extra}")
+
+
 def run_table(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
-              quality: dict[str, float] | None = None) -> str:
-    """One row per run (arm): latency from intended arrival, goodput, energy."""
-    text = ("latency in ms, measured from intended arrival; " + ATTAINMENT_NOTE + "\n"
-            + text_table(RUN_HEADER, run_rows(outcomes)))
+              quality: dict[str, float] | None = None, base: TimeBase = WALL) -> str:
+    """One row per run (arm): latency from intended arrival, goodput, energy, in `base`."""
+    text = (time_note(base) + "; " + ATTAINMENT_NOTE + "\n"
+            + text_table(RUN_HEADER, run_rows(outcomes, base)))
     return text + "\n" + "\n".join(run_notes(outcomes, arm_precisions, quality))
 
 
@@ -99,7 +114,8 @@ def send_vs_intended(o: RunOutcome) -> str:
              _ms(getattr(s.from_intended, f).p50), _ms(getattr(s.from_intended, f).p99)]
             for name, f in (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"),
                             ("E2E", "e2e_s"))]
-    head = (f"requested {_num(s.requested_rate_rps)} req/s, achieved {_num(s.achieved_rate_rps)}"
+    head = (f"wall time: requested {_num(s.requested_rate_rps)} req/s, achieved "
+            f"{_num(s.achieved_rate_rps)}"
             f" req/s; schedule lag p50 {_ms(s.lag_s.p50)} ms, p99 {_ms(s.lag_s.p99)} ms, "
             f"max {_ms(s.lag_s.max)} ms")
     return head + "\n" + text_table(["metric (ms)", "send p50", "send p99", "intended p50",
@@ -127,29 +143,32 @@ def tenant_rows(o: RunOutcome) -> list[list[str]]:
 
 
 def tenant_table(o: RunOutcome) -> str:
-    return text_table(TENANT_HEADER, tenant_rows(o))
+    return ("per tenant, latency in ms and goodput in req/s, wall time\n"
+            + text_table(TENANT_HEADER, tenant_rows(o)))
 
 
 def class_table(o: RunOutcome) -> str:
     rows = [[g.slo, str(g.sent), str(g.ok), str(g.refused), str(g.failed),
              _num(g.goodput_rps), _num(g.attainment, "{:.1%}")] for g in o.summary.per_class]
-    return text_table(["slo class", "sent", "ok", "refused", "failed", "goodput req/s",
-                       "attainment"], rows)
+    return text_table(["slo class", "sent", "ok", "refused", "failed",
+                       "goodput req/s (wall time)", "attainment"], rows)
 
 
 DELTA_HEADER = ("arm", "vs", "pairs", "dTTFT ms", "dTPOT ms", "dE2E ms", "TTFT faster",
                 "dJ/token")
 
 
-def delta_rows(deltas: Sequence[PairedDelta]) -> list[list[str]]:
-    return [[d.arm, d.baseline, str(d.pairs), _ms(d.ttft_median_delta_s),
-             _ms(d.tpot_median_delta_s), _ms(d.e2e_median_delta_s),
+def delta_rows(deltas: Sequence[PairedDelta], base: TimeBase = WALL) -> list[list[str]]:
+    """Paired deltas, latency deltas in ms of `base`."""
+    return [[d.arm, d.baseline, str(d.pairs), _ms(base.seconds(d.ttft_median_delta_s)),
+             _ms(base.seconds(d.tpot_median_delta_s)), _ms(base.seconds(d.e2e_median_delta_s)),
              _num(d.ttft_faster_share, "{:.0%}"), _num(d.j_per_token_delta_pct, "{:+.1f}%")]
             for d in deltas]
 
 
-def delta_table(deltas: Sequence[PairedDelta]) -> str:
-    return text_table(DELTA_HEADER, delta_rows(deltas))
+def delta_table(deltas: Sequence[PairedDelta], base: TimeBase = WALL) -> str:
+    return (f"paired deltas, latency in ms, {base.name}\n"
+            + text_table(DELTA_HEADER, delta_rows(deltas, base)))
 
 
 def sweep_table(sw: SweepResult) -> str:

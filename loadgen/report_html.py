@@ -10,10 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen import report
+from loadgen import decide, report
+from loadgen import search_report as sr
+from loadgen.capacity import Interval
 from loadgen.experiments import PairedDelta, SweepPoint, SweepResult, pareto_front
 from loadgen.precision import PRECISION_HEADER, PrecisionReport, headline, precision_rows
 from loadgen.runner import RunOutcome
+from loadgen.search_report import SearchReport
+from loadgen.timebase import WALL, TimeBase
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:auto;padding:0 16px;"
          "color:#222}table{border-collapse:collapse;margin:8px 0;font-size:13px}"
@@ -137,6 +141,69 @@ def precision_section(r: PrecisionReport, rate_label: str = "req/s") -> str:
     return "\n".join(parts)
 
 
+def search_plot(r: SearchReport) -> str:
+    """Attainment and J per output token against offered rate, with 95 % intervals, one line
+    per arm, in the report's time base."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4))
+    ax_a, ax_e = fig.subplots(1, 2)
+    for label, steps in sr.curve_series(r):
+        rates = [s.rate_rps for s in steps]
+        ax_a.errorbar(rates, [s.attainment.mean for s in steps], yerr=_err([
+            s.attainment for s in steps]), marker="o", capsize=3, label=label)
+        e = [s for s in steps if s.j_per_output_token is not None]
+        ax_e.errorbar([s.rate_rps for s in e], [s.j_per_output_token.mean for s in e
+                                                if s.j_per_output_token is not None],
+                      yerr=_err([s.j_per_output_token for s in e]), marker="o", capsize=3,
+                      label=label)
+    ax_a.axhline(r.config.target_attainment, color="k", lw=0.8, ls="--")
+    ax_a.set_title("SLO attainment vs offered rate (dashed: target)")
+    ax_a.set_ylabel("attainment (mean of trials, 95 % CI)")
+    ax_e.set_title("J per output token vs offered rate")
+    ax_e.set_ylabel("J per output token (95 % CI)")
+    for ax in (ax_a, ax_e):
+        ax.set_xlabel(f"offered rate (req/s, {r.base.name})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=9)
+    return svg(fig)
+
+
+def _err(ivs: Sequence[Interval | None]) -> list[list[float]]:
+    """Error bar lengths below and above each mean (0 where the interval is unknown)."""
+    lows, highs = [], []
+    for iv in ivs:
+        ok = iv is not None and iv.n > 1
+        lows.append(iv.mean - iv.low if ok and iv is not None else 0.0)
+        highs.append(iv.high - iv.mean if ok and iv is not None else 0.0)
+    return [lows, highs]
+
+
+def search_section(r: SearchReport) -> str:
+    """The capacity search: method, table, curves with intervals."""
+    return "".join(["<h2>Precisions: SLO capacity by search, J per output token along the "
+                    "load curve</h2>", f"<p>{esc(sr.method_note(r))}</p>",
+                    table(sr.header(r), sr.rows(r), f"time base: {r.base.name}"),
+                    f"<p>{esc(sr.curve_title(r))}:</p><ul>",
+                    *(f"<li>{esc(x)}</li>" for x in sr.curve_lines(r)), "</ul>",
+                    *(f"<p>{esc(n)}</p>" for n in r.notes),
+                    figure(search_plot(r), f"Each arm's rates as the search tried them; "
+                           f"{r.base.name}."), _search_pareto(r)])
+
+
+def _search_pareto(r: SearchReport) -> str:
+    """Each arm at its estimated capacity: (label, capacity, J/out-tok at its rate met
+    closest to it), with the non-dominated frontier."""
+    pts = [(a.label, cap, j.mean) for a in r.arms
+           if (cap := a.search.capacity_rps) is not None
+           and (j := decide.j_at(a, cap)) is not None]
+    if not pts:
+        return "<p>Pareto frontier: n/a (no arm met the SLO with energy data).</p>"
+    return figure(pareto_plot(pts, "SLO capacity vs energy per token (Pareto frontier across "
+                              "arms)", f"req/s, {r.base.name}"),
+                  "One point per arm at its SLO capacity.")
+
+
 def answer_box(lines: Sequence[str]) -> str:
     return "<div class='answer'>" + "".join(f"<p>{esc(x)}</p>" for x in lines) + "</div>"
 
@@ -147,8 +214,8 @@ def page(title: str, body: Sequence[str]) -> str:
             + "\n".join(body) + "</body></html>")
 
 
-def cdf_plot(outcomes: Sequence[RunOutcome]) -> str:
-    """TTFT, TPOT and E2E CDFs from intended arrival, one line per run."""
+def cdf_plot(outcomes: Sequence[RunOutcome], base: TimeBase = WALL) -> str:
+    """TTFT, TPOT and E2E CDFs from intended arrival, one line per run, in `base`."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(13, 3.8))
@@ -156,13 +223,13 @@ def cdf_plot(outcomes: Sequence[RunOutcome]) -> str:
     for ax, (name, pick) in zip(axes, (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")),
                                 strict=True):
         for o in outcomes:
-            vals = sorted(v * 1e3 for m in o.requests if m.result.ok
+            vals = sorted(base.seconds(v) * 1e3 for m in o.requests if m.result.ok
                           and (v := getattr(m.from_intended, pick)) is not None)
             if vals:
                 ax.step(vals, [(i + 1) / len(vals) for i in range(len(vals))], where="post",
                         label=o.label or "run")
         ax.set_title(f"{name} CDF")
-        ax.set_xlabel(f"{name} from intended arrival (ms)")
+        ax.set_xlabel(f"{name} from intended arrival (ms, {base.name})")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -186,17 +253,24 @@ def sweep_plot(sw: SweepResult) -> str:
 
 
 def runs_section(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None,
-                 quality: dict[str, float] | None, deltas: Sequence[PairedDelta]) -> list[str]:
-    parts = ["<h2>Runs</h2>", table(report.RUN_HEADER, report.run_rows(outcomes),
-                                    "latency in ms, measured from intended arrival"),
+                 quality: dict[str, float] | None, deltas: Sequence[PairedDelta],
+                 base: TimeBase = WALL, title: str = "Runs",
+                 delta_base: TimeBase | None = None) -> list[str]:
+    """The runs' table, notes, paired deltas (in `delta_base`, default `base`: the deltas
+    may come from other runs than these) and latency CDFs."""
+    delta_base = base if delta_base is None else delta_base
+    parts = [f"<h2>{esc(title)}</h2>", table(report.RUN_HEADER, report.run_rows(outcomes, base),
+                                             report.time_note(base)),
              "<ul>" + "".join(f"<li>{esc(n)}</li>"
                               for n in report.run_notes(outcomes, arm_precisions, quality))
              + "</ul>"]
     if deltas:
         parts += ["<h2>Paired deltas (same requests, arm minus baseline)</h2>",
-                  table(report.DELTA_HEADER, report.delta_rows(deltas))]
-    parts.append("<h2>Latency</h2>" + figure(cdf_plot(outcomes), "Cumulative distributions "
-                                             "over successful requests."))
+                  table(report.DELTA_HEADER, report.delta_rows(deltas, delta_base),
+                        f"latency in ms, {delta_base.name}")]
+    parts.append(f"<h2>Latency ({esc(title)})</h2>" + figure(
+        cdf_plot(outcomes, base), f"Cumulative distributions over successful requests, "
+        f"{base.name}."))
     return parts
 
 
@@ -206,21 +280,27 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
                arm_precisions: dict[str, str] | None = None,
                quality: dict[str, float] | None = None, notes: Sequence[str] = (),
                answer: Sequence[str] = (), sections: Sequence[str] = (),
-               raw: Sequence[tuple[str, str]] = ()) -> None:
+               raw: Sequence[tuple[str, str]] = (), base: TimeBase = WALL,
+               search: SearchReport | None = None, runs_title: str = "Runs",
+               delta_base: TimeBase | None = None) -> None:
     """One self-contained page: the answer first (`answer` lines, then the recommended
     precision), `notes`, the precision section, caller `sections` (HTML), the runs, paired
     deltas and plots, and the raw text tables folded in <details> (plus `raw` (title, text))."""
-    lines = [*answer, *([headline(precision)] if precision else [])]
+    lines = [*answer, *([headline(precision)] if precision else []),
+             *([decide.headline(search.decision)] if search else [])]
     body = [answer_box(lines)] if lines else []
     body += [f"<p>{esc(n)}</p>" for n in notes]
+    if search is not None:
+        body.append(search_section(search))
     if precision is not None:
         body.append(precision_section(precision, rate_label))
     body += sections
-    body += runs_section(outcomes, arm_precisions, quality, deltas)
+    body += runs_section(outcomes, arm_precisions, quality, deltas, base, runs_title,
+                         delta_base)
     if sweep is not None and precision is None:
         body += ["<h2>Goodput vs offered rate</h2>", figure(sweep_plot(sweep), "")]
         raw = [("sweep table", report.sweep_table(sweep)), *raw]
-    if precision is None and sweep is None:
+    if precision is None and sweep is None and search is None:
         pts = report.pareto_points(outcomes, None)
         if pts:
             body.append("<h2>Goodput vs energy per token</h2>" + figure(pareto_plot(

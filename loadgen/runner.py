@@ -142,3 +142,14 @@ async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str
         energy_by_tenant=energy.group_energy(fetch, results, "tenant") if fetch else (),
         energy_by_precision=energy.group_energy(fetch, results, "precision") if fetch else (),
         prompt_note=w.prompts.note)
+
+
+async def add_energy(o: RunOutcome, opts: RunOptions) -> RunOutcome:
+    """`o` with its energy fetched now (runs made with fetch_energy off, so that a series of
+    runs waits once for final records instead of once per run)."""
+    results = [m.result for m in o.requests]
+    fetch = await _energy(o.target, results, opts)
+    return replace(o, energy_fetch=fetch,
+                   energy_overall=energy.overall_energy(fetch, results, o.label or "all"),
+                   energy_by_tenant=energy.group_energy(fetch, results, "tenant"),
+                   energy_by_precision=energy.group_energy(fetch, results, "precision"))

@@ -80,8 +80,13 @@ class TenantControls:
                        for s in standing]
             learnt = self.store.rates.get(tenant.name)
             rates = learnt.describe() if learnt is not None else []
+        slo = next((c for c in self.config.slo_classes if c.name == tenant.slo_class), None)
         return {
             "tenant": tenant.name,
+            # the class the gateway grades this tenant's requests by (seconds; a limit left
+            # out is not checked), so a load generator can grade by the same
+            "slo_class": {"name": tenant.slo_class, **({k: v for k, v in dataclasses.asdict(
+                slo).items() if k != "name" and v is not None} if slo else {})},
             "limits": {k: v for k, v in dataclasses.asdict(tenant.limits).items()
                        if v is not None},
             "rate_limits": limiter.headers(self.admission.clock()) if limiter else {},

@@ -171,3 +171,30 @@ def test_run_refuses_a_target_that_is_not_a_url() -> None:
     proc = loadgen("run", "--target", "localhost:8080", "--rate", "5", "--duration", "0.5",
                    "--no-energy", "--quiet")
     assert proc.returncode == 2 and "is not an http:// or https:// URL" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_compare_search_that_never_saturates_says_so(sim_fleet: dict[str, str]) -> None:
+    """`compare --search` capped below the engines' capacity: each arm's capacity reads
+    '>= 4 (max tested, not saturated)', with the method, the time base and every trial in
+    the JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = loadgen("compare", "--target", sim_fleet["bf16"], "--arm-target",
+                       f"bf16={sim_fleet['bf16']}", "--arm-target", f"fp8={sim_fleet['fp8']}",
+                       "--precisions", "bf16,fp8", "--search", "--rate", "2", "--max-rate",
+                       "4", "--trials", "2", "--duration", "1.5", "--output-tokens", "8",
+                       "--quiet", "--out", tmp)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout
+        rows = [x for x in out.splitlines() if x.startswith(("bf16 ", "fp8 "))]
+        assert len(rows) == 2 and all(">= 4 (max tested, not saturated)" in x for x in rows)
+        assert "Time base: wall time" in out and "95 % Student t" in out
+        doc = orjson.loads((Path(tmp) / "compare.json").read_bytes())
+        arms = doc["search"]["arms"]
+        assert [a["label"] for a in arms] == ["bf16", "fp8"]
+        assert all(not a["saturated"] and [s["rate_rps"] for s in a["steps"]] == [2.0, 4.0]
+                   and all(len(s["trials"]) == 2 for s in a["steps"]) for a in arms)
+        assert len(doc["runs"]) == 8  # 2 arms x 2 rates x 2 trials
+        assert "search trials" not in doc  # the trials are the runs themselves
+        assert "<svg" in (Path(tmp) / "compare.html").read_text()

@@ -27,12 +27,12 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Compl
                                                                  Path]:
     out = tmp_path_factory.mktemp("demo")
     proc = subprocess.run(wattgate_cmd("demo", "--duration", "8", "--out", str(out)),
-                          cwd=REPO, capture_output=True, text=True, timeout=170, check=False)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     return proc, out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)
 def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
         demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     proc, out = demo_run
@@ -42,8 +42,10 @@ def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
     # one row per precision in the precision table (the recommended one is marked)
     for prec in ("bf16", "fp8", "int8", "int4"):
         assert f"\n{prec} " in proc.stdout or f"\n{prec} (recommended)" in proc.stdout
-    assert "Recommended precision at the SLO" in proc.stdout or "No recommended" in proc.stdout
-    assert "SLO capacity (req/s)" in proc.stdout
+    assert any(x in proc.stdout for x in ("\nRecommended: ", "\nNo significant difference ",
+                                          "\nNo recommendation ("))
+    assert "SLO capacity (req/s, engine time) [95 % CI]" in proc.stdout
+    assert "Time base: engine time (simulator time_scale 0.1)" in proc.stdout
     assert "\nleast_load " in proc.stdout and "\nslo_energy " in proc.stdout
     # Energy is shown: gateway accounting when it has records, else the simulated engines'
     # ground truth, labelled as such.
@@ -59,7 +61,7 @@ def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(390)
 def test_demo_html_opens_with_the_answer_and_renders_in_a_browser(
         demo_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     """Checked as a person would: headless Chromium renders the page to a non-blank PNG, and
@@ -69,8 +71,9 @@ def test_demo_html_opens_with_the_answer_and_renders_in_a_browser(
     html = (out / "demo.html").read_text()
     answer = html.index("class='answer'")
     assert answer < html.index("<table>")
-    assert ("Recommended precision at the SLO" in html[answer:html.index("<table>")]
-            or "No recommended precision" in html)
+    first = html[answer:html.index("<table>")]
+    assert any(x in first for x in ("Recommended: ", "No significant difference ",
+                                    "No recommendation ("))
     assert "Tenants&#x27; bills" in html or "Tenants' bills" in html
     png = screenshot(out / "demo.html", out / "demo.png")
     assert png.stat().st_size > 50_000  # a page of text, tables and plots, not a blank page
@@ -97,7 +100,7 @@ def distinct_colours(png: Path) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_keep_running_prints_urls_serves_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     # Ctrl-C as at a terminal, even when this test runs under a shell that started it in the
     # background (which leaves SIGINT ignored, and the demo would inherit that)

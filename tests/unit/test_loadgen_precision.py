@@ -31,7 +31,10 @@ def test_recommends_fewest_joules_among_precisions_meeting_the_slo_at_the_highes
     assert "bf16 only up to 20 req/s" in r.why and "int4 met it at no rate tried" in r.why
     assert "quality score 0.99" in r.why
     rows = {row[0]: row for row in precision_rows(r)}
-    assert rows["int8 (recommended)"][1:3] == ["40", "0.100"]
+    # 40 req/s is the highest rate tried and int8 met it: a lower bound, said as such
+    assert rows["int8 (recommended)"][1:3] == [">= 40 (max tested, not saturated)", "0.100"]
+    assert "its capacity is >= 40, not reached" in r.why
+    assert rows["bf16"][1] == "20"
     assert rows["int4"][1] == "none met"
     assert "40: 0.150 (SLO missed)" in rows["bf16"][3]
 
@@ -39,3 +42,13 @@ def test_recommends_fewest_joules_among_precisions_meeting_the_slo_at_the_highes
 def test_no_recommendation_when_no_precision_meets_the_slo() -> None:
     r = precision_report([p for p in POINTS if p.arm == "int4"], ["int4"], 0.9, "TTFT", {})
     assert r.recommended is None and "lower rates" in r.why
+
+
+def test_arm_labels_keep_their_precisions_format() -> None:
+    """An arm labelled by engine kind and precision is described by its precision."""
+    pts = [SweepPoint("fp8 (trtllm)", p.rate_rps, *[getattr(p, f) for f in
+                      SweepPoint.__dataclass_fields__][2:]) for p in POINTS if p.arm == "fp8"]
+    r = precision_report(pts, ["fp8 (trtllm)"], 0.9, "TPOT", {"fp8": 0.97},
+                         arm_precisions={"fp8 (trtllm)": "fp8"})
+    assert r.arms[0].numeric_format.startswith("FP8 E4M3")
+    assert r.arms[0].quality == 0.97

@@ -1,0 +1,129 @@
+"""Is the demo's precision answer stable from run to run?
+
+Runs the demo's precision phase (loadgen/demo_precision.py: four simulated vLLM H100 engines,
+BF16/FP8/INT8/INT4, time_scale 0.1, through a least_load gateway; capacity by search, 3 trials
+per rate, 95 % intervals) once per seed, and checks across the runs: the same recommendation
+(or "no significant difference"), and each arm's capacity inside every other run's interval.
+
+    .venv/bin/python -m bench.precision_search [--seeds 0,1000,2000] [--trial-s 3] [--name N]
+
+Writes bench/results/N.json and .md (N: precision_search).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvloop
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.provenance import commit  # noqa: E402
+from loadgen import demo_precision as dp  # noqa: E402
+from loadgen import search_report as sr  # noqa: E402
+from loadgen.demo import ADMIN_KEY, EXAMPLES, finality_wait_s  # noqa: E402
+
+OUT = REPO / "bench" / "results"
+
+
+def one_run(seed: int, trial_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="wattgate-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        with open(tmp / "procs.log", "w") as log, dp.scaled_stack(
+                tmp, EXAMPLES / "local.yaml", log) as stack:
+            report, _ = uvloop.run(dp.precision_search(
+                stack, trial_s, seed, ADMIN_KEY, finality_wait_s(EXAMPLES / "local.yaml"),
+                lambda s: print(s, file=sys.stderr)))
+    print(sr.text(report))
+    return sr.to_json(report)
+
+
+def checks(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Same verdict across runs; each arm's capacity inside every other run's interval."""
+    verdicts = [(r["decision"]["verdict"], r["decision"]["recommended"]) for r in runs]
+    same = len(set(verdicts)) == 1 or all(v == "no significant difference" for v, _ in verdicts)
+    contained, outside = 0, []
+    for i, a in enumerate(runs):
+        for j, b in enumerate(runs):
+            if i == j:
+                continue
+            for arm_a, arm_b in zip(a["arms"], b["arms"], strict=True):
+                cap, iv = arm_a["capacity_rps"], arm_b["capacity_interval"]
+                high = iv["high"] if iv and iv["high"] is not None else float("inf")
+                ok = cap is not None and iv is not None and iv["low"] <= cap <= high
+                contained += ok
+                if not ok:
+                    outside.append(f"{arm_a['label']}: run {i} {cap} outside run {j} "
+                                   f"[{iv and iv['low']}, {iv and iv['high']}]")
+    return {"same_recommendation": same, "verdicts": verdicts,
+            "capacities_inside_other_intervals": contained, "outside": outside}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    lines = ["# Precision search: three seeded runs of the demo's precision phase", "",
+             f"Commit {doc['commit']}. `python -m bench.precision_search --seeds "
+             f"{','.join(map(str, s['seeds']))} --trial-s {s['trial_s']:g}` on a shared 2-core "
+             f"machine: {s['fleet']}; "
+             f"SLO {doc['runs'][0]['slo']} for 90 % of requests; search from "
+             f"{s['start_rps']:g} req/s x2 to at most {s['max_rps']:g}, bisection to 5 %, "
+             f"{s['trials']} trials of {s['trial_s']:g} s (wall) per rate. Time base: "
+             f"{doc['runs'][0]['time_base']}. Intervals: 95 %, Student t (capacity: over the "
+             "per-trial capacities, widened to the search bracket).", "",
+             "| seed | verdict | recommended | " + " | ".join(
+                 f"{a['label']} capacity [95 % CI]" for a in doc["runs"][0]["arms"])
+             + " | J/out-tok at need [95 % CI] |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in doc["runs"][0]["arms"])
+             + " | --- |"]
+    for seed, r in zip(s["seeds"], doc["runs"], strict=True):
+        caps = []
+        for a in r["arms"]:
+            iv = a["capacity_interval"]
+            caps.append("none met" if iv is None else
+                        f"{iv['mean']:.3g} [{iv['low']:.3g}, "
+                        + ("inf" if iv["high"] is None else f"{iv['high']:.3g}") + "]")
+        js = "; ".join(f"{a['label']} {j['mean']:.3f} [{j['low']:.3f}, {j['high']:.3f}]"
+                       for a in r["arms"] if (j := a["j_per_output_token_at_need"])
+                       and j["low"] is not None)
+        d = r["decision"]
+        lines.append(f"| {seed} | {d['verdict']} | {d['recommended'] or '-'} | "
+                     + " | ".join(caps) + f" | at {d['need_rps']:.3g} req/s: {js} |")
+    c = doc["checks"]
+    lines += ["", f"Same recommendation (or all 'no significant difference'): "
+              f"**{c['same_recommendation']}**. Capacities inside the other runs' intervals: "
+              f"**{c['capacities_inside_other_intervals']} of "
+              f"{c['capacities_inside_other_intervals'] + len(c['outside'])}**."]
+    lines += [f"- outside: {x}" for x in c["outside"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="0,1000,2000")
+    ap.add_argument("--trial-s", type=float, default=3.0)
+    ap.add_argument("--name", default="precision_search", help="results file name")
+    args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    ran_on = commit()  # the code as loaded, before the runs
+    runs = [one_run(seed, args.trial_s) for seed in seeds]
+    doc = {"commit": ran_on,
+           "settings": {"seeds": seeds, "trial_s": args.trial_s, "trials": dp.TRIALS,
+                        "start_rps": dp.SEARCH_START_RPS, "max_rps": dp.SEARCH_MAX_RPS,
+                        "fleet": "four simulated vLLM H100 engines (llama-3.1-8b; BF16, FP8, "
+                                 "INT8, INT4), time_scale 0.1, 256 prompt words, 32 output "
+                                 "tokens, Poisson arrivals, through a least_load gateway"},
+           "runs": runs, "checks": checks(runs)}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{args.name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (OUT / f"{args.name}.md").write_text(markdown(doc))
+    print(markdown(doc))
+
+
+if __name__ == "__main__":
+    main()
