@@ -26,7 +26,7 @@ demo: $(RUN_STAMP)
 	$(BIN)/wattgate demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gateway engines loadgen wire tests bench wattgate_cli.py
+	$(BIN)/ruff check core wire engines accounting gateway loadgen tests bench wattgate_cli.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

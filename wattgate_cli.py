@@ -15,9 +15,9 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.cli:serve", "Run the gateway (aiohttp on uvloop)."),
     "config": ("gateway.cli:config", "Validate a gateway config and print it normalised."),
-    "apportioner": ("gateway.accounting.apportioner_cli:apportioner",
+    "apportioner": ("gateway.apportioner_cli:apportioner",
                     "Apportion metered energy to requests, as a process of its own."),
-    "report": ("gateway.accounting.report_cli:report",
+    "report": ("gateway.report_cli:report",
                "Chargeback from the ledger: energy, carbon, cost per tenant/model/precision."),
     "sim": ("engines.sim.cli:sim", "Run simulated vLLM / trtllm-serve engines (no GPU needed)."),
     "engines": ("engines.cli:engines", "Launch specs per precision for vLLM and TensorRT-LLM."),

@@ -9,13 +9,13 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from accounting.apportion import apportion_by
+from accounting.coefficients import default_for
+from accounting.config import AccountingConfig
+from accounting.service import AccountingService, EngineInfo
+from accounting.work import Work, work_rows
 from bench.apportion_workload import make_records
-from gateway.accounting.apportion import apportion_by
-from gateway.accounting.coefficients import default_for
-from gateway.accounting.config import AccountingConfig
-from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.accounting.work import Work, work_rows
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 
 
 def spread_records(records: list[RequestRecord], interval_s: float

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accounting.config import AccountingConfig
+from accounting.ledger.sqlite import SqliteLedger
+from accounting.service import AccountingService, EngineInfo
 from bench.apportion_workload import T0, make_records
 from engines.meters.base import EnergyReading
-from gateway.accounting.config import AccountingConfig
-from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.service import AccountingService, EngineInfo
 
 
 def ingest_write_cost(n: int, batch: int) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import math
 import random
 import time
 
-from gateway.records import RequestRecord
-from gateway.timing import Latency
+from core.records import RequestRecord
+from core.timing import Latency
 
 T0 = 1_700_000_000.0
 NO_LATENCY = Latency(None, None, None, (), ())

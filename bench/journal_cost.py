@@ -24,12 +24,12 @@ from typing import Any
 
 import orjson
 
+from accounting.config import AccountingConfig, JournalConfig, LedgerConfig
+from accounting.journal import Journal, encode
+from accounting.recorder import Recorder
+from accounting.service import AccountingService, EngineInfo
 from bench.apportion_workload import make_records
 from bench.provenance import commit
-from gateway.accounting.config import AccountingConfig, JournalConfig, LedgerConfig
-from gateway.accounting.journal import Journal, encode
-from gateway.accounting.recorder import Recorder
-from gateway.accounting.service import AccountingService, EngineInfo
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

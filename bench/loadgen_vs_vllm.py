@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO))
 
 from loadgen import lengths  # noqa: E402
 from loadgen.arrivals import Poisson  # noqa: E402
+from loadgen.procs import free_port, process, wait_http  # noqa: E402
 from loadgen.workload import TenantSpec, Workload, build_plan  # noqa: E402
-from tests.support.procs import free_port, running  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 TOKENIZER_DIR = REPO / ".cache" / "tiny-llama"
@@ -231,7 +231,8 @@ def sim_cmd(port: int, fixed: tuple[float, float] | None) -> list[str]:
 def sim_engine(fixed: tuple[float, float] | None, log: Path) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with running(sim_cmd(port, fixed), f"{url}/health", timeout_s=60, log=log):
+    with log.open("wb") as out, process(sim_cmd(port, fixed), out) as proc:
+        wait_http(f"{url}/health", proc, timeout_s=60)
         yield url
 
 

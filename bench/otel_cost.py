@@ -29,9 +29,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from bench.apportion_workload import make_records
 from bench.provenance import commit
-from gateway.records import RequestRecord
+from core.records import RequestRecord
+from core.trace_context import TraceStarter
 from gateway.telemetry.config import TelemetryConfig
-from gateway.telemetry.context import TraceStarter
 from gateway.telemetry.export import OtelExport
 from gateway.telemetry.spans import engine_infos
 

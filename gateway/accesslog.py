@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import orjson
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 
 _STOP = b""
 

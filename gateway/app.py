@@ -13,11 +13,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from accounting.service import AccountingService, EngineInfo
+from accounting.supervisor import ApportionerChild
+from core.errors import AuthError, ConfigError, WattgateError, error_body
+from core.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.accesslog import AccessLog
-from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.accounting.supervisor import ApportionerChild
 from gateway.config import GatewayConfig
-from gateway.errors import AuthError, ConfigError, WattgateError, error_body
 from gateway.front.aiohttp_errors import SERVER_NAME, refuse_shape
 from gateway.front.connections import FrontConnections
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -25,7 +26,6 @@ from gateway.proxy import Proxy, Sink
 from gateway.routing.learner import RoutingModels, capacity_context
 from gateway.telemetry.wiring import start_telemetry
 from gateway.tenancy.controls import TenantControls
-from gateway.tokenizer import PromptCounter, TokenizerNotFound, load_tokenizer
 from gateway.upstreams import Upstreams
 from wire.client import ClientSettings, UpstreamClient
 
@@ -183,7 +183,7 @@ async def tenant_usage(request: web.Request) -> web.Response:
     if ACCOUNTING not in app:
         return web.Response(body=orjson.dumps({**status, "rows": [], "total": None}),
                             content_type="application/json")
-    from gateway.accounting.admin import usage_response
+    from accounting.admin import usage_response
 
     return await usage_response(app[ACCOUNTING], request.query, time.time(), tenant.name,
                                 status)
@@ -336,7 +336,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         all_sinks.append(accounting.record)
         # registered before the proxy's context, so it stops after in-flight requests drained
         app.cleanup_ctx.append(accounting.cleanup_ctx)
-        from gateway.accounting.admin import admin_routes
+        from accounting.admin import admin_routes
 
         for route in admin_routes(accounting, remote_check=(
                 apportioner.energy_check if apportioner is not None else None)):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from core.errors import AuthError
 from gateway.config import GatewayConfig, Tenant
-from gateway.errors import AuthError
 
 # Distinct headers that named a tenant kept at once. Each tenant has one key, but spellings of
 # one header (the scheme's case, spaces) differ: past the bound the cache starts again empty.

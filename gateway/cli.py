@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 import orjson
 
+from core.errors import ConfigError
 from gateway.config import GatewayConfig, load_config, normalised
-from gateway.errors import ConfigError
 from gateway.telemetry.config import check_packages
 from wire.ports import taken_message
 
@@ -57,8 +57,8 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
 
 async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
                  log_level: str | None = None) -> None:
-    from gateway.accounting.ledger.base import LedgerError
-    from gateway.accounting.supervisor import ApportionerChild
+    from accounting.ledger.base import LedgerError
+    from accounting.supervisor import ApportionerChild
     from gateway.app import build_app
     from gateway.front.server import start
 
@@ -114,8 +114,8 @@ async def _ledger_or_exit(config: GatewayConfig) -> None:
     """Open and close the ledger once before anything starts: a ledger that cannot be opened
     (a bad path, a refused database) ends the process with one line, before the apportioner
     child is started and before a port is bound."""
-    from gateway.accounting.ledger.base import LedgerError
-    from gateway.accounting.metering import make_ledger
+    from accounting.ledger.base import LedgerError
+    from accounting.metering import make_ledger
 
     assert config.accounting is not None
     ledger = make_ledger(config.accounting.ledger)

@@ -19,13 +19,10 @@ from typing import Any
 
 import yaml
 
-from gateway.accounting.config import AccountingConfig, parse_accounting, paths_base
-from gateway.config_fields import FieldReader, default_of, hash_key, secret_hash, section
-from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
-from gateway.errors import ConfigError
-from gateway.telemetry.config import TelemetryConfig, parse_telemetry
-from gateway.tenancy.config import TenantControlsConfig
-from gateway.vocab import (
+from accounting.config import AccountingConfig, parse_accounting, paths_base
+from core.config_fields import FieldReader, default_of, hash_key, secret_hash, section
+from core.errors import ConfigError
+from core.vocab import (
     PRECISIONS,
     EngineKind,
     LogFormat,
@@ -34,6 +31,9 @@ from gateway.vocab import (
     Precision,
     SloClass,
 )
+from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
+from gateway.telemetry.config import TelemetryConfig, parse_telemetry
+from gateway.tenancy.config import TenantControlsConfig
 
 # names other modules import from here
 __all__ = [

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.config_fields import FieldReader, default_of, secret_hash
-from gateway.errors import ConfigError
+from core.config_fields import FieldReader, default_of, secret_hash
+from core.errors import ConfigError
+from core.vocab import PRECISIONS, Precision, SloClass
 from gateway.tenancy.config import TenantBudgets, TenantLimits, parse_budgets, parse_limits
-from gateway.vocab import PRECISIONS, Precision, SloClass
 
 
 @dataclass(frozen=True, slots=True)

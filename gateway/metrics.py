@@ -2,7 +2,7 @@
 
 Labels: model, precision, engine, tenant, slo_class, status, outcome — never request ids.
 `wattgate_requests_total` carries the request's `status` and its `outcome` class (served, refused,
-failed, cancelled: gateway/outcomes.py). Goodput per SLO class is
+failed, cancelled: core/outcomes.py). Goodput per SLO class is
 `rate(wattgate_slo_met_total[5m])`; attainment divides it by the served and failed requests
 (`outcome=~"served|failed"`), so refusals and cancellations are neither hits nor misses.
 The definitions are in docs/operations.md ("Outcomes").
@@ -15,9 +15,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from core.outcomes import outcome_class
+from core.records import RequestRecord
 from gateway.fastmetrics import CounterChild, FastCollector, FastCounter, FastHistogram
-from gateway.outcomes import outcome_class
-from gateway.records import RequestRecord
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                     2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -134,7 +134,7 @@ class GatewayMetrics:
         counter.inc()
         (slo_met, ttft, tpot, e2e, prompt, completion, itl, itl_norm, queue,
          upstream) = self._request_children(key)
-        if rec.slo_met:  # only a served request can meet its SLO (gateway.timing.slo_met)
+        if rec.slo_met:  # only a served request can meet its SLO (core.timing.slo_met)
             slo_met.inc()
         lat = rec.latency
         if rec.status == "ok":

@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
+from core.errors import OverloadedError, ShuttingDownError, WattgateError, error_body
+from core.tokenizer import PromptCounter
+from core.trace_context import TRACEPARENT, TraceStarter
 from gateway.config import GatewayConfig
-from gateway.errors import OverloadedError, ShuttingDownError, WattgateError, error_body
 from gateway.front.aiohttp_exchange import AiohttpExchange
 from gateway.metrics import GatewayMetrics
 from gateway.pipeline.admit import Admit
@@ -25,9 +27,7 @@ from gateway.pipeline.flight import REQUEST_ID_HEADER, Flight
 from gateway.pipeline.record import Recorder, Sink
 from gateway.pipeline.route import Router
 from gateway.routing.learner import RoutingModels
-from gateway.telemetry.context import TRACEPARENT, TraceStarter
 from gateway.tenancy.admission import Admission
-from gateway.tokenizer import PromptCounter
 from gateway.upstreams import Upstreams
 from wire.client import UpstreamClient
 from wire.exchange import ServerExchange as Exchange

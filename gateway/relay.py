@@ -19,15 +19,15 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from gateway.errors import (
+from core.errors import (
     UpstreamError,
     UpstreamTimeoutError,
     WattgateError,
     engine_error,
     error_body,
 )
+from core.vocab import Outcome
 from gateway.sse import SseScanner, json_object
-from gateway.vocab import Outcome
 from wire.errors import UpstreamFailure, UpstreamReadTimeout
 from wire.exchange import ServerExchange, UpstreamBody
 

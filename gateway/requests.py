@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import InvalidJSONError, RequestError, UnsupportedMediaTypeError
+from core.errors import InvalidJSONError, RequestError, UnsupportedMediaTypeError
+from core.tokenizer import BYTES_PER_TOKEN, prompt_text
 from gateway.routing.precision import split_model
-from gateway.tokenizer import BYTES_PER_TOKEN, prompt_text
 
 
 @dataclass(slots=True)

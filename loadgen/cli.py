@@ -12,8 +12,8 @@ from typing import Any
 import click
 import yaml
 
-from gateway.tokenizer import TokenizerNotFound
-from gateway.vocab import SloClass
+from core.tokenizer import TokenizerNotFound
+from core.vocab import SloClass
 from loadgen import (
     arrivals,
     lengths,

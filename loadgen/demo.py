@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 import yaml
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import arrivals, lengths, report, search_report
 from loadgen.client import ClientOptions, Target
 from loadgen.demo_precision import RoutingRuns, ScaledStack

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import arrivals, energy, lengths
 from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig

@@ -1,12 +1,12 @@
 """Run summaries (pure): latency distributions from send and from intended arrival, schedule lag,
 achieved vs requested rate, goodput and attainment per SLO class and per tenant.
 
-Requests are counted by outcome class (served, refused, failed, cancelled: gateway/outcomes.py,
+Requests are counted by outcome class (served, refused, failed, cancelled: core/outcomes.py,
 graded from the client's side by loadgen.results.client_outcome), as the gateway's metrics
 count them: attainment is over served and failed requests (a failure is a miss), refusals and
 cancellations are counted apart and are neither hits nor misses.
 
-Latency definitions are gateway.timing's (vLLM `bench serve` names). Each is computed twice:
+Latency definitions are core.timing's (vLLM `bench serve` names). Each is computed twice:
 - from send: what the server took once the request was on the wire;
 - from intended: what a user arriving on schedule felt, including the client's own lateness.
   This is the coordinated-omission-free number and the one SLOs are graded on.
@@ -21,9 +21,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.outcomes import counts_for_slo
-from gateway.timing import Latency, latency, slo_met
-from gateway.vocab import OutcomeClass, SloClass
+from core.outcomes import counts_for_slo
+from core.timing import Latency, latency, slo_met
+from core.vocab import OutcomeClass, SloClass
 from loadgen.results import RequestResult
 
 DEFAULT_LAG_THRESHOLD_S = 0.010

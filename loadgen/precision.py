@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen.experiments import SweepPoint, accuracy_condition, meets, numeric_format
 
 

@@ -1,7 +1,7 @@
 """Prompt synthesis in the unit the target counts: a tokenizer's tokens, or words.
 
 `TokenPrompts` builds text that the target model's tokenizer (a `tokenizers` tokenizer.json,
-found by `gateway.tokenizer`) encodes to exactly N tokens. Its text is words taken from the
+found by `core.tokenizer`) encodes to exactly N tokens. Its text is words taken from the
 tokenizer's own vocabulary: only words that add exactly one token after another word (" w"
 is one token) are kept, and the first word is one the tokenizer encodes alone as one token,
 so a draft of N words is N tokens; every prompt is still encoded (in one batch) and trimmed
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.tokenizer import load_tokenizer
+from core.tokenizer import load_tokenizer
 from loadgen import lengths
 
 WORDS_SPEC = "words"  # --tokenizer words: the simulated engine's rule, chosen on purpose
@@ -157,7 +157,7 @@ class TokenPrompts:
     @classmethod
     def load(cls, spec: str) -> TokenPrompts:
         """From a tokenizer.json, a model folder, or a hub name in the local hub cache
-        (`gateway.tokenizer.tokenizer_file`; nothing is downloaded)."""
+        (`core.tokenizer.tokenizer_file`; nothing is downloaded)."""
         from tokenizers import Tokenizer  # imported only when a tokenizer is asked for
 
         tok = load_tokenizer(spec)
@@ -276,7 +276,7 @@ def _one_token_words(tok: TokenizerLike, candidates: list[str]) -> tuple[list[st
 
 def from_spec(spec: str) -> PromptSynth:
     """`--tokenizer SPEC`: "words" for the simulated engine's word count, else a tokenizer
-    (raises gateway.tokenizer.TokenizerNotFound or PromptError with the reason)."""
+    (raises core.tokenizer.TokenizerNotFound or PromptError with the reason)."""
     if spec == WORDS_SPEC:
         return WordPrompts(chosen=True)
     return TokenPrompts.load(spec)

@@ -1,6 +1,6 @@
 """What a load run records: one timeline per request, and the live counters the progress line
 reads; and how a request ended, graded by the gateway's own outcome classes
-(gateway/outcomes.py) from what its client saw."""
+(core/outcomes.py) from what its client saw."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from gateway.outcomes import engine_outcome, outcome_class
-from gateway.vocab import OutcomeClass
+from core.outcomes import engine_outcome, outcome_class
+from core.vocab import OutcomeClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ def error_code(body: bytes) -> str:
 
 
 def client_outcome(status: str, http_status: int, code: str) -> OutcomeClass:
-    """served, refused, failed or cancelled (gateway/outcomes.py) from the client's side:
+    """served, refused, failed or cancelled (core/outcomes.py) from the client's side:
     an HTTP error by the gateway's status for it (`code`); no answer or a broken one
     (timeout, connect error, an error event in the stream) is a failure; a request this
     client gave up on when the run's deadline passed is cancelled."""

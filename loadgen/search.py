@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import arrivals
 from loadgen.arms import Arm
 from loadgen.capacity import (

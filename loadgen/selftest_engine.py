@@ -45,8 +45,8 @@ def count_words(text: str, chat: bool) -> int:
 
 
 def token_counter(spec: str) -> PromptCounter:
-    """Counts with the tokenizer `spec` names (see gateway.tokenizer.tokenizer_file)."""
-    from gateway.tokenizer import load_tokenizer
+    """Counts with the tokenizer `spec` names (see core.tokenizer.tokenizer_file)."""
+    from core.tokenizer import load_tokenizer
 
     tok = load_tokenizer(spec)
     return lambda text, chat: len(tok.encode(text, add_special_tokens=not chat).ids)

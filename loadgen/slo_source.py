@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen.workload import TenantSpec, Workload
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import yaml
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import arrivals, lengths, traces
 from loadgen.lengths import LengthDist
 from loadgen.prompts import Draft, PromptSynth, WordPrompts, from_spec

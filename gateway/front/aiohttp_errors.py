@@ -26,7 +26,7 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from gateway.errors import error_body
+from core.errors import error_body
 from gateway.front.refusals import EDGE_ERRORS, OTHER_CLIENT_ERROR
 from wire.request_head import shape_refusal
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
 
-from gateway.errors import PayloadTooLargeError, RequestTimeoutError
+from core.errors import PayloadTooLargeError, RequestTimeoutError
 
 
 class AiohttpExchange:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import math
 
+from core.errors import ModelNotFoundError
+from core.tokenizer import PromptCounter
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, ModelPool
-from gateway.errors import ModelNotFoundError
 from gateway.pipeline.flight import Flight
 from gateway.requests import PreparedRequest, check_content_type, prepare
 from gateway.tenancy.admission import Admission
-from gateway.tokenizer import PromptCounter
 from gateway.upstreams import Upstreams
 from wire.exchange import ServerExchange
 

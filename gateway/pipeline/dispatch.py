@@ -19,8 +19,7 @@ import contextlib
 import errno
 from collections.abc import Callable, Sequence
 
-from gateway.config import GatewayConfig, Tenant
-from gateway.errors import (
+from core.errors import (
     OverloadedError,
     RoutingError,
     UpstreamError,
@@ -29,8 +28,9 @@ from gateway.errors import (
     WattgateError,
     engine_error,
 )
+from core.outcomes import OUTCOMES
+from gateway.config import GatewayConfig, Tenant
 from gateway.metrics import GatewayMetrics
-from gateway.outcomes import OUTCOMES
 from gateway.pipeline.deadline import Deadlines
 from gateway.pipeline.flight import Flight
 from gateway.pipeline.route import Router

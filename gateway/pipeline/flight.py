@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.outcomes import OUTCOMES, Outcome, engine_outcome, error_outcome
+from core.outcomes import OUTCOMES, Outcome, engine_outcome, error_outcome
 
 if TYPE_CHECKING:
+    from core.errors import WattgateError
+    from core.trace_context import RequestTrace
     from gateway.config import Tenant
-    from gateway.errors import WattgateError
-    from gateway.telemetry.context import RequestTrace
     from gateway.tenancy.admission import Ticket
     from gateway.upstreams import EndpointState
 
@@ -91,7 +91,7 @@ class Flight:
         self.read_events.append(tokens)
 
     def end(self, outcome: Outcome) -> None:
-        """The request ended as one of the fixed outcomes (gateway/outcomes.py)."""
+        """The request ended as one of the fixed outcomes (core/outcomes.py)."""
         self.status, self.http_status = OUTCOMES[outcome]
 
     def client_gone(self) -> None:

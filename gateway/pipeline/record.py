@@ -15,13 +15,13 @@ from typing import Any
 
 import orjson
 
+from core.records import RequestRecord
+from core.timing import latency_of, slo_met
+from core.tokenizer import PromptCounter
 from gateway.config import GatewayConfig
 from gateway.pipeline.flight import Flight, token_count
-from gateway.records import RequestRecord
 from gateway.sse import json_object
 from gateway.tenancy.admission import Admission
-from gateway.timing import latency_of, slo_met
-from gateway.tokenizer import PromptCounter
 from wire.client import UpstreamClient
 from wire.errors import UpstreamFailure
 

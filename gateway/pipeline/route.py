@@ -15,8 +15,9 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping, Sequence
 
+from core.errors import RoutingError
+from core.vocab import SloClass
 from gateway.config import GatewayConfig, PrecisionPolicy, Routing
-from gateway.errors import RoutingError
 from gateway.requests import PreparedRequest
 from gateway.routing import Candidate, RoutingContext, policy_for, select_precisions
 from gateway.routing.learner import RoutingModels
@@ -24,7 +25,6 @@ from gateway.routing.models import Curves
 from gateway.routing.slo_energy import next_full
 from gateway.routing.success import admitted
 from gateway.upstreams import EndpointState, Upstreams
-from gateway.vocab import SloClass
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 _ELIGIBLE_CACHE_MAX = 1024  # (healthy set, override, policy, SLO class) answers kept

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.vocab import value_type
+from core.vocab import value_type
 
 if TYPE_CHECKING:
     from gateway.routing.models import Curves

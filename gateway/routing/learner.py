@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from core.records import RequestRecord
 from gateway.config import GatewayConfig
-from gateway.records import RequestRecord
 from gateway.routing.base import Candidate, RoutingContext
 from gateway.routing.capacity import SurplusMeter, engines_needed, slo_capacity, surplus_engines
 from gateway.routing.models import CENTRES, Curves, EndpointModel, ModelSettings

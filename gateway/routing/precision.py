@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from core.errors import PermissionDeniedError, RequestError
 from gateway.config import PRECISIONS, PrecisionPolicy
-from gateway.errors import PermissionDeniedError, RequestError
 
 
 def split_model(model: str) -> tuple[str, str | None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from gateway.routing.models import EnergyWindow
 
 HORIZON_S = 300.0  # work older than this behind the newest boundary is dropped unpaired

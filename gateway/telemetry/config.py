@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config_fields import FieldReader, section
-from gateway.errors import ConfigError
+from core.config_fields import FieldReader, section
+from core.errors import ConfigError
 
 INSTALL_HINT = "pip install 'wattgate[otel]'"
 

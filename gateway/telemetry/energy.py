@@ -1,7 +1,7 @@
 """The accounting's energy, carbon and cost counters exported over OTLP, beside Prometheus.
 
 The process that apportions (the accounting child, or the gateway itself when inline) keeps
-them as Prometheus counters (gateway/accounting/metrics.py). Here each is also an
+them as Prometheus counters (accounting/metrics.py). Here each is also an
 OpenTelemetry observable counter whose callback reads the Prometheus counter when the export
 runs (in the SDK's thread; the Prometheus client copies a counter's series under its lock), so
 apportioning does no extra work. No GenAI convention covers energy: the names are
@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from prometheus_client import Counter
 
-from gateway.accounting.metrics import ApportionerMetrics
+from accounting.metrics import ApportionerMetrics
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.export import EXPORT_TIMEOUT_S, resource_of
 

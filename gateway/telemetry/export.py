@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from gateway.telemetry.config import TelemetryConfig
 from gateway.telemetry.histograms import Attrs, AttrValue, HistogramSet, attrs_of
 from gateway.telemetry.push import HistogramPusher

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from gateway.records import RequestRecord
-from gateway.telemetry.context import RequestTrace
+from core.records import RequestRecord
+from core.trace_context import RequestTrace
 
 SpanKindName = Literal["server", "client", "internal"]
 AttrValue = str | int | float | bool

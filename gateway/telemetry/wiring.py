@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from core.trace_context import TraceStarter
 from gateway.config import GatewayConfig
 from gateway.pipeline.record import Sink
 from gateway.telemetry.config import TelemetryConfig, check_packages
-from gateway.telemetry.context import TraceStarter
 from gateway.telemetry.spans import engine_infos
 
 if TYPE_CHECKING:
-    from gateway.accounting.metrics import ApportionerMetrics
+    from accounting.metrics import ApportionerMetrics
     from gateway.telemetry.energy import EnergyExport
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.accounting.ledger.base import LedgerError
+from accounting.ledger.base import LedgerError
+from core.errors import OverloadedError, WattgateError
+from core.records import RequestRecord
 from gateway.config import GatewayConfig, Tenant
-from gateway.errors import OverloadedError, WattgateError
-from gateway.records import RequestRecord
 from gateway.routing.precision import select_precisions
 from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway.accounting.pricing import Pricing
+from accounting.pricing import Pricing
 from gateway.tenancy.config import Budget
 
 HOUR_S = 3600.0

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config_fields import FieldReader, default_of
-from gateway.errors import ConfigError
+from core.config_fields import FieldReader, default_of
+from core.errors import ConfigError
 
 PERIODS: tuple[str, ...] = ("hour", "day", "month")
 ON_BUDGET: tuple[str, ...] = ("reject", "downgrade")

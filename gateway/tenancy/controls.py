@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.ledger.common import SqlLedger
+from accounting.ledger.base import LedgerError
+from accounting.ledger.common import SqlLedger
 from gateway.config import GatewayConfig, Tenant
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.metrics import TenancyMetrics
@@ -28,7 +28,7 @@ class TenantControls:
         acct = config.accounting
         if acct is not None and acct.enabled and replica is not None and any(
                 t.limits.any or t.budgets.budgets for t in config.tenants):
-            from gateway.accounting.service import make_ledger
+            from accounting.service import make_ledger
 
             ledger = make_ledger(acct.ledger)  # its own connections: admissions do not queue
             assert isinstance(ledger, SqlLedger)  # behind the apportioner's commits

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.errors import WattgateError
+from core.errors import WattgateError
 
 
 class TenantLimitError(WattgateError):

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.accounting.pricing import Pricing
+from accounting.pricing import Pricing
 from gateway.tenancy.budget import Cost, Rates, priced
 
 # Prompt-length bands (tokens): a prompt token of a long context costs more (attention), and

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from gateway.accounting.ledger.common import SqlLedger
-from gateway.accounting.report import fixed, positional
+from accounting.ledger.common import SqlLedger
+from accounting.report import fixed, positional
 from gateway.config import FieldReader
 from gateway.tenancy.budget import Cost, Spend, period_start_hour, spends
 from gateway.tenancy.config import TenantBudgets, parse_budgets

@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.accounting.ledger import sql
-from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.ledger.common import Batch, SqlLedger
-from gateway.accounting.pricing import Pricing
+from accounting.ledger import sql
+from accounting.ledger.base import LedgerError
+from accounting.ledger.common import Batch, SqlLedger
+from accounting.pricing import Pricing
 from gateway.config import Tenant
 from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, period_start_hour, spends
 from gateway.tenancy.config import TenantControlsConfig

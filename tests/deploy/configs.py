@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from core.errors import ConfigError
 from gateway.config import GatewayConfig, parse_config
-from gateway.errors import ConfigError
 
 
 def gateway_knows_accounting() -> bool:
@@ -30,7 +30,7 @@ def validate(doc: Any, env: Mapping[str, str]) -> GatewayConfig:
     """
     if gateway_knows_accounting() or "accounting" not in doc:
         return parse_config(doc, env)
-    from gateway.accounting.config import parse_accounting
+    from accounting.config import parse_accounting
 
     config = parse_config({k: v for k, v in doc.items() if k != "accounting"}, env)
     accounting = parse_accounting(doc["accounting"], env)

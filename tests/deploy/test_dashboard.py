@@ -52,7 +52,7 @@ def declared(registry: CollectorRegistry) -> set[str]:
 def accounting_declared() -> set[str]:
     """The recorder's and the apportioner's series (the apportioner's reach the gateway's
     /metrics from its own process)."""
-    from gateway.accounting.metrics import ApportionerMetrics, RecorderMetrics
+    from accounting.metrics import ApportionerMetrics, RecorderMetrics
 
     registry = CollectorRegistry()
     RecorderMetrics(registry)
@@ -63,7 +63,7 @@ def accounting_declared() -> set[str]:
 def supervisor_declared() -> set[str]:
     """The series of `wattgate serve`'s supervision of its apportioner child (absent from a
     gateway that apportions inline, as the live one here does)."""
-    from gateway.accounting.supervisor import ApportionerChild
+    from accounting.supervisor import ApportionerChild
 
     registry = CollectorRegistry()
     ApportionerChild("gateway.yaml").register(registry)

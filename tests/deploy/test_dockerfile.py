@@ -198,7 +198,7 @@ def test_copied_files_alone_build_a_wheel_with_the_cli_and_every_package(
         names = set(z.namelist())
         entry_points = next(z.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "wattgate_cli.py" in names
-    for package in ("gateway", "engines", "loadgen"):
+    for package in ("core", "accounting", "gateway", "engines", "loadgen"):
         assert f"{package}/__init__.py" in names and f"{package}/py.typed" in names
-    assert "gateway/accounting/ledger/postgres.py" in names and "engines/sim/fleet.py" in names
+    assert "accounting/ledger/postgres.py" in names and "engines/sim/fleet.py" in names
     assert re.search(r"^wattgate\s*=\s*wattgate_cli:main$", entry_points, re.M)

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.faults.helpers import access_log_of, body, ep, error_of, post, sse_events
 from tests.support.fault_engine import (
     ENGINE_429_CODE,

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.metrics import summarize
 from loadgen.workload import PlannedRequest

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.errors import ConfigError
 from gateway.config import load_config, parse_config
-from gateway.errors import ConfigError
 from tests.support.gateway import raw_config
 from tests.support.procs import REPO, free_port, wattgate_cmd
 

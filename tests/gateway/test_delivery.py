@@ -17,8 +17,8 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
-from gateway.tokenizer import load_tokenizer
+from core.records import RequestRecord
+from core.tokenizer import load_tokenizer
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, make_config, raw_config, running_gateway
 from tests.support.hangup import raw_stream

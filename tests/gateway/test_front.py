@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, make_config, running_gateway
 

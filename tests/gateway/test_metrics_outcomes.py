@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.records import RequestRecord
+from core.timing import latency, slo_met
+from core.vocab import SloClass
 from gateway.metrics import GatewayMetrics
-from gateway.records import RequestRecord
-from gateway.timing import latency, slo_met
-from gateway.vocab import SloClass
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -21,7 +21,7 @@ SLO = SloClass("interactive", ttft_s=0.5, tpot_s=0.05)
 
 def record(status: str, http_status: int, ttft_s: float = 0.1, tenant: str = "acme"
            ) -> RequestRecord:
-    """A finished request as the record step builds it: its SLO judged by gateway.timing."""
+    """A finished request as the record step builds it: its SLO judged by core.timing."""
     reads = (ttft_s, ttft_s + 0.02, ttft_s + 0.04) if status == "ok" else ()
     lat = latency(0.0, tuple((t, 1) for t in reads), len(reads),
                   reads[-1] if reads else None)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import RequestError, UpstreamTimeoutError
-from gateway.outcomes import OUTCOMES, counts_for_slo, engine_outcome, error_outcome, outcome_class
+from core.errors import RequestError, UpstreamTimeoutError
+from core.outcomes import OUTCOMES, counts_for_slo, engine_outcome, error_outcome, outcome_class
+from core.vocab import OUTCOME_CLASSES, Outcome
 from gateway.pipeline.flight import Flight
-from gateway.vocab import OUTCOME_CLASSES, Outcome
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, KEY_B, make_config, running_gateway
 from tests.support.procs import free_port, running
@@ -350,7 +350,7 @@ async def test_a_stream_in_flight_holds_the_ledger_watermark_at_its_arrival(
     it apportions the intervals it is in flight over; once it ends the hold goes."""
     import time
 
-    from gateway.accounting.ledger.sqlite import SqliteLedger
+    from accounting.ledger.sqlite import SqliteLedger
 
     ledger_path = tmp_path / "ledger.db"
     async with fake_engine(FakeEngine(ttft_s=0.05, itl_s=0.05, tokens=30, model="m")) as eng:

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
+from core.errors import InvalidJSONError, RequestError
 from gateway import requests as requests_module
-from gateway.errors import InvalidJSONError, RequestError
 from gateway.requests import PreparedRequest, prepare
 
 pytestmark = pytest.mark.timeout(10)

@@ -9,13 +9,13 @@ from typing import Any
 import orjson
 import pytest
 
+from core.errors import PermissionDeniedError, RoutingError
+from core.vocab import SloClass
 from engines.adapters import EngineLoad
 from gateway.config import GatewayConfig, PrecisionPolicy, parse_config
-from gateway.errors import PermissionDeniedError, RoutingError
 from gateway.pipeline.route import Router, context, eligible
 from gateway.requests import PreparedRequest, prepare
 from gateway.upstreams import Upstreams
-from gateway.vocab import SloClass
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.errors import PermissionDeniedError, RequestError
 from gateway.config import PrecisionPolicy
-from gateway.errors import PermissionDeniedError, RequestError
 from gateway.routing import Candidate, RoutingContext, policy_for, select_precisions
 from gateway.routing.precision import split_model
 

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
+from core.errors import ConfigError
 from gateway.config import PrecisionPolicy, parse_config
-from gateway.errors import ConfigError
 from gateway.pipeline.dispatch import MAX_FORWARDED_HEADERS, forwarded_headers
 from gateway.pipeline.route import Router
 from gateway.requests import prepare

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.timing import itl_gaps, latency, latency_of, slo_met, split_reads
 from gateway.config import SloClass
-from gateway.timing import itl_gaps, latency, latency_of, slo_met, split_reads
 
 
 def test_stream_latency_uses_token_events_and_usage_count() -> None:

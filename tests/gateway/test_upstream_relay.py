@@ -9,8 +9,8 @@ import aiohttp
 import orjson
 import pytest
 
+from core.records import RequestRecord
 from gateway.config import GatewayConfig
-from gateway.records import RequestRecord
 from tests.support.gateway import KEY_A, make_config, running_gateway
 from tests.support.raw_engine import RawEngine, raw_engine
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.accounting.config import CHILD_NICE
+from accounting.config import CHILD_NICE
 from tests.support.gateway import ADMIN_KEY, KEY_A, digest, raw_config
 from tests.support.procs import free_port, running, wattgate_cmd
 

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.support.gateway import ADMIN_KEY, KEY_A, make_config, running_gateway
 from tests.support.procs import free_port, running, wattgate_cmd
 

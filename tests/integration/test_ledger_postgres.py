@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from gateway.accounting.ledger.base import EngineState, Ledger, Watermark, engine_work
-from gateway.accounting.ledger.postgres import PostgresLedger
-from gateway.accounting.ledger.sql import MIGRATIONS
-from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.report import build_report, render
-from gateway.accounting.work import WorkRow
-from gateway.vocab import FailedEnergy
+from accounting.ledger.base import EngineState, Ledger, Watermark, engine_work
+from accounting.ledger.postgres import PostgresLedger
+from accounting.ledger.sql import MIGRATIONS
+from accounting.ledger.sqlite import SqliteLedger
+from accounting.report import build_report, render
+from accounting.work import WorkRow
+from core.vocab import FailedEnergy
+from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
+from tests.accounting.test_ledger_failed import check_books, serve
+from tests.accounting.test_ledger_sqlite import Clock, conservation, drive, make_service
 from tests.support.postgres import fresh_database, postgres_server
-from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
-from tests.unit.test_ledger_failed import check_books, serve
-from tests.unit.test_ledger_sqlite import Clock, conservation, drive, make_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 _names = itertools.count()
@@ -56,7 +56,7 @@ async def test_service_on_postgres_conserves_energy(pg: str) -> None:
 @pytest.mark.parametrize("setting", ["failed_account", "tenant"])
 async def test_failed_requests_on_postgres_keep_meters_equal_tenants_idle_failed(
         pg: str, tmp_path: Path, setting: FailedEnergy) -> None:
-    """The faulty run of tests/unit/test_ledger_failed.py on PostgreSQL: the same books."""
+    """The faulty run of tests/accounting/test_ledger_failed.py on PostgreSQL: the same books."""
     svc, _, kinds = await serve(tmp_path, setting, await _ledger(pg))
     await check_books(svc, kinds, setting)
 
@@ -187,7 +187,7 @@ async def test_a_version_2_ledger_migrates_with_the_span_of_each_requests_work(
         pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Version 3 on a ledger in use: existing requests get the span of their work, the index
     of shares by request goes, and a request's totals are still exactly its shares."""
-    from gateway.accounting.ledger import sql
+    from accounting.ledger import sql
 
     monkeypatch.setattr(sql, "MIGRATIONS", MIGRATIONS[:2])
     old = await _ledger(pg)

@@ -46,12 +46,12 @@ class LoggingLedger:
 async def replica(dsn: str, meter_url: str, name: str, workdir: Path) -> None:
     import uvloop  # noqa: F401 - the harness below runs under asyncio.run with uvloop policy
 
+    from accounting.config import AccountingConfig, EngineMeterConfig
+    from accounting.ledger.postgres import PostgresLedger
+    from accounting.service import AccountingService, EngineInfo
+    from core.records import RequestRecord
+    from core.timing import latency, split_reads
     from engines.meters.registry import MeterSpec
-    from gateway.accounting.config import AccountingConfig, EngineMeterConfig
-    from gateway.accounting.ledger.postgres import PostgresLedger
-    from gateway.accounting.service import AccountingService, EngineInfo
-    from gateway.records import RequestRecord
-    from gateway.timing import latency, split_reads
 
     cfg = AccountingConfig(interval_s=1.0, flush_s=0.3, poll_s=0.1, settle_s=1.5, meters=(
         ("e0", EngineMeterConfig(MeterSpec(kind="agent", url=meter_url, gpus=(0,)),
@@ -139,7 +139,7 @@ def test_two_replicas_apportion_once_and_survive_a_kill(tmp_path: Path) -> None:
 
 
 async def _check(dsn: str) -> dict[str, Any]:
-    from gateway.accounting.ledger.postgres import PostgresLedger
+    from accounting.ledger.postgres import PostgresLedger
 
     ledger = PostgresLedger(dsn)
     await ledger.open()

@@ -1,6 +1,6 @@
 """No energy lost across gateway restarts on a real PostgreSQL ledger: the counters' offsets
 come back from PostgreSQL as they went in, the downtime is charged, and the check reports a
-window deliberately lost (tests/unit/test_accounting_restart.py has the SQLite runs)."""
+window deliberately lost (tests/accounting/test_accounting_restart.py has the SQLite runs)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from gateway.accounting.ledger.base import Ledger
-from gateway.accounting.ledger.postgres import PostgresLedger
-from tests.support.postgres import fresh_database, postgres_server
-from tests.unit.test_accounting_restart import (
+from accounting.ledger.base import Ledger
+from accounting.ledger.postgres import PostgresLedger
+from tests.accounting.test_accounting_restart import (
     assert_no_energy_lost,
     assert_the_check_fires,
     lost_window_scenario,
     scenario,
 )
+from tests.support.postgres import fresh_database, postgres_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 _names = itertools.count()

@@ -22,11 +22,11 @@ import aiohttp
 import orjson
 import pytest
 
+from accounting.config import AccountingConfig, EngineMeterConfig, LedgerConfig
+from accounting.service import AccountingService, EngineInfo
+from core.records import RequestRecord
+from core.timing import latency, split_reads
 from engines.meters.registry import MeterSpec
-from gateway.accounting.config import AccountingConfig, EngineMeterConfig, LedgerConfig
-from gateway.accounting.service import AccountingService, EngineInfo
-from gateway.records import RequestRecord
-from gateway.timing import latency, split_reads
 from tests.support.procs import free_port, running, wattgate_cmd
 
 MODEL = "llama-3.1-8b"

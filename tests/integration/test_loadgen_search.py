@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import arrivals, lengths
 from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.vocab import SloClass
+from core.vocab import SloClass
 from loadgen import lengths
 from loadgen.arrivals import Constant
 from loadgen.client import ClientOptions, Target

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.integration.test_gateway_sim import sim
 from tests.support.gateway import make_config, running_gateway
 from tests.support.hangup import raw_stream

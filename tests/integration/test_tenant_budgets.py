@@ -117,7 +117,7 @@ async def test_a_tenant_reads_its_own_bill_and_budget_at_v1_usage(tmp_path: Path
 async def test_wattgate_report_budgets_shows_spend_against_budget(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from gateway.accounting.report_cli import report
+    from gateway.report_cli import report
 
     ledger = tmp_path / "l.db"
     async with fake_engine(FakeEngine(model="m")) as eng:

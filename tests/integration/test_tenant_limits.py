@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, KEY_B, digest, make_config, raw_config, running_gateway
 
@@ -158,8 +158,8 @@ async def test_models_list_only_what_the_tenant_may_use_and_metrics_need_their_k
 
 
 def test_limits_and_budgets_are_validated_with_field_paths() -> None:
+    from core.errors import ConfigError
     from gateway.config import parse_config
-    from gateway.errors import ConfigError
 
     def bad(tenant_extra: dict[str, Any], accounting: bool = True) -> str:
         raw = raw_config([{"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}])

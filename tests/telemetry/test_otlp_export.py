@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.telemetry.context import parse_traceparent
+from core.trace_context import parse_traceparent
 from tests.faults.helpers import body, ep, gateway_process, post, wait_for, write_config
 from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.otlp_receiver import Received, attributes, otlp_receiver

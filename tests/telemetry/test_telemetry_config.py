@@ -14,9 +14,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from core.errors import ConfigError
 from gateway.app import PROXY, build_app
 from gateway.config import parse_config
-from gateway.errors import ConfigError
 from gateway.telemetry.config import INSTALL_HINT, TelemetryConfig
 from tests.faults.helpers import body, ep, post
 from tests.support.fault_engine import FaultEngine, fault_engine

@@ -7,14 +7,14 @@ import itertools
 
 import pytest
 
-from gateway.records import RequestRecord
-from gateway.telemetry.context import (
+from core.records import RequestRecord
+from core.timing import latency
+from core.trace_context import (
     TraceStarter,
     format_traceparent,
     parse_traceparent,
 )
 from gateway.telemetry.spans import EngineInfo, engine_infos, request_spans
-from gateway.timing import latency
 
 VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -13,11 +13,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
-from gateway.accounting.admin import admin_routes
-from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.report_cli import report
-from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
-from tests.unit.test_ledger_sqlite import Clock, conservation, drive, make_service
+from accounting.admin import admin_routes
+from accounting.ledger.sqlite import SqliteLedger
+from gateway.report_cli import report
+from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
+from tests.accounting.test_ledger_sqlite import Clock, conservation, drive, make_service
 
 
 @pytest.mark.timeout(60)
@@ -86,7 +86,7 @@ def test_report_command_prints_tenant_bills_in_each_format(tmp_path: Path) -> No
 
 
 def test_report_table_numbers_are_fixed_point() -> None:
-    from gateway.accounting.report import _fmt
+    from accounting.report import _fmt
 
     assert [_fmt(v) for v in (7932.149, 1.45384, 0.00220337, 2.0e-7, 0.0, 12.0)] == [
         "7932.1", "1.454", "0.002203", "0.0000002", "0", "12"]  # a tiny cost is not 0

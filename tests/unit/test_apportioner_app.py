@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from gateway.accounting.apportioner_cli import apportioner
-from gateway.accounting.config import AccountingConfig, LedgerConfig
-from gateway.accounting.process import apportioner_app
-from gateway.accounting.service import AccountingService
+from accounting.config import AccountingConfig, LedgerConfig
+from accounting.process import apportioner_app
+from accounting.service import AccountingService
+from gateway.apportioner_cli import apportioner
 from gateway.auth import Authenticator
 from tests.support.fake_engine import serving
 from tests.support.gateway import ADMIN_KEY, KEY_A, digest, make_config

@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
+from core.errors import AuthError
 from gateway import auth
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, parse_config
-from gateway.errors import AuthError
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from core.errors import error_body
 from gateway.config import SloClass
-from gateway.errors import error_body
 from loadgen import metrics, report
 from loadgen.client import Target
 from loadgen.results import RequestResult, answer_status, client_outcome

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from gateway.tokenizer import TokenizerNotFound
+from core.tokenizer import TokenizerNotFound
 from loadgen import arrivals, lengths, traces
 from loadgen.prompts import Draft, PromptError, TokenPrompts, WordPrompts, from_spec, one_prompt
 from loadgen.workload import TenantSpec, Workload, build_plan, from_mapping

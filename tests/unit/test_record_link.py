@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting import link as link_mod
-from gateway.accounting.config import JournalConfig
-from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.link import RecordIntake, RecordLink
-from gateway.accounting.recorder import Recorder
-from gateway.records import RequestRecord
-from tests.unit.test_accounting_accuracy import T0_WALL, run_engine
-from tests.unit.test_accounting_recorder import FlakyLedger
-from tests.unit.test_ledger_sqlite import Clock, make_config
+from accounting import link as link_mod
+from accounting.config import JournalConfig
+from accounting.ledger.base import LedgerError
+from accounting.link import RecordIntake, RecordLink
+from accounting.recorder import Recorder
+from core.records import RequestRecord
+from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
+from tests.accounting.test_accounting_recorder import FlakyLedger
+from tests.accounting.test_ledger_sqlite import Clock, make_config
 
 pytestmark = pytest.mark.timeout(30)
 

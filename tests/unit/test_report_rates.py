@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gateway.accounting.ledger.base import HOUR_S, RequestRow, UsageData
-from gateway.accounting.ledger.sqlite import SqliteLedger
-from gateway.accounting.report import build_report, fixed, positional, render
-from gateway.accounting.report_cli import report as report_cmd
+from accounting.ledger.base import HOUR_S, RequestRow, UsageData
+from accounting.ledger.sqlite import SqliteLedger
+from accounting.report import build_report, fixed, positional, render
+from gateway.report_cli import report as report_cmd
 
 T0 = 1_800_000_000.0  # wall clock of the first arrival
 HOUR = int(T0 // HOUR_S)

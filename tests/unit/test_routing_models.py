@@ -9,11 +9,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.records import RequestRecord
+from core.records import RequestRecord
+from core.timing import Latency
 from gateway.routing.models import CENTRES, EndpointModel, EnergyWindow, ModelSettings
 from gateway.routing.priors import prior_for
 from gateway.routing.windows import EnergyWindows
-from gateway.timing import Latency
 
 samples = st.lists(st.tuples(st.floats(0, 400), st.integers(0, 4000),
                              st.floats(0.001, 5.0), st.floats(0.001, 0.5)), max_size=60)

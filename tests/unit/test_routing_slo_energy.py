@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import ConfigError
 from gateway.config import parse_config
-from gateway.errors import ConfigError
 from gateway.requests import asked_tokens, prompt_estimate
 from gateway.routing import RoutingContext, policy_for
 from gateway.routing.base import Candidate

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gateway.accounting.ledger.base import LedgerError
-from gateway.accounting.pricing import Pricing
+from accounting.ledger.base import LedgerError
+from accounting.pricing import Pricing
+from core.errors import OverloadedError
 from gateway.config import parse_config
-from gateway.errors import OverloadedError
 from gateway.requests import asked_tokens, prompt_estimate
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.errors import TenantLimitError
@@ -72,7 +72,7 @@ def test_without_max_tokens_the_models_context_is_reserved() -> None:
 
 
 def test_budget_downgrade_pinned_and_max_model_len_are_checked_at_load() -> None:
-    from gateway.errors import ConfigError
+    from core.errors import ConfigError
 
     assert config(budget_downgrade_pinned=True).tenants[0].budgets.downgrade_pinned
     with pytest.raises(ConfigError, match="budget_downgrade_pinned"):

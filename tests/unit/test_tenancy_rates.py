@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.accounting.pricing import Pricing
+from accounting.pricing import Pricing
 from gateway.tenancy.budget import estimate
 from gateway.tenancy.rates import (
     MAX_MARGIN,

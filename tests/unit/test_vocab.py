@@ -1,4 +1,4 @@
-"""The vocabulary in gateway/vocab.py names exactly what the tables behind it can build.
+"""The vocabulary in core/vocab.py names exactly what the tables behind it can build.
 
 engines/ imports nothing of ours, so its name tables are spelled there a second time; these
 tests hold the two spellings equal, and the config parser to the Literals.
@@ -10,13 +10,13 @@ from typing import get_args
 
 import pytest
 
+from core.errors import ConfigError
+from core.vocab import EngineKind, MeterKind, PolicyName, Precision
 from engines.adapters import ADAPTERS
 from engines.launch import PRECISIONS as LAUNCH_PRECISIONS
 from engines.meters.registry import METER_KINDS
 from gateway.config import parse_config
-from gateway.errors import ConfigError
 from gateway.routing import POLICIES
-from gateway.vocab import EngineKind, MeterKind, PolicyName, Precision
 
 
 def test_every_engine_kind_has_an_adapter_and_no_adapter_is_unnamed() -> None:

@@ -1,0 +1,286 @@
+"""The apportioner (pure): one engine-interval's measured energy split over the requests in it.
+
+static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
+- static is charged for the time the engine had work resident: static * busy_s / dt (busy_s
+  is the union of the requests' residency spans); the static energy of the interval's empty
+  time goes to the engine's idle account. The busy part is shared by residency seconds, or,
+  with `instant` (what the service uses), equally among the requests resident at each
+  instant: a request's weight is the integral of 1/n(t) over its span, n(t) being how many
+  spans cover t. That is how an engine spends it: every step's static power serves the
+  sequences in that step, and a request that stays while the batch drains pays more per
+  second than one that left when it was full.
+- dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
+  (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
+  delta(tokens per step) for each step. With `instant` (the service), each decoder's steps
+  are its decode rate (one token per step over its resident time) times its instant weight
+  among the decoders alone, i.e. its tokens x the mean of 1/batch over its span; the
+  interval's steps are their sum, and each decoder's share of the steps' energy is its own
+  steps: a request split into pieces one after another ran the same steps, and a resident
+  request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
+  are the most tokens any request decoded and their energy goes by decode tokens. Each step
+  carries decode/steps tokens, and one per request prefilling in the interval also carries
+  that prompt. A request that
+  did no token work gets no dynamic share. An interval with residency but no token work sends
+  its dynamic energy to the idle account, and an interval with no request sends all of dE
+  there.
+Sums use math.fsum over values that do not depend on the order of the rows, so neither does
+the result, and sum(shares) + idle == dE up to one rounding per share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import add
+from typing import NamedTuple
+
+from accounting.coefficients import Coefficients
+from accounting.work import Work, WorkColumns
+
+
+class Share(NamedTuple):
+    request_id: str
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    busy_s: float  # this request's share of the engine's busy time (engine-seconds)
+
+
+class ShareColumns(NamedTuple):
+    """The shares column by column (what the ledger writer consumes: no tuple per share)."""
+
+    request_ids: Sequence[str]
+    energy_j: Sequence[float]
+    static_j: Sequence[float]
+    dynamic_j: Sequence[float]
+    busy_s: Sequence[float]
+
+
+NO_SHARES = ShareColumns((), (), (), (), ())
+
+
+@dataclass(frozen=True, slots=True)
+class Apportionment:
+    energy_j: float
+    static_j: float
+    dynamic_j: float
+    idle_j: float
+    idle_s: float  # engine time with no request resident
+    columns: ShareColumns  # one entry per request with a share, in the order of the rows
+
+    @property
+    def shares(self) -> tuple[Share, ...]:
+        """One `Share` per request that got energy (or busy time)."""
+        return tuple(map(Share._make, zip(*self.columns, strict=True)))
+
+
+_FULL = 1.0 - 1e-12  # a span this close to the whole interval covers it
+
+
+def busy_seconds(rows: Sequence[Work] | WorkColumns, interval_s: float) -> float:
+    """Length of the union of the rows' residency spans, clipped to the interval."""
+    cols = rows if isinstance(rows, WorkColumns) else WorkColumns.of(rows)
+    if not cols.residency_s:
+        return 0.0
+    if max(cols.residency_s) >= interval_s:
+        return interval_s  # someone was resident all along (the usual case under load)
+    spans = sorted(zip(cols.start_s, map(add, cols.start_s, cols.residency_s), strict=True))
+    total = 0.0
+    cur_lo = cur_hi = -1.0
+    for lo, hi in spans:
+        if hi <= lo:
+            continue
+        if lo > cur_hi:
+            total += max(0.0, cur_hi - cur_lo)
+            cur_lo, cur_hi = lo, hi
+        elif hi > cur_hi:
+            cur_hi = hi
+    total += max(0.0, cur_hi - cur_lo)
+    return min(total, interval_s)
+
+
+def instant_weights(starts: Sequence[float], residencies: Sequence[float],
+                    interval_s: float) -> list[float]:
+    """Per span, the integral over it of 1/n(t) (n(t): spans covering t). They sum to the
+    length of the union of the spans. Depends only on the set of spans, not their order."""
+    n = len(starts)
+    full = interval_s * _FULL
+    partial = [(lo, lo + r) for lo, r in zip(starts, residencies, strict=True)
+               if 0.0 < r < full]
+    base = sum(r >= full for r in residencies)  # spans covering the whole interval
+    if not partial:
+        return [interval_s / base if r >= full else 0.0 for r in residencies] if base else [0.0] * n
+    # Spans covering the whole interval are a constant `base` in n(t): only the partial spans'
+    # ends (and the interval's, for the full spans) are breakpoints of the sweep.
+    lo_sorted = sorted(lo for lo, _ in partial)
+    hi_sorted = sorted(hi for _, hi in partial)
+    points = {*lo_sorted, *hi_sorted}
+    if base:
+        points.update((0.0, interval_s))
+    bounds = sorted(points)
+    at: dict[float, float] = {}  # integral of 1/n from the first bound to each bound
+    m = len(lo_sorted)
+    acc = 0.0
+    i = j = 0
+    prev = bounds[0]
+    for x in bounds:
+        if i > j or base:
+            acc += (x - prev) / (base + i - j)
+        at[x] = acc
+        while i < m and lo_sorted[i] <= x:
+            i += 1
+        while j < m and hi_sorted[j] <= x:
+            j += 1
+        prev = x
+    whole = at[interval_s] - at[0.0] if base else 0.0
+    return [whole if r >= full else (at[lo + r] - at[lo] if r > 0.0 else 0.0)
+            for lo, r in zip(starts, residencies, strict=True)]
+
+
+# Prompt tokens one engine step takes at most (vLLM V1's max_num_batched_tokens for online
+# serving, which the simulator models): a long prompt is prefilled in chunks of this many,
+# one step each.
+CHUNK_TOKENS = 8192.0
+
+
+def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
+                      interval_s: float) -> list[float]:
+    """Instant weights of the requests with token work of their own in the interval (a
+    decode or a prompt chunk: they were in steps), computed over those requests only (0 for
+    the others, which were in no step and must not thin anyone's weight)."""
+    decoding = [o > 0.0 for o in own]
+    if all(decoding):
+        return instant_weights(start, res, interval_s)
+    idx = [i for i, flag in enumerate(decoding) if flag]
+    out = [0.0] * len(decoding)
+    if idx:
+        sub = instant_weights([start[i] for i in idx], [res[i] for i in idx], interval_s)
+        for i, w in zip(idx, sub, strict=True):
+            out[i] = w
+    return out
+
+
+def step_joules(delta: float, delta_1: float | None, half_tokens: float,
+                tokens_per_step: float) -> float:
+    """Weight streaming of one step: delta_1 at one token per step, tending to delta at many
+    (kernels that stream weights poorly at small batch), halfway at 1 + half_tokens."""
+    if delta_1 is None or half_tokens <= 0.0:
+        return delta
+    extra = max(tokens_per_step - 1.0, 0.0)
+    return delta + (delta_1 - delta) * half_tokens / (extra + half_tokens)
+
+
+def apportion(energy_j: float, interval_s: float, idle_power_w: float,
+              rows: Sequence[Work], alpha: float, beta: float, gamma: float = 0.0,
+              delta: float = 0.0, *, delta_1: float | None = None,
+              delta_half_tokens: float = 0.0, instant: bool = False) -> Apportionment:
+    """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
+    if energy_j < 0.0 or not math.isfinite(energy_j):
+        raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
+    static = min(max(idle_power_w, 0.0) * interval_s, energy_j)
+    dynamic = energy_j - static
+    if not rows:
+        return Apportionment(energy_j, static, dynamic, energy_j, interval_s, NO_SHARES)
+    # Column-wise views: one C-level transpose instead of attribute access per row.
+    cols = WorkColumns.of(rows)
+    rids, pre, dec, res, start, kv = (cols.request_id, cols.prefill_tokens, cols.decode_tokens,
+                                      cols.residency_s, cols.start_s, cols.kv_tokens)
+    res_total = math.fsum(res)
+    decode_total = math.fsum(dec)
+    own = [alpha * p + beta * d + gamma * k for p, d, k in zip(pre, dec, kv, strict=True)]
+    steps = max(dec) if decode_total > 0.0 else 0.0
+    part: list[float] = []
+    if instant and steps > 0.0 and delta > 0.0:
+        # Each sequence's share of the steps: the steps it was in (a decoder one per token,
+        # a prompt one per chunk of the engine's token budget) times the mean of 1/batch
+        # over its span (its instant weight among the sequences with token work, over its
+        # resident time). Every sequence in a step shares that step's weight reads and host
+        # work equally, the prompt chunk included. The sum is the interval's steps, whoever
+        # ran them: a request split in two, one after the other, ran the same steps, and a
+        # resident request with no token work ran none. Spans too short to weigh: the
+        # largest decode, shared by decode tokens.
+        weights_d = _stepping_weights(own, start, res, interval_s)
+        part = [w * (d + p / CHUNK_TOKENS) / r if w > 0.0 and r > 0.0 else 0.0
+                for w, d, p, r in zip(weights_d, dec, pre, res, strict=True)]
+        own_steps = math.fsum(part)
+        if own_steps > 0.0 and math.isfinite(own_steps):
+            steps = own_steps
+        else:
+            part = []
+    step_j = 0.0
+    if steps > 0.0 and delta > 0.0:
+        # Decode steps carry `batch` tokens; the prompts ride in one step per chunk (at
+        # least one each, at most `steps` in all), which their tokens make cheaper per token
+        # for kernels that stream weights better with more tokens per step.
+        batch = decode_total / steps
+        n_pf = min(math.fsum(max(1.0, p / CHUNK_TOKENS) for p in pre if p > 0.0), steps)
+        step_j = (steps - n_pf) * step_joules(delta, delta_1, delta_half_tokens, batch)
+        if n_pf:
+            step_j += n_pf * step_joules(delta, delta_1, delta_half_tokens,
+                                         batch + math.fsum(pre) / n_pf)
+    if res_total > 0.0:
+        if instant:
+            weights: Sequence[float] = instant_weights(start, res, interval_s)
+            w_total = math.fsum(weights)
+            busy = min(w_total, interval_s)
+        else:
+            weights = res
+            busy = busy_seconds(cols, interval_s)
+            w_total = res_total
+        if w_total > 0.0:
+            static_per_w = static * (busy / interval_s) / w_total
+            busy_per_w = busy / w_total
+        else:  # spans too short to measure
+            busy = static_per_w = busy_per_w = 0.0
+    else:
+        weights = res
+        busy = static_per_w = busy_per_w = 0.0
+    work = own
+    if step_j > 0.0:
+        # The steps go to the sequences in them (above); without `instant`, or spans too
+        # short to weigh, by decode tokens.
+        part_total = math.fsum(part)
+        if part_total <= 0.0:
+            part = [d if o > 0.0 else 0.0 for o, d in zip(own, dec, strict=True)]
+            part_total = math.fsum(part)
+        if part_total > 0.0:
+            per_part = step_j / part_total
+            if math.isinf(per_part):  # subnormal weights: 0 * inf would be NaN, so rescale
+                top = max(part)
+                part = [q / top for q in part]
+                per_part = step_j / math.fsum(part)
+            work = [o + q * per_part for o, q in zip(own, part, strict=True)]
+    work_total = math.fsum(work)
+    if res_total <= 0.0 and work_total <= 0.0:
+        idle = energy_j
+    else:
+        idle = (static - static * (busy / interval_s)) + (dynamic if work_total <= 0.0 else 0.0)
+    dyn_per_work = dynamic / work_total if work_total > 0.0 else 0.0
+    if math.isinf(dyn_per_work):  # subnormal work: its reciprocal overflows, so rescale it
+        top = max(work)
+        work = [x / top for x in work]
+        dyn_per_work = dynamic / math.fsum(work)
+    if 0.0 in weights:  # a request with neither weight nor work gets no share
+        keep = [w > 0.0 or x > 0.0 for w, x in zip(weights, work, strict=True)]
+        if not all(keep):
+            rids = tuple(compress(rids, keep))
+            weights = list(compress(weights, keep))
+            work = list(compress(work, keep))
+    # Column by column, in C-level passes where it can (no tuple per share).
+    sp, dp, bp = static_per_w, dyn_per_work, busy_per_w
+    statics = [w * sp for w in weights]
+    dynamics = [x * dp for x in work]
+    columns = ShareColumns(rids, list(map(add, statics, dynamics)), statics, dynamics,
+                           [w * bp for w in weights])
+    return Apportionment(energy_j=energy_j, static_j=static, dynamic_j=dynamic, idle_j=idle,
+                         idle_s=interval_s - busy, columns=columns)
+
+
+def apportion_by(energy_j: float, interval_s: float, idle_power_w: float,
+                 rows: Sequence[Work], c: Coefficients) -> Apportionment:
+    """The service's apportioning: coefficients of one engine/precision, instant sharing."""
+    return apportion(energy_j, interval_s, idle_power_w, rows, c.alpha, c.beta, c.gamma,
+                     c.delta, delta_1=c.delta_1, delta_half_tokens=c.delta_half_tokens,
+                     instant=True)

@@ -1,0 +1,300 @@
+"""The ledger logic both stores share; a store supplies fetch, transaction and the lock."""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from accounting.chunks import in_chunks
+from accounting.counters import CounterState
+from accounting.failed import BILL_ALL, bill_until
+from accounting.ledger import sql
+from accounting.ledger.base import (
+    EngineState,
+    EngineWork,
+    IntervalRow,
+    PendingWork,
+    RequestRow,
+    ShareRow,
+    UsageData,
+    Watermark,
+    WorkSnapshot,
+    hour_of,
+)
+from accounting.work import WorkRow
+
+Batch = tuple[str, Sequence[Sequence[Any]]]
+Query = tuple[str, tuple[Any, ...]]
+# Given the rows of a locked transaction's queries, the writes that complete it.
+Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
+TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
+TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
+WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
+_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+
+
+def interval_params(i: IntervalRow) -> tuple[Any, ...]:
+    return (i.engine, i.interval_idx, i.start_s, i.interval_s, i.model, i.precision, i.gpus,
+            i.energy_j, i.static_j, i.dynamic_j, i.idle_j, i.idle_s, i.idle_carbon_g,
+            i.idle_cost_usd, int(i.estimated), i.alpha, i.beta, i.gamma, i.failed_j,
+            i.failed_carbon_g, i.failed_cost_usd, hour_of(i.start_s))
+
+
+def counter_params(c: CounterState | None) -> tuple[Any, ...]:
+    if c is None:
+        return (None,) * 5
+    return (c.seen_s, orjson.dumps(c.raw_j).decode(), orjson.dumps(c.offset_j).decode(),
+            c.resets, c.metered_j)
+
+
+def state_params(st: EngineState) -> tuple[Any, ...]:
+    return (st.engine, st.next_interval, st.boundary_s, st.boundary_j, st.resets,
+            *counter_params(st.counter), st.apportioned_j)
+
+
+def state_of(r: Sequence[Any]) -> EngineState:
+    """An engine_state row (sql.STATE_COLUMNS) as an EngineState."""
+    counter = None
+    if r[5] is not None and r[6] is not None and r[7] is not None:
+        # orjson writes the shortest repr of each float and reads it back to the same bits.
+        counter = CounterState(float(r[5]), tuple(map(float, orjson.loads(r[6]))),
+                               tuple(map(float, orjson.loads(r[7]))), int(r[8] or 0),
+                               None if r[9] is None else float(r[9]))
+    return EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]), counter,
+                       None if r[10] is None else float(r[10]))
+
+
+def _num(v: Any) -> Any:
+    # PostgreSQL returns NUMERIC aggregates as Decimal; both stores hand back plain numbers.
+    if v is None or isinstance(v, int | float | str):
+        return v
+    return float(v)
+
+
+class SqlLedger(ABC):
+    kind = "sql"
+
+    def __init__(self) -> None:
+        self._tenant_cache: dict[str, str] = {}
+        # failed requests' billing cuts (failed.bill_until), by request id: only those
+        self._cut_cache: dict[str, float] = {}
+        # Why the store refuses all work for good (e.g. its file deleted while open), for
+        # readiness checks; None while it works or fails only transiently.
+        self.fault: str | None = None
+
+    @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
+
+    @abstractmethod
+    async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
+                        ) -> list[list[tuple[Any, ...]]]:
+        """Each query's rows, all read in one snapshot (one read transaction)."""
+
+    @abstractmethod
+    async def _transaction(self, batches: Sequence[Batch]) -> None: ...
+
+    @abstractmethod
+    async def _locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
+        """One write transaction, serialised with every other holding `key` on any replica:
+        run `queries`, then the batches `decide` makes of their rows (`decide` is pure, and
+        may run on the store's worker thread)."""
+
+    # --- tenant controls (gateway/tenancy/store.py) ---------------------------------------
+
+    async def locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
+        await self._locked(key, queries, decide)
+
+    async def settle_reservations(self, settled: Sequence[Sequence[Any]],
+                                  dropped: Sequence[str]) -> None:
+        """Settle reservations (sql.SETTLE_RESERVATION rows) and drop those of requests that
+        no engine ran."""
+        await self._transaction([(sql.SETTLE_RESERVATION, settled),
+                                 (sql.DELETE_RESERVATION, [(r,) for r in dropped])])
+
+    async def tenant_hours(self, tenant: str, since_hour: int
+                           ) -> list[tuple[int, float, float, float]]:
+        rows = await self._fetch(sql.SELECT_TENANT_HOURS, (tenant, since_hour))
+        return [(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in rows]
+
+    async def reservations_held(self, tenant: str, young_s: float, live_s: float,
+                                expired_s: float) -> tuple[float, float, float, int]:
+        """(J, gCO2e, USD) held by a tenant's live reservations, and how many are open."""
+        rows = await self._fetch(sql.SELECT_HELD, (young_s, live_s, tenant, expired_s))
+        energy, carbon, cost, open_now = rows[0]
+        return float(energy), float(carbon), float(cost), int(open_now)
+
+    async def live_replicas(self, seen_after_s: float) -> int:
+        rows = await self._fetch(sql.SELECT_LIVE_REPLICAS, (seen_after_s,))
+        return int(rows[0][0]) if rows else 0
+
+    async def tenant_bills(self, tenant: str, since_s: float, interval_s: float, limit: int
+                           ) -> list[tuple[str, int, int, float, float, float]]:
+        """A tenant's latest `limit` final requests whose shares are all since `since_s`
+        (they arrived an interval later): (precision, prompt tokens, completion tokens, J,
+        gCO2e, USD) each."""
+        rows = await self._fetch(sql.SELECT_TENANT_BILLS,
+                                 (since_s, tenant, since_s + interval_s, limit))
+        return [(str(p), int(pt or 0), int(ct or 0), float(e or 0), float(c or 0),
+                 float(u or 0)) for p, pt, ct, e, c, u in rows]
+
+    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+                     watermark: Watermark | None = None) -> None:
+        if not requests and not work and watermark is None:
+            return
+        # The rows are their statements' parameters already: nothing is rebuilt here. The
+        # watermark moves with the rows it accounts for, never ahead of them.
+        versions = sorted({(w.engine, w.interval_idx) for w in work})  # written to
+        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+                                 (sql.UPSERT_VERSION, versions),
+                                 (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
+        # The apportioner reads these requests' work back soon: their tenants need no lookup.
+        self._tenant_cache.update((r.request_id, r.tenant) for r in requests)
+        self._cut_cache.update((r.request_id, _cut(r.outcome, r.delivered_s))
+                               for r in requests if r.outcome == "failed")
+        self._bound_tenants()
+
+    async def open_since(self, seen_after_s: float) -> float | None:
+        rows = await self._fetch(sql.SELECT_OPEN_SINCE, (seen_after_s,))
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    async def states(self) -> dict[str, EngineState]:
+        rows = await self._fetch(sql.SELECT_STATES, ())
+        return {r[0]: state_of(r) for r in rows}
+
+    async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
+        queries = [(q, (engine, first, last)) for first, last in ranges
+                   for q in (sql.SELECT_WORK, sql.SELECT_VERSIONS)]
+        results = await self._snapshot(queries)
+        rows = [r for res in results[0::2] for r in res]
+        versions = {int(k): int(v) for res in results[1::2] for k, v in res}
+        return WorkSnapshot(await self._with_tenants(rows), versions)
+
+    async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
+        tenant_of = (await self._tenants({r[0] for r in rows})).get
+        cut_of = self._cut_cache.get
+        out: list[PendingWork] = []
+        async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
+            out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r),
+                                       cut_of(r[0], BILL_ALL)))
+                    for r in part]
+        return out
+
+    async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
+        """Tenant by request id. A request's tenant never changes once written, and its work
+        is read interval after interval: each is looked up once, then kept (bounded)."""
+        self._bound_tenants()  # before the look-up: what this read needs stays in
+        cache = self._tenant_cache
+        missing = [r for r in request_ids if r not in cache]
+        for i in range(0, len(missing), TENANT_CHUNK):
+            chunk = tuple(missing[i:i + TENANT_CHUNK])
+            query = sql.with_marks(sql.SELECT_TENANTS, len(chunk))
+            for rid, tenant, outcome, delivered in await self._fetch(query, chunk):
+                cache[rid] = tenant
+                if outcome == "failed":
+                    self._cut_cache[rid] = _cut(outcome, delivered)
+        return cache
+
+    def _bound_tenants(self) -> None:
+        cache = self._tenant_cache
+        if len(cache) > TENANT_CACHE:
+            for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
+                del cache[rid]  # the oldest half: their requests' work is long apportioned
+                self._cut_cache.pop(rid, None)
+
+    async def tenant_shares(self, engine: str, first: int, last: int
+                            ) -> list[tuple[int, str, float, float, float]]:
+        rows = await self._fetch(sql.SELECT_TENANT_SHARES, (engine, first, last))
+        return [(int(r[0]), r[1], float(r[2]), float(r[3]), float(r[4])) for r in rows]
+
+    async def dirty(self, engine: str, before: int) -> list[int]:
+        return [int(r[0]) for r in await self._fetch(sql.SELECT_DIRTY, (engine, before))]
+
+    async def intervals(self, engine: str, idxs: Sequence[int]) -> list[IntervalRow]:
+        if not idxs:
+            return []
+        wanted = set(idxs)
+        rows = await self._fetch(sql.SELECT_INTERVALS, (engine, min(idxs), max(idxs)))
+        return [IntervalRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9],
+                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16], r[17],
+                            r[18], r[19], r[20])
+                for r in rows if int(r[1]) in wanted]
+
+    async def commit(self, engine: str, intervals: Sequence[IntervalRow],
+                     shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
+                     state: EngineState | None) -> None:
+        # The tenants' hourly charges move with the shares, in one transaction.
+        minus = [(-1.0, -1.0, -1.0, engine, i.interval_idx) for i in intervals]
+        plus = [(1.0, 1.0, 1.0, engine, i.interval_idx) for i in intervals]
+        batches: list[Batch] = [
+            (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
+            (sql.TENANT_HOURS_ADD, minus),
+            (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
+            (sql.INSERT_SHARE, shares),
+            (sql.TENANT_HOURS_ADD, plus),
+            (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
+        ]
+        if state is not None:
+            batches.append((sql.UPSERT_STATE, [state_params(state)]))
+        await self._transaction(batches)
+
+    async def store_counter(self, engine: str, counter: CounterState) -> None:
+        await self._transaction([(sql.UPDATE_COUNTER, [(*counter_params(counter), engine)])])
+
+    async def request(self, request_id: str) -> dict[str, Any] | None:
+        rows = await self._fetch(sql.SELECT_REQUEST, (request_id,))
+        if not rows:
+            return None
+        out: dict[str, Any] = dict(zip(sql.REQUEST_COLUMNS, rows[0], strict=True))
+        out["stream"] = bool(out["stream"])
+        out["slo_met"] = bool(out["slo_met"])
+        first, last = out["first_interval"], out["last_interval"]
+        n, energy, static, dynamic, gpu_s, carbon, cost, est, failed = (
+            (await self._fetch(sql.SELECT_REQUEST_TOTALS, (
+                first, first if last is None else last, out["engine"], request_id)))[0]
+            if first is not None else (0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0))
+        pending = 0 if first is None else (await self._fetch(sql.SELECT_REQUEST_PENDING, (
+            out["engine"], first, first if last is None else last)))[0][0]
+        final = True
+        if out["last_interval"] is not None:
+            nxt = await self._fetch(sql.SELECT_NEXT_INTERVAL, (out["engine"],))
+            # Final once the interval after its finish is apportioned and no interval of its
+            # span has late work waiting (a revision would change its share).
+            final = bool(nxt) and int(nxt[0][0]) >= int(out["last_interval"]) + 2 and pending == 0
+        out.update(energy_j=_num(energy), static_j=_num(static), dynamic_j=_num(dynamic),
+                   gpu_s=_num(gpu_s), carbon_g=_num(carbon), cost_usd=_num(cost),
+                   energy_kwh=_num(energy) / 3.6e6, intervals=int(n), final=final,
+                   estimated=bool(est), failed_energy_j=_num(failed))
+        return out
+
+    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData:
+        extra: tuple[Any, ...] = (tenant,) if tenant else ()
+        energy = await self._fetch(sql.usage_sql(sql.USAGE_ENERGY, bool(tenant), "r.tenant"),
+                                   (since_s, until_s, *extra))
+        reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
+                                 (since_s, until_s, *extra))
+        accounts = [] if tenant else _plain(await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))
+        # one read of the intervals for both engine accounts: idle, and failed where it holds any
+        idle = [r[:10] for r in accounts]
+        failed = [(*r[:4], *r[10:13], r[7]) for r in accounts if r[10]]
+        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=idle, failed=failed)
+
+
+def _cut(outcome: str, delivered_s: float | None) -> float:
+    """A request's billing cut should failures go to the failed account (the apportioner
+    applies the config's switch)."""
+    return bill_until(outcome, None if delivered_s is None else float(delivered_s),
+                      "failed_account")
+
+
+def _plain(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [tuple(_num(v) for v in r) for r in rows]

@@ -1,0 +1,128 @@
+"""PostgreSQL ledger (asyncpg) for several gateway replicas sharing one ledger.
+
+Every replica appends requests and work; exactly one apportions, the holder of a session-level
+advisory lock on a dedicated connection. If that replica dies its connection closes, the
+lock is freed and another replica takes over from the stored engine state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from accounting.ledger import sql
+from accounting.ledger.base import LedgerError
+from accounting.ledger.common import Batch, Decide, SqlLedger
+
+APPORTIONER_LOCK = 0x7761_7474_6761_7465  # "wattgate" as a bigint key
+MIGRATION_LOCK = APPORTIONER_LOCK - 1
+
+
+class PostgresLedger(SqlLedger):
+    kind = "postgres"
+
+    def __init__(self, dsn: str, *, pool_size: int = 4):
+        super().__init__()
+        self._dsn = dsn
+        self._pool_size = pool_size
+        self._pool: Any = None
+        self._lock_conn: Any = None
+        self._held = False
+        self._cache: dict[str, str] = {}
+
+    def _q(self, query: str) -> str:
+        out = self._cache.get(query)
+        if out is None:
+            out = self._cache[query] = sql.numbered(query)
+        return out
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            self._pool = await asyncpg.create_pool(self._dsn, min_size=1,
+                                                   max_size=self._pool_size)
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Replicas starting together must not race on the schema.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+                await conn.execute(sql.CREATE_VERSION)
+                current = await conn.fetchval(sql.GET_VERSION) or 0
+                for version, statements in sql.schema("postgres"):
+                    if version <= current:
+                        continue
+                    for statement in statements:
+                        await conn.execute(statement)
+                    await conn.execute(self._q(sql.SET_VERSION), version)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"cannot open postgres ledger: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.release_apportioner()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        try:
+            rows = await self._pool.fetch(self._q(query), *params)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+        return [tuple(r) for r in rows]
+
+    async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
+                        ) -> list[list[tuple[Any, ...]]]:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction(
+                    isolation="repeatable_read", readonly=True):
+                return [[tuple(r) for r in await conn.fetch(self._q(q), *p)]
+                        for q, p in queries]
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+
+    async def _transaction(self, batches: Sequence[Batch]) -> None:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                for statement, rows in batches:
+                    if rows:
+                        await conn.executemany(self._q(statement), rows)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+
+    async def _locked(self, key: int, queries: Sequence[tuple[str, tuple[Any, ...]]],
+                      decide: Decide) -> None:
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                # Released at the end of the transaction: admissions of one key take turns
+                # across every replica.
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+                rows = [[tuple(r) for r in await conn.fetch(self._q(q), *p)] for q, p in queries]
+                for statement, params in decide(rows):
+                    if params:
+                        await conn.executemany(self._q(statement), params)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: {exc}") from exc
+
+    async def acquire_apportioner(self) -> bool:
+        conn = self._lock_conn
+        if conn is not None and conn.is_closed():
+            conn = self._lock_conn = None
+            self._held = False
+        if self._held:
+            return True
+        try:
+            if conn is None:
+                conn = self._lock_conn = await asyncpg.connect(self._dsn)
+            self._held = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)",
+                                                  APPORTIONER_LOCK))
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise LedgerError(f"postgres ledger: advisory lock: {exc}") from exc
+        return self._held
+
+    async def release_apportioner(self) -> None:
+        self._held = False
+        if self._lock_conn is not None:
+            conn, self._lock_conn = self._lock_conn, None
+            if not conn.is_closed():
+                await conn.close()  # closing the session frees its advisory locks

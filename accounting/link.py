@@ -1,0 +1,434 @@
+"""The records' way from a gateway process to its accounting child, so that turning finished
+requests into ledger rows, journalling them and writing them to the ledger never shares the
+gateway's event loop or its GIL.
+
+Gateway side (`RecordLink`): `record` appends to a list (O(1)); a timer armed by the first
+record ships what is queued every SHIP_S as one frame (the journal's line encoding: one C
+call per record) over a Unix socket pair whose other end the child was started with. A frame
+stays in memory until the child acknowledges that its records are in the ledger; when the
+child dies, the frames not acknowledged are sent again to its successor (the ledger keeps
+one row per request id, so a frame written twice is harmless).
+
+While no child is attached (it died, or could not be started: the gateway out of file
+descriptors), the records also go to the gateway's own spill journal (journal.py, in the
+accounting journal's directory): on its death the unacknowledged frames, then every frame
+shipped until a successor is attached. The spill's segments are released once the successor
+acknowledged them; a gateway that stops first leaves them, and the next accounting child
+(after a restart) replays them as it replays any dead owner's journal.
+
+Child side (`RecordIntake`): reads frames, hands their records to the child's `Recorder`
+(which journals, ingests and writes them as in a gateway) and acknowledges each frame once
+the records it carried were written.
+
+The watermark travels too: every frame carries the gateway's oldest open request and the
+wall-clock time it was sent; the child publishes the earlier of the two, since a request may
+have arrived at the gateway after its last frame.
+
+Frame, gateway to child: 4-byte body length, 8-byte sequence number (big-endian), then the
+body: the line `[open_since | null, sent_wall_s]`, then one journal line per record
+(journal.py's `encode`), which the child's journal writes as they are.
+Acknowledgement, child to gateway: the 8-byte sequence number of the last frame written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+
+from accounting.journal import Journal, decode_values, encode
+from accounting.priority import Background
+from accounting.recorder import Recorder
+from core.records import RequestRecord
+
+log = logging.getLogger("wattgate.accounting")
+
+SHIP_S = 0.02  # a record waits at most this long on the gateway before it is sent
+HEARTBEAT_S = 0.25  # with nothing to send, the watermark is sent this often
+# Sent and not acknowledged (about 75 s of 4,000 requests/s, ~150 MB): past this the oldest
+# are forgotten, logged and counted
+MAX_HELD_RECORDS = 300_000
+SOCKET_BUFFER = 4 << 20
+_HEAD = struct.Struct(">IQ")
+_ACK = struct.Struct(">Q")
+MAX_FRAME = 256 << 20
+
+
+def _nothing_open() -> float | None:
+    return None
+
+
+def _encodable(recs: list[RequestRecord]) -> tuple[list[RequestRecord], bytes]:
+    """The records that encode, and their lines; the others are logged and dropped (a value
+    no journal line can hold: the record could never be written)."""
+    kept: list[RequestRecord] = []
+    lines: list[bytes] = []
+    for rec in recs:
+        try:
+            lines.append(encode(rec))
+        except (orjson.JSONEncodeError, TypeError) as exc:
+            log.error("request %s cannot be recorded (%s): dropped", rec.request_id, exc)
+        else:
+            kept.append(rec)
+    return kept, b"".join(lines)
+
+
+class RecordLink:
+    """The gateway's end: queue, ship, hold until acknowledged, re-send to a new child."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._pending: list[RequestRecord] = []
+        self._held: deque[tuple[int, list[RequestRecord], bytes]] = deque()
+        self._held_records = 0
+        self._seq = 0
+        self._acked = 0
+        self._sock: socket.socket | None = None
+        self._out = bytearray()
+        self._in = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        self._sent_at = 0.0
+        self._open_since: Callable[[], float | None] = _nothing_open
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._acked_event = asyncio.Event()
+        self.forgotten = 0  # records dropped past MAX_HELD_RECORDS (the child may have them)
+        self._spill: Journal | None = None
+        self._spilled_seq = 0  # frames through this one are in the spill journal
+        self._release_at: tuple[int, int] | None = None  # (spill segment, seq) to release at
+        self.spilled = 0  # records written to the spill journal
+        # Spilled records were forgotten here (past MAX_HELD_RECORDS): no successor gets them
+        # from memory, so the spill is kept for the next start to replay
+        self._keep_spill = False
+
+    def spill_to(self, journal: Journal) -> None:
+        """Where records go on disk while no child is attached (an open journal)."""
+        self._spill = journal
+
+    # --- hot path ---------------------------------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        """Queue a finished request for the child (O(1), no I/O)."""
+        self._pending.append(rec)
+        if self._timer is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._timer = loop.call_later(SHIP_S, self._ship)
+
+    def watch(self, open_since: Callable[[], float | None]) -> None:
+        """Where to learn the wall-clock arrival of the oldest request being served."""
+        self._open_since = open_since
+
+    # --- the child's socket -----------------------------------------------------------------
+
+    def attach(self, sock: socket.socket) -> None:
+        """A new child's end of the pair: everything held goes to it first."""
+        self.detach()
+        loop = self._loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        self._sock = sock
+        self._in.clear()
+        self._out.clear()
+        for _seq, _recs, frame in self._held:
+            self._out += frame
+        if self._spill is not None and self._spilled_seq > self._acked and not self._keep_spill:
+            # what was spilled goes to the new child first: once it is acknowledged, its
+            # segments (all before this cut) may go
+            self._release_at = (self._spill.cut(), self._spilled_seq)
+        loop.add_reader(sock.fileno(), self._read_acks)
+        self._flush_out()
+
+    def detach(self) -> None:
+        """Let go of the child's socket; what it has not acknowledged goes to the spill."""
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        for seq, recs, frame in self._held:
+            if seq > self._spilled_seq:
+                self._spill_frame(seq, recs, frame)
+        loop = self._loop
+        if loop is not None:
+            loop.remove_reader(sock.fileno())
+            loop.remove_writer(sock.fileno())
+        sock.close()
+        self._out.clear()
+
+    @property
+    def attached(self) -> bool:
+        return self._sock is not None
+
+    def floor(self) -> float:
+        """The earliest wall-clock time a new child must take this gateway to still record
+        work at until its first frame comes: the oldest request open, held or queued here,
+        or now."""
+        times = [self._clock()]
+        since = self._open_since()
+        if since is not None:
+            times.append(since)
+        times += [r.arrived_wall_s for r in self.unwritten_records()]
+        return min(times)
+
+    def _read_acks(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            log.warning("accounting child's record socket failed: %s", exc)
+            data = b""
+        if not data:
+            self.detach()  # the child is gone: the supervisor attaches its successor
+            return
+        self._in += data
+        n = len(self._in) - len(self._in) % _ACK.size
+        if n:
+            last = _ACK.unpack_from(self._in, n - _ACK.size)[0]
+            del self._in[:n]
+            self._acknowledged(last)
+
+    def _spill_frame(self, seq: int, recs: list[RequestRecord], frame: bytes) -> None:
+        if self._spill is None or not recs:
+            return
+        cut = frame.index(b"\n", _HEAD.size) + 1  # after the watermark line: the records
+        self._spill.append_encoded(frame[cut:], len(recs))
+        self._spilled_seq = seq
+        self.spilled += len(recs)
+
+    def _acknowledged(self, seq: int) -> None:
+        self._acked = max(self._acked, seq)
+        release = self._release_at
+        if release is not None and seq >= release[1] and self._spill is not None:
+            self._spill.release(release[0])
+            self._release_at = None
+        held = self._held
+        while held and held[0][0] <= seq:
+            self._held_records -= len(held.popleft()[1])
+        self._acked_event.set()
+
+    # --- shipping -----------------------------------------------------------------------------
+
+    def _ship(self) -> None:
+        self._timer = None
+        recs, self._pending = self._pending, []
+        now = self._clock()
+        self._seq += 1
+        body = orjson.dumps([self._open_since(), now], option=orjson.OPT_APPEND_NEWLINE)
+        if recs:
+            try:
+                body += b"".join([encode(r) for r in recs])
+            except (orjson.JSONEncodeError, TypeError):
+                recs, lines = _encodable(recs)
+                body += lines
+        frame = _HEAD.pack(len(body), self._seq) + body
+        self._sent_at = now
+        self._held.append((self._seq, recs, frame))
+        self._held_records += len(recs)
+        while self._held_records > MAX_HELD_RECORDS and len(self._held) > 1:
+            old_seq, old, _frame = self._held.popleft()
+            self._held_records -= len(old)
+            self.forgotten += len(old)
+            spilled = self._spill is not None and old_seq <= self._spilled_seq
+            self._keep_spill |= spilled
+            log.error("accounting child has not acknowledged %d records: the oldest %d are "
+                      "no longer held for it%s", MAX_HELD_RECORDS, len(old),
+                      " (they are in the spill journal, which the next start replays)"
+                      if spilled else "")
+        if self._sock is not None:
+            self._out += frame
+            self._flush_out()
+        else:
+            self._spill_frame(self._seq, recs, frame)
+
+    def _flush_out(self) -> None:
+        sock = self._sock
+        if sock is None or not self._out:
+            return
+        try:
+            n = sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            log.warning("accounting child's record socket failed: %s", exc)
+            self.detach()
+            return
+        del self._out[:n]
+        assert self._loop is not None
+        if self._out:
+            self._loop.add_writer(sock.fileno(), self._flush_out)
+        else:
+            self._loop.remove_writer(sock.fileno())
+
+    def step(self) -> None:
+        """Off the hot path (the accounting loop): send the watermark when nothing else was
+        sent for HEARTBEAT_S."""
+        if self._timer is None and self._clock() - self._sent_at >= HEARTBEAT_S:
+            self._ship()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Send what is queued and wait until the child acknowledged all of it (False at the
+        deadline: the records not acknowledged are logged)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._ship()
+        deadline = time.monotonic() + timeout_s
+        while self._held and self._held[-1][0] > self._acked:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # (a child down meanwhile may be restarted and attached before this)
+            self._acked_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked_event.wait(), min(left, 0.1))
+        if self._held_records:
+            where = ("; all of them go to the spill journal, which the next start replays"
+                     if self._spill is not None else "")
+            log.error("stopping with %d request records the accounting child has not "
+                      "written to the ledger yet (it writes what it received before it "
+                      "stops)%s", self._held_records, where)
+        return not self._held_records
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    @property
+    def unwritten(self) -> int:
+        """Records queued or sent and not yet acknowledged as written."""
+        return len(self._pending) + self._held_records
+
+    def unwritten_records(self) -> list[RequestRecord]:
+        out = list(self._pending)
+        for _seq, recs, _frame in self._held:
+            out += recs
+        return out
+
+
+class RecordIntake:
+    """The child's end: frames in, records to the recorder, acknowledgements out."""
+
+    def __init__(self, recorder: Recorder, priority: Background | None = None, *,
+                 floor: float | None = None):
+        """`floor`: the gateway's `RecordLink.floor()` when it started this child, the
+        watermark until its first frame (the default, the time of this call, suits a
+        gateway that had nothing open)."""
+        self.recorder = recorder
+        self.priority = priority or Background(False, behind_s=math.inf)
+        self.closed = asyncio.Event()
+        self._buf = bytearray()
+        # (records received through it, seq, the gateway's wall-clock time at sending)
+        self._frames: deque[tuple[int, int, float]] = deque()
+        self._received = 0
+        self._open_since: float | None = None
+        # Until the first frame: requests may be open at the gateway since its floor
+        self._sent_wall: float | None = time.time() if floor is None else floor
+        self._transport: asyncio.Transport | None = None
+        self._base = 0
+        recorder.watch(self.open_since)
+        recorder.on_written = self._written
+
+    def open_since(self) -> float | None:
+        """The gateway's oldest open request, or its last frame's time if earlier: requests
+        arriving after that are not known here yet."""
+        a, b = self._open_since, self._sent_wall
+        if a is None:
+            return b
+        return a if b is None else min(a, b)
+
+    async def start(self, fd: int) -> None:
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        # Records already in the recorder (a journal replay whose write failed) are written
+        # before any of the link's, so they are not counted as the link's
+        self._base = self.recorder.records_written + self.recorder.queued
+        self.priority.start()
+        loop = asyncio.get_running_loop()
+        await loop.connect_accepted_socket(lambda: _IntakeProtocol(self), sock)
+
+    def _frame(self, seq: int, body: bytes) -> None:
+        try:
+            cut = body.index(b"\n") + 1
+            open_since, sent = orjson.loads(body[:cut])
+            lines = body[cut:]
+            # the lines as one JSON array: one parse (orjson escapes newlines inside strings)
+            values: Any = orjson.loads(b"[" + lines[:-1].replace(b"\n", b",") + b"]"
+                                       ) if lines else []
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            log.error("accounting child: a frame from the gateway could not be read: closing")
+            if self._transport is not None:
+                self._transport.close()
+            return
+        recs = [rec for rec in map(decode_values, values) if rec is not None]
+        if len(recs) != len(values):
+            log.error("accounting child: %d records from the gateway could not be read",
+                      len(values) - len(recs))
+        if recs:
+            self.recorder.record_encoded(recs, lines)
+        self._received += len(recs)
+        self._open_since, self._sent_wall = open_since, sent
+        self._frames.append((self._received, seq, sent))
+        if not recs:
+            self._written(self.recorder.records_written)
+        self._judge_lag()
+
+    def _data(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while len(buf) >= _HEAD.size:
+            size, seq = _HEAD.unpack_from(buf)
+            if size > MAX_FRAME:
+                log.error("accounting child: a frame of %d bytes from the gateway: closing", size)
+                if self._transport is not None:
+                    self._transport.close()
+                return
+            end = _HEAD.size + size
+            if len(buf) < end:
+                break
+            self._frame(seq, bytes(buf[_HEAD.size:end]))
+            del buf[:end]
+            if self._transport is None or self._transport.is_closing():
+                return
+
+    def _written(self, records_written: int) -> None:
+        """The recorder wrote its records through `records_written`: acknowledge the frames
+        whose records all are among them."""
+        done = records_written - self._base
+        last = None
+        frames = self._frames
+        while frames and frames[0][0] <= done:
+            last = frames.popleft()[1]
+        if last is not None and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(_ACK.pack(last))
+        self._judge_lag()
+
+    def _judge_lag(self) -> None:
+        """How far behind the oldest record not yet written is, past the flush period."""
+        if self._frames:
+            age = time.time() - self._frames[0][2] - self.recorder.config.flush_s
+            self.priority.lag(age)
+
+
+class _IntakeProtocol(asyncio.Protocol):
+    def __init__(self, intake: RecordIntake):
+        self.intake = intake
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they implement it
+        self.intake._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.intake._data(data)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.intake._transport = None
+        self.intake.closed.set()

@@ -1,0 +1,372 @@
+"""Per-request work on the wall-clock interval grid (pure).
+
+A finished request becomes one `WorkRow` per interval it touched on its engine:
+- prefill tokens: prompt tokens spread uniformly over the time the engine takes to read them
+  (prompt_tokens / the engine's prefill rate, `accounting.prefill`) just before the
+  first token, bounded by the dispatch (what comes before is queueing in the engine: not
+  resident in its batch, and charged nothing); a request with no token event (non-streamed,
+  or ended before its first token) has them over the same span from its dispatch;
+- decode tokens: completion tokens spread over the token-bearing events in `reads`,
+  proportionally to events; a request with none spreads them uniformly from the end of its
+  prefill to the engine's finish: for a non-streamed answer, the engine's response head
+  (`engine_done_s`), not the gateway's read of the body, which a busy gateway makes late;
+- KV work: each decoded token times the context it attends over (prompt + tokens so far),
+  because decode reads the whole KV cache of its sequence every step; plus the prefill's
+  attention, which grows with the square of the prompt (each prompt token attends over the
+  ones before it), in the same unit (`PREFILL_ATTENTION_PER_KV`);
+- residency: seconds of (prefill start)..finished inside the interval, with the offset where that
+  span starts in the interval (residency is one contiguous span per interval, which lets the
+  apportioner compute the engine's busy time exactly).
+Requests that never reached an engine have no rows.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import accumulate
+from operator import itemgetter
+from typing import NamedTuple
+
+from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
+from core.records import RequestRecord
+
+
+class WorkRow(NamedTuple):
+    """One request's work in one interval, with its fields named. `work_rows` builds the same
+    values as plain tuples (`Work`: 4x cheaper to build than this class, and the spreading of
+    every record over the grid is mostly row building); the ledger reads rows back as this."""
+
+    request_id: str
+    interval_idx: int
+    prefill_tokens: float
+    decode_tokens: float
+    residency_s: float
+    start_s: float = 0.0  # offset of the residency span from the interval start
+    kv_tokens: float = 0.0  # sum over decoded tokens of their context length (KV read work)
+
+
+# A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
+Work = tuple[str, int, float, float, float, float, float]
+
+_INTERVAL = itemgetter(WorkRow._fields.index("interval_idx"))
+
+
+class WorkColumns(NamedTuple):
+    """Work rows column by column, named (one C-level transpose of the rows): what the
+    apportioner reads instead of indexing each row."""
+
+    request_id: tuple[str, ...]
+    interval_idx: tuple[int, ...]
+    prefill_tokens: tuple[float, ...]
+    decode_tokens: tuple[float, ...]
+    residency_s: tuple[float, ...]
+    start_s: tuple[float, ...]
+    kv_tokens: tuple[float, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[Work]) -> WorkColumns:
+        if not rows:
+            return EMPTY_COLUMNS
+        return tuple.__new__(cls, zip(*rows, strict=True))
+
+
+EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
+
+
+def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
+    """(first, last) interval of one request's rows; None when it has none."""
+    if not rows:
+        return None
+    ks = list(map(_INTERVAL, rows))
+    return min(ks), max(ks)
+
+# One prompt token attending over one context token in prefill, in units of one decoded
+# token's read of one context token's KV cache (the `gamma` work): compute at the tensor
+# cores' rate near TDP against 16-bit KV bytes over HBM. Fitted to the simulated H100 profile
+# (docs/simulator.md): its prefill energy of 1k-30k-token prompts is 0.0150 P + 5.6e-7 P^2/2 J
+# (15 J at 1k, 704 J at 30k), and 5.6e-7 / gamma (3.0e-5) = 0.019.
+PREFILL_ATTENTION_PER_KV = 0.019
+
+
+def prefill_attention(prefill: dict[int, float]) -> dict[int, float]:
+    """Per interval, the prefill's attention work (prompt tokens x the context before them)."""
+    out: dict[int, float] = {}
+    done = 0.0
+    for k in sorted(prefill):
+        p = prefill[k]
+        out[k] = PREFILL_ATTENTION_PER_KV * p * (done + p / 2.0)
+        done += p
+    return out
+
+
+def interval_index(t_wall_s: float, interval_s: float) -> int:
+    return math.floor(t_wall_s / interval_s)
+
+
+def spread(amount: float, t0: float, t1: float, interval_s: float, acc: dict[int, float]) -> None:
+    """Add `amount` spread uniformly over [t0, t1] to acc[interval]; a point mass when t1 <= t0."""
+    if amount == 0.0:
+        return
+    if t1 <= t0:
+        k = interval_index(t0, interval_s)
+        acc[k] = acc.get(k, 0.0) + amount
+        return
+    span = t1 - t0
+    k = interval_index(t0, interval_s)
+    k_last = interval_index(t1, interval_s)
+    while k <= k_last:
+        lo = max(t0, k * interval_s)
+        hi = min(t1, (k + 1) * interval_s)
+        if hi > lo:
+            acc[k] = acc.get(k, 0.0) + amount * (hi - lo) / span
+        k += 1
+
+
+def residency(t0: float, t1: float, interval_s: float) -> dict[int, tuple[float, float]]:
+    """{interval: (seconds resident, offset of the span's start)} for one span [t0, t1]."""
+    out: dict[int, tuple[float, float]] = {}
+    k = interval_index(t0, interval_s)
+    k_last = interval_index(t1, interval_s)
+    while k <= k_last:
+        lo = max(t0, k * interval_s)
+        hi = min(t1, (k + 1) * interval_s)
+        if hi > lo:
+            out[k] = (hi - lo, lo - k * interval_s)
+        k += 1
+    return out
+
+
+def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
+                         wall_offset_s: float, interval_s: float) -> dict[int, int]:
+    """Token events per interval. Reads come in time order, so each interval's count is a
+    difference of prefix sums found by bisection (C-speed passes; this is the apportioner's
+    hottest loop). Events are conserved even if reads arrive out of order."""
+    if not times:
+        return {}
+    total = sum(events)
+    k_first = math.floor((times[0] + wall_offset_s) / interval_s)
+    k_last = math.floor((times[-1] + wall_offset_s) / interval_s)
+    if k_first == k_last:
+        return {k_first: total} if total > 0 else {}
+    # One event per read (the usual case): prefix sums are the indices themselves.
+    cum: list[int] | range = (range(1, len(times) + 1) if total == len(times)
+                              else list(accumulate(events)))
+    out: dict[int, int] = {}
+    prev = 0
+    for k in range(k_first, k_last):
+        i = bisect_left(times, (k + 1) * interval_s - wall_offset_s)
+        c = cum[i - 1] if i else 0
+        if c > prev:
+            out[k] = c - prev
+            prev = c
+    if total > prev:
+        out[k_last] = out.get(k_last, 0) + total - prev
+    return out
+
+
+def work_rows(rec: RequestRecord, interval_s: float,
+              prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S,
+              tpot_s: float = DEFAULT_TPOT_S, *, shortcut: bool = True) -> list[Work]:
+    """The request's work per interval of its engine (empty when it never reached one, or
+    when the engine refused it with a 4xx: it read nothing).
+    `prefill_tokens_per_s`: the engine's prefill rate for this prompt, which sizes the
+    prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
+    token events at the end of its span.
+    `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
+    if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
+        return []
+    off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
+    t_disp = rec.dispatched_s + off
+    t_end = rec.finished_s + off
+    if rec.engine_done_s is not None and rec.engine_done_s + off < t_end:
+        t_end = rec.engine_done_s + off
+    if t_end < t_disp:
+        t_end = t_disp
+    prompt = float(rec.prompt_tokens)
+    prefill_s = prompt / prefill_tokens_per_s if prefill_tokens_per_s > 0.0 else 0.0
+    prefill: dict[int, float] = {}
+    first = rec.first_token_s
+    t_decode = t_disp  # where decode without token events starts (after the prefill)
+    if first is not None:
+        t_first = first + off
+        # Time to first token is mostly queueing behind other requests when the engine is
+        # busy: the request is resident, and prefilling, only for its prefill's span.
+        if t_first - prefill_s > t_disp:
+            t_disp = t_first - prefill_s
+        if t_disp > t_end:
+            t_disp = t_end
+        t_decode = t_disp
+        t_prefilled = t_first
+    elif not rec.stream and rec.engine_done_s is None and not rec.completion_tokens:
+        # A non-streamed request that never got its answer (the client left, the engine
+        # timed out): the engine read its prompt and then decoded, unseen, until the end.
+        t_decode = t_prefilled = min(t_disp + prefill_s, t_end)
+    else:
+        # No token event: the engine's span holds queueing, then the prefill, then the
+        # decode at the engine's pace, which ends the span.
+        t_decode = t_end - min(rec.completion_tokens * tpot_s, t_end - t_disp)
+        if t_decode - prefill_s > t_disp:
+            t_disp = t_decode - prefill_s
+        t_prefilled = t_decode
+    if prompt:
+        k = math.floor(t_disp / interval_s)
+        if t_prefilled <= t_disp or math.floor(t_prefilled / interval_s) == k:
+            prefill[k] = prompt  # the usual case: the prefill lies in one interval
+        else:
+            spread(prompt, t_disp, t_prefilled, interval_s, prefill)
+    completion = rec.completion_tokens
+    times, events = rec.read_times, rec.read_events
+    k_first = math.floor(t_disp / interval_s)
+    k_last = math.floor(t_end / interval_s)
+    if completion and times and min(prefill, default=k_first) >= k_first:
+        k_r0 = math.floor((times[0] + off) / interval_s)
+        k_rl = math.floor((times[-1] + off) / interval_s)
+        if (k_r0 >= k_first and k_rl <= k_last and max(prefill, default=k_last) <= k_last
+                and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(events))):
+            if shortcut and k_first == k_last:
+                # One interval (most streams): _streamed_rows' row without its loop.
+                return _one_interval_stream(rec.request_id, k_first, prefill.get(k_first, 0.0),
+                                            total * (completion / total), prompt, t_disp, t_end,
+                                            interval_s)
+            # A prefill split over intervals: count events as _events_per_interval does.
+            span = (k_r0, k_rl) if len(prefill) > 1 else None
+            return _streamed_rows(rec.request_id, times, events, total, off, completion, prompt,
+                                  prefill, t_disp, t_end, k_first, k_last, interval_s, span)
+    if (shortcut and k_first == k_last and not times
+            and (not prefill or (len(prefill) == 1 and k_first in prefill))):
+        # One interval and no token events (most non-streamed requests): the row the loop
+        # below builds, bit for bit, without its per-interval dictionaries.
+        return _one_interval_row(rec.request_id, k_first, prefill.get(k_first, 0.0),
+                                 completion, t_disp, t_decode, t_end, interval_s)
+    decode: dict[int, float] = {}
+    if completion:
+        per_k = _events_per_interval(times, events, off, interval_s)
+        n_events = sum(per_k.values())
+        if n_events:
+            per_event = completion / n_events
+            decode = {k: n * per_event for k, n in per_k.items()}
+        else:
+            spread(float(completion), t_decode, t_end, interval_s, decode)
+    kv: dict[int, float] = {}
+    done = 0.0
+    for k in sorted(decode):
+        d = decode[k]
+        kv[k] = d * (prompt + done + d / 2.0)
+        done += d
+    for k, a in prefill_attention(prefill).items():
+        kv[k] = kv[k] + a if k in kv else a
+    rows: list[Work] = []
+    append = rows.append
+    rid = rec.request_id
+    get_p, get_d, get_kv = prefill.get, decode.get, kv.get
+    for k in range(k_first, k_last + 1):
+        lo = k * interval_s
+        start = t_disp if t_disp > lo else lo
+        hi = lo + interval_s
+        res = (t_end if t_end < hi else hi) - start
+        p = get_p(k, 0.0)
+        d = get_d(k, 0.0)
+        if res > 0.0:
+            append((rid, k, p, d, res, start - lo, get_kv(k, 0.0)))
+        elif p or d:
+            append((rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0)))
+    # Token events stamped outside dispatched..finished (clock skew) still count.
+    outside = [k for k in (*prefill, *decode) if k < k_first or k > k_last]
+    for k in sorted(set(outside)):
+        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0)))
+    return rows
+
+
+def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float,
+                      t_decode: float, t_end: float, interval_s: float) -> list[Work]:
+    """work_rows of a request inside interval k with no token events: decode spread uniformly
+    over t_decode..finished (spread()'s arithmetic, so the same bits)."""
+    lo = k * interval_s
+    hi = lo + interval_s
+    d = 0.0
+    if completion:
+        if t_end <= t_decode:
+            d = float(completion)
+        else:
+            s_lo = t_decode if t_decode > lo else lo
+            s_hi = t_end if t_end < (k + 1) * interval_s else (k + 1) * interval_s
+            if s_hi > s_lo:
+                d = completion * (s_hi - s_lo) / (t_end - t_decode)
+    kv = d * (p + 0.0 + d / 2.0) if d else 0.0
+    if p:  # the prefill's attention, as prefill_attention() computes it for one interval
+        a = PREFILL_ATTENTION_PER_KV * p * (0.0 + p / 2.0)
+        kv = kv + a if d else a
+    start = t_disp if t_disp > lo else lo
+    res = (t_end if t_end < hi else hi) - start
+    if res > 0.0:
+        return [(rid, k, p, d, res, start - lo, kv)]
+    if p or d:
+        return [(rid, k, p, d, 0.0, 0.0, kv)]
+    return []
+
+
+def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_disp: float,
+                         t_end: float, interval_s: float) -> list[Work]:
+    """_streamed_rows of a stream inside interval k, which decodes `d` tokens there; the same
+    arithmetic, so the same bits."""
+    kv = d * (prompt + 0.0 + d / 2.0)
+    if p:  # the prefill's attention, as prefill_attention() computes it for one interval
+        kv = kv + PREFILL_ATTENTION_PER_KV * p * (0.0 + p / 2.0)
+    lo = k * interval_s
+    hi = lo + interval_s
+    start = t_disp if t_disp > lo else lo
+    res = (t_end if t_end < hi else hi) - start
+    if res > 0.0:
+        return [(rid, k, p, d, res, start - lo, kv)]
+    return [(rid, k, p, d, 0.0, 0.0, kv)]
+
+
+def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,
+                   off: float, completion: int, prompt: float, prefill: dict[int, float],
+                   t_disp: float, t_end: float, k_first: int, k_last: int, interval_s: float,
+                   span: tuple[int, int] | None) -> list[Work]:
+    """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
+    the prefill all inside the residency span. Same rows as the general path. With `span`
+    (the intervals of the first and last read) events are counted exactly as
+    _events_per_interval counts them; without, at each interval's end."""
+    per_event = completion / total
+    # One event per read (the usual case): the events before read i are i itself.
+    cum = None if total == len(times) else list(accumulate(events))
+    get_p = prefill.get
+    attention = prefill_attention(prefill)
+    k_r0, k_rl = span if span is not None else (k_first, k_last)
+    rows: list[Work] = []
+    append = rows.append
+    done = 0.0
+    prev = 0
+    for k in range(k_first, k_last + 1):
+        lo = k * interval_s
+        hi = lo + interval_s
+        if k >= k_rl:
+            c = total
+        elif k < k_r0:
+            c = 0
+        else:
+            i = bisect_left(times, ((k + 1) * interval_s if span else hi) - off)
+            c = i if cum is None else (cum[i - 1] if i else 0)
+        start = t_disp if t_disp > lo else lo
+        res = (t_end if t_end < hi else hi) - start
+        p = get_p(k, 0.0)
+        if c > prev:
+            d = (c - prev) * per_event
+            kv = d * (prompt + done + d / 2.0)
+            if k in attention:
+                kv = kv + attention[k]
+            done += d
+            prev = c
+            if res > 0.0:
+                append((rid, k, p, d, res, start - lo, kv))
+            else:
+                append((rid, k, p, d, 0.0, 0.0, kv))
+        elif res > 0.0:
+            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0)))
+        elif p:
+            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0)))
+    return rows

@@ -1,1 +1,0 @@
-"""Energy accounting: interval grid, apportioning, carbon and cost, the ledger, chargeback."""
