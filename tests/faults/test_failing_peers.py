@@ -325,3 +325,34 @@ async def test_a_stream_cut_by_the_request_deadline_is_answered(mode: str) -> No
         events = raw.strip().split(b"\n\n")
         assert b"tok" in events[0]
         assert error_of(events[-1][len(b"data: "):])["code"] == "upstream_timeout"
+
+
+async def test_a_precision_the_pool_is_not_configured_at_is_a_refusal() -> None:
+    """A client may ask for any precision its key allows (`x-wattgate-precision`,
+    `model@precision`); one no endpoint of the pool is configured at is the client's mistake:
+    400 `precision_not_served`, outcome refused, never 503 `no_healthy_endpoint` (a failure,
+    with which any tenant could drive the error ratio up and page on-call at will). A
+    configured precision whose endpoints are all unhealthy is still the gateway's 503."""
+    records: list[Any] = []
+    async with fault_engine(FaultEngine()) as a, \
+            fault_engine(FaultEngine(health_ok=False)) as b:
+        config = make_config([ep(a, "a"), ep(b, "b", precision="int4")], timeouts=TIMEOUTS,
+                             outlier_detection={"panic_threshold_percent": 0})
+        async with running_gateway(config, sinks=[records.append]) as gw, \
+                aiohttp.ClientSession() as s:
+            await wait_for(lambda: endpoints(s, gw), what="endpoints")
+            await wait_for(lambda: _unhealthy(s, gw, "b"), what="b unhealthy")
+            status, raw, _ = await post(s, gw, body(), headers={"x-wattgate-precision": "fp8"})
+            assert (status, error_of(raw)["code"]) == (400, "precision_not_served"), raw
+            status, raw, _ = await post(s, gw, {**body(), "model": "m@fp8"})
+            assert (status, error_of(raw)["code"]) == (400, "precision_not_served"), raw
+            status, raw, _ = await post(s, gw, body(), headers={"x-wattgate-precision": "int4"})
+            assert (status, error_of(raw)["code"]) == (503, "no_healthy_endpoint"), raw
+            await wait_for(lambda: len(records) >= 3, what="3 records")
+    assert [(r.status, r.outcome) for r in records] == [
+        ("precision_not_served", "refused"), ("precision_not_served", "refused"),
+        ("no_healthy_endpoint", "failed")]
+
+
+async def _unhealthy(s: aiohttp.ClientSession, gw: str, name: str) -> bool:
+    return not (await endpoints(s, gw))[name]["healthy"]
