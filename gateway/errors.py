@@ -98,6 +98,14 @@ class RequestTimeoutError(RequestError):
     default_code = "request_timeout"
 
 
+class ClientTooSlowError(RequestError):
+    """The request deadline passed while the client was not reading its stream: the gateway
+    held the engine back for it, so the time ran out on the client's side, not the engine's."""
+
+    status = 408
+    default_code = "client_too_slow"
+
+
 class UnsupportedMediaTypeError(RequestError):
     status = 415
     default_code = "unsupported_media_type"

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.config import GatewayConfig, Tenant
 from gateway.errors import (
+    ClientTooSlowError,
     OverloadedError,
     RequestError,
     RoutingError,
@@ -167,6 +168,12 @@ class Dispatch:
         except asyncio.CancelledError:
             if not deadline.expired():
                 raise
+            if req.stream and exchange.write_paused and not exchange.client_gone:
+                # the stream was held back for a client that did not read it: the time ran
+                # out on the client's side; not the engine's failure (a few such clients
+                # would eject healthy engines and have their work billed to no one)
+                raise ClientTooSlowError("the request deadline passed while the client was "
+                                         "not reading its stream") from None
             raise self._timed_out(state) from None
         except TimeoutError:
             raise self._timed_out(state) from None

@@ -358,3 +358,38 @@ async def test_a_precision_the_pool_is_not_configured_at_is_a_refusal() -> None:
 
 async def _unhealthy(s: aiohttp.ClientSession, gw: str, name: str) -> bool:
     return not (await endpoints(s, gw))[name]["healthy"]
+
+
+async def test_clients_that_do_not_read_their_streams_do_not_eject_healthy_engines() -> None:
+    """Slow readers: streams whose clients read nothing hold their engines back
+    (back-pressure) until the request deadline. That is the client's doing: 408
+    `client_too_slow` (refused, billed to its tenant), not `upstream_timeout` against the
+    engine; it used to be, so a few such clients ejected healthy engines and had their work
+    charged to the failed account."""
+    records: list[Any] = []
+    async with fault_engine(FaultEngine(tokens=40_000)) as a, \
+            fault_engine(FaultEngine(tokens=40_000)) as b:
+        config = make_config([ep(a, "a"), ep(b, "b")],
+                             timeouts={**TIMEOUTS, "read_s": 1.0, "total_s": 1.5},
+                             routing={"policy": "round_robin"},
+                             outlier_detection={"consecutive_failures": 2})
+        async with running_gateway(config, sinks=[records.append]) as gw, \
+                aiohttp.ClientSession() as s:
+            port = int(gw.rsplit(":", 1)[1])
+            raw = orjson.dumps(body(stream=True, max_tokens=40_000))
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}"
+                    f"\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n")
+            writers = []
+            for _ in range(6):
+                _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+                writer.write(head.encode() + raw)
+                writer.transport.pause_reading()  # type: ignore[attr-defined]  # read nothing
+                writers.append(writer)
+            await wait_for(lambda: len(records) >= 6, timeout_s=20, what="6 records")
+            rows = await endpoints(s, gw)
+            for writer in writers:
+                writer.transport.abort()
+    assert {(r.status, r.outcome) for r in records} == {("client_too_slow", "refused")}, \
+        [(r.status, r.outcome) for r in records]
+    assert not is_ejected(rows["a"]) and not is_ejected(rows["b"]), rows
+    assert rows["a"]["consecutive_failures"] == rows["b"]["consecutive_failures"] == 0
