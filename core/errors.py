@@ -6,7 +6,9 @@ Every error a client can see is a `WattgateError` carrying an HTTP status, an Op
 
 from __future__ import annotations
 
+import email.utils
 import math
+import time
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -94,6 +96,14 @@ class RequestTimeoutError(RequestError):
 
     status = 408
     default_code = "request_timeout"
+
+
+class ClientTooSlowError(RequestError):
+    """The request deadline passed while the client was not reading its stream: the gateway
+    held the engine back for it, so the time ran out on the client's side, not the engine's."""
+
+    status = 408
+    default_code = "client_too_slow"
 
 
 class UnsupportedMediaTypeError(RequestError):
@@ -185,7 +195,27 @@ def engine_error(status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]
         message = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else ""
     retry_after = None
     for name, value in headers:
-        if name.lower() == b"retry-after" and value.strip().isdigit():
-            retry_after = float(value.strip())
+        if name.lower() == b"retry-after":
+            retry_after = retry_after_seconds(value)
     return UpstreamHttpError(status, message[:MAX_ENGINE_MESSAGE], code=code,
                              error_type=error_type, retry_after_s=retry_after)
+
+
+MAX_RETRY_AFTER_S = 86_400  # a day: what is passed on of an engine's longer Retry-After
+
+
+def retry_after_seconds(value: bytes, now: float | None = None) -> int | None:
+    """An engine's `Retry-After` in whole seconds (RFC 9110: delay-seconds, or an HTTP-date,
+    which counts from now and is 0 once past), at most MAX_RETRY_AFTER_S; None when it is
+    neither (a negative or fractional number, garbage)."""
+    text = value.strip()
+    if text.isdigit():
+        return min(int(text), MAX_RETRY_AFTER_S)
+    try:
+        when = email.utils.parsedate_to_datetime(text.decode("latin-1"))
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        return None
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(0, math.ceil(seconds)), MAX_RETRY_AFTER_S)

@@ -88,6 +88,7 @@ class Proxy:
         deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
         exchange = AiohttpExchange(request, deadline_s)
         await self.serve(exchange)
+        await exchange.finish()
         assert exchange.response is not None
         return exchange.response
 

@@ -20,8 +20,8 @@ from core.errors import PayloadTooLargeError, RequestTimeoutError
 class AiohttpExchange:
     """An aiohttp request; `response` is what the handler returns."""
 
-    __slots__ = ("_body_deadline_s", "_lost", "_on_drain", "_request", "_writing",
-                 "content_length", "path", "response")
+    __slots__ = ("_body_deadline_s", "_ended", "_lost", "_on_drain", "_request", "_tail",
+                 "_writing", "content_length", "path", "response")
 
     def __init__(self, request: web.Request, body_deadline_s: float | None = None):
         self._request = request
@@ -32,6 +32,8 @@ class AiohttpExchange:
         self._writing: asyncio.Task[None] | None = None  # the write in flight
         self._on_drain: Callable[[], None] | None = None
         self._lost = False
+        self._ended = False  # the stream's end went out
+        self._tail: bytes | None = None  # an error that came after the stream began
 
     def header(self, name: str) -> str | None:
         return self._request.headers.get(name)
@@ -55,7 +57,11 @@ class AiohttpExchange:
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
         if self.response is not None and self.response.prepared:
-            return  # a stream already began; it ends as it is
+            # a stream already began (a request deadline cut it): the error is its last
+            # event, written by `finish` (aiohttp writes only from a coroutine)
+            if not self._ended:
+                self._tail = b"data: " + body + b"\n\n"
+            return
         self.response = web.Response(status=status, body=body, content_type=content_type,
                                      headers=headers)
         if status == 408:  # the rest of the body may still be coming: end the connection
@@ -92,8 +98,15 @@ class AiohttpExchange:
         else:
             self._on_drain = callback
 
+    async def finish(self) -> None:
+        """End a stream that an error cut after it began with that error as its last event
+        (as a stall's ends); nothing to do otherwise."""
+        if self._tail is not None and not self._ended:
+            await self.end_stream(self._tail)
+
     async def end_stream(self, last: bytes = b"") -> None:
         assert self.response is not None
+        self._ended = True
         if self._writing is not None:
             await self._writing
         if self._lost:

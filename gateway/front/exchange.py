@@ -92,7 +92,16 @@ class FrontExchange:
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
         if self.started:
-            return  # a stream already began; it ends as it is
+            if self.finished:
+                return
+            if not self._pending_head:
+                # a stream already went out (a request deadline cut it): the error is its last
+                # event, and the stream ends properly, as a stall's does
+                self.finished = True
+                self._conn.send(_chunk(b"data: " + body + b"\n\n") + _END)
+                return
+            # the stream's head is still held back: nothing went out, answer plainly
+            self._pending_head = b""
         self.started = self.finished = True
         fixed = f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n".encode()
         parts = self._head_bytes(status, fixed, headers)

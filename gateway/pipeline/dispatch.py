@@ -20,7 +20,9 @@ import errno
 from collections.abc import Callable, Sequence
 
 from core.errors import (
+    ClientTooSlowError,
     OverloadedError,
+    RequestError,
     RoutingError,
     UpstreamError,
     UpstreamHttpError,
@@ -101,6 +103,8 @@ class Dispatch:
             except RoutingError:
                 if last_error is not None:
                     raise last_error from None
+                if precision is not None and precision == req.precision:
+                    self._check_served(req.model, precision)
                 raise
             retry = bool(tried)
             if retry:
@@ -164,12 +168,29 @@ class Dispatch:
         except asyncio.CancelledError:
             if not deadline.expired():
                 raise
+            if req.stream and exchange.write_paused and not exchange.client_gone:
+                # the stream was held back for a client that did not read it: the time ran
+                # out on the client's side; not the engine's failure (a few such clients
+                # would eject healthy engines and have their work billed to no one)
+                raise ClientTooSlowError("the request deadline passed while the client was "
+                                         "not reading its stream") from None
             raise self._timed_out(state) from None
         except TimeoutError:
             raise self._timed_out(state) from None
         finally:
             deadline.disarm()
             state.inflight -= 1
+
+    def _check_served(self, model: str, precision: str) -> None:
+        """The client asked (`x-wattgate-precision`, `model@precision`) for a precision no
+        endpoint of the pool is configured at: its request cannot be served however healthy
+        the pool is, a refusal (400), not the gateway's failure (503 no_healthy_endpoint,
+        which would count against the error ratio and attainment)."""
+        served = sorted({s.endpoint.precision for s in self.upstreams.pools.get(model, ())})
+        if served and precision not in served:
+            raise RequestError(f"the model {model!r} is not served at precision {precision!r}; "
+                               f"it is served at {', '.join(served)}",
+                               code="precision_not_served", param=None)
 
     async def _engine_failed(self, state: EndpointState, upstream: UpstreamBody
                              ) -> UpstreamHttpError:

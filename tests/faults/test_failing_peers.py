@@ -304,3 +304,92 @@ async def test_a_client_that_leaves_does_not_end_the_engines_run_of_failures(
             status, _, _ = await post(s, gw, body())
             assert status == 200
             assert (await endpoints(s, gw))["only"]["consecutive_failures"] == 0
+
+
+@pytest.mark.parametrize("front", [True, False], ids=["front", "aiohttp"])
+@pytest.mark.parametrize("mode", ["trickle", "hang-mid"])
+async def test_a_stream_cut_by_the_request_deadline_is_answered(mode: str, front: bool) -> None:
+    """A streamed request that reaches `timeouts.total_s` (not the read timeout: the engine
+    trickles, or stalls longer than the deadline allows) still gets an answer: a 504 JSON when
+    no event had gone out (trickle: the head alone), else its last event is the
+    `upstream_timeout` error and the chunked stream ends properly. (It used to be closed with
+    nothing, or cut without the error event and the last chunk.) On a connection aiohttp
+    serves the head goes out at once, so the trickle's answer is a 200 ending in the error."""
+    async with fault_engine(FaultEngine(default=mode, trickle_s=0.2, hang_after=1)) as bad:
+        config = make_config([ep(bad, "bad")],
+                             timeouts={**TIMEOUTS, "read_s": 30, "total_s": 1.0})
+        async with running_gateway(config, front=front) as gw, aiohttp.ClientSession() as s:
+            status, raw, _ = await post(s, gw, body(stream=True), timeout_s=10)
+    if mode == "trickle" and front:
+        assert status == 504 and error_of(raw)["code"] == "upstream_timeout", (status, raw)
+    else:
+        assert status == 200, (status, raw)
+        events = raw.strip().split(b"\n\n")
+        assert (b"tok" in events[0]) == (mode == "hang-mid"), events
+        assert error_of(events[-1][len(b"data: "):])["code"] == "upstream_timeout"
+
+
+async def test_a_precision_the_pool_is_not_configured_at_is_a_refusal() -> None:
+    """A client may ask for any precision its key allows (`x-wattgate-precision`,
+    `model@precision`); one no endpoint of the pool is configured at is the client's mistake:
+    400 `precision_not_served`, outcome refused, never 503 `no_healthy_endpoint` (a failure,
+    with which any tenant could drive the error ratio up and page on-call at will). A
+    configured precision whose endpoints are all unhealthy is still the gateway's 503."""
+    records: list[Any] = []
+    async with fault_engine(FaultEngine()) as a, \
+            fault_engine(FaultEngine(health_ok=False)) as b:
+        config = make_config([ep(a, "a"), ep(b, "b", precision="int4")], timeouts=TIMEOUTS,
+                             outlier_detection={"panic_threshold_percent": 0})
+        async with running_gateway(config, sinks=[records.append]) as gw, \
+                aiohttp.ClientSession() as s:
+            await wait_for(lambda: endpoints(s, gw), what="endpoints")
+            await wait_for(lambda: _unhealthy(s, gw, "b"), what="b unhealthy")
+            status, raw, _ = await post(s, gw, body(), headers={"x-wattgate-precision": "fp8"})
+            assert (status, error_of(raw)["code"]) == (400, "precision_not_served"), raw
+            status, raw, _ = await post(s, gw, {**body(), "model": "m@fp8"})
+            assert (status, error_of(raw)["code"]) == (400, "precision_not_served"), raw
+            status, raw, _ = await post(s, gw, body(), headers={"x-wattgate-precision": "int4"})
+            assert (status, error_of(raw)["code"]) == (503, "no_healthy_endpoint"), raw
+            await wait_for(lambda: len(records) >= 3, what="3 records")
+    assert [(r.status, r.outcome) for r in records] == [
+        ("precision_not_served", "refused"), ("precision_not_served", "refused"),
+        ("no_healthy_endpoint", "failed")]
+
+
+async def _unhealthy(s: aiohttp.ClientSession, gw: str, name: str) -> bool:
+    return not (await endpoints(s, gw))[name]["healthy"]
+
+
+async def test_clients_that_do_not_read_their_streams_do_not_eject_healthy_engines() -> None:
+    """Slow readers: streams whose clients read nothing hold their engines back
+    (back-pressure) until the request deadline. That is the client's doing: 408
+    `client_too_slow` (refused, billed to its tenant), not `upstream_timeout` against the
+    engine; it used to be, so a few such clients ejected healthy engines and had their work
+    charged to the failed account."""
+    records: list[Any] = []
+    async with fault_engine(FaultEngine(tokens=40_000)) as a, \
+            fault_engine(FaultEngine(tokens=40_000)) as b:
+        config = make_config([ep(a, "a"), ep(b, "b")],
+                             timeouts={**TIMEOUTS, "read_s": 1.0, "total_s": 1.5},
+                             routing={"policy": "round_robin"},
+                             outlier_detection={"consecutive_failures": 2})
+        async with running_gateway(config, sinks=[records.append]) as gw, \
+                aiohttp.ClientSession() as s:
+            port = int(gw.rsplit(":", 1)[1])
+            raw = orjson.dumps(body(stream=True, max_tokens=40_000))
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}"
+                    f"\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n")
+            writers = []
+            for _ in range(6):
+                _, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+                writer.write(head.encode() + raw)
+                writer.transport.pause_reading()  # type: ignore[attr-defined]  # read nothing
+                writers.append(writer)
+            await wait_for(lambda: len(records) >= 6, timeout_s=20, what="6 records")
+            rows = await endpoints(s, gw)
+            for writer in writers:
+                writer.transport.abort()
+    assert {(r.status, r.outcome) for r in records} == {("client_too_slow", "refused")}, \
+        [(r.status, r.outcome) for r in records]
+    assert not is_ejected(rows["a"]) and not is_ejected(rows["b"]), rows
+    assert rows["a"]["consecutive_failures"] == rows["b"]["consecutive_failures"] == 0
