@@ -13,6 +13,7 @@ import pytest
 
 from tests.realengine import accesslog
 from tests.realengine.conftest import ALIAS, SERVED_NAME, Gateway, VllmServer
+from tests.support.hangup import raw_stream
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(600)]
 PROMPT = "the carbon of a request that the client cut off after its first token"
@@ -22,21 +23,7 @@ MESSAGES: list[Any] = [{"role": "system", "content": "answer briefly"},
 
 async def hang_up(gw: Gateway, path: str, body: dict[str, Any], stop_at: bytes) -> str:
     """POST on a raw socket, read until `stop_at` arrived, close at once; the request id."""
-    parts = urlsplit(gw.url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    data = orjson.dumps(body)
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.api_key}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-                 .encode() + data)
-    got = b""
-    try:
-        while stop_at not in got:
-            chunk = await asyncio.wait_for(reader.read(65536), 60)
-            if not chunk:
-                break
-            got += chunk
-    finally:
-        writer.close()
+    got = await raw_stream(gw.url, path, body, stop_at, key=gw.api_key, read_timeout_s=60)
     head = got.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
     rid = next(line.split(":", 1)[1].strip() for line in head.split("\r\n")
                if line.startswith("x-wattgate-request-id:"))
