@@ -53,19 +53,24 @@ async def test_cut_off_streams_carry_vllms_prompt_count(
     ids: dict[str, int] = {}
     for path, body in cases:
         expected = await vllm_prompt_tokens(vllm_servers[0], path, body)
-        for _ in range(2):  # round robin: once on each server
-            # ignore_eos: the tiny random model may end at once, and a stream whose
-            # finish_reason reached the client is `ok`, not cut off
+        for _ in range(4):  # round robin: twice on each server
+            # hang up as soon as the answer's head arrives; ignore_eos keeps the tiny random
+            # model from ending the stream at once
             rid = await hang_up(logged_gateway, path, {**body, "model": ALIAS, "stream": True,
                                                        "max_tokens": 200, "ignore_eos": True},
-                                b'"choices":[{')
+                                b"\r\n\r\n")
             ids[rid] = expected
     recs = accesslog.by_id(log, set(ids))
+    # The tiny model streams fast: a stream whose finish_reason was handed to the client's
+    # socket before its close was seen is `ok` (with the engine's usage), the rest are cut off
+    # and carry the engine's /tokenize count. Either way the count is vLLM's own.
+    cut = [rid for rid in ids if recs[rid]["status"] == "client_disconnected"]
+    assert cut, [recs[rid]["status"] for rid in ids]
     for rid, expected in ids.items():
         rec = recs[rid]
-        assert rec["status"] == "client_disconnected", rec
-        assert rec["prompt_source"] == "engine_tokenize", rec
-        assert rec["prompt_tokens"] == expected, rec
+        assert rec["status"] in ("client_disconnected", "ok"), rec
+        source = "engine_tokenize" if rid in cut else "engine"
+        assert (rec["prompt_source"], rec["prompt_tokens"]) == (source, expected), rec
 
 
 async def test_clients_closing_after_the_finish_reason_chunk_are_all_ok(
