@@ -29,6 +29,17 @@ def _store(kind: str, where: str) -> Ledger:
     return SqliteLedger(where)
 
 
+def _config_document(config: Path) -> dict[str, Any]:
+    """The gateway config file as parsed YAML (a mapping; anything else reads as empty)."""
+    try:
+        raw: Any = yaml.safe_load(config.read_text()) or {}
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise click.ClickException(f"{config}: {exc}") from None
+    return raw if isinstance(raw, dict) else {}
+
+
 def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
     if sqlite is not None:
         if not sqlite.is_file():
@@ -38,14 +49,10 @@ def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger
         return _store("postgres", dsn)
     if config is None:
         raise click.UsageError("give --config, --sqlite or --dsn")
+    raw = _config_document(config)
     try:
-        raw: Any = yaml.safe_load(config.read_text()) or {}
-        section = raw.get("accounting") if isinstance(raw, dict) else None
-        cfg = parse_accounting(section, os.environ, base_dir=paths_base(raw, config.parent))
-    except OSError as exc:
-        raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise click.ClickException(f"{config}: {exc}") from None
+        cfg = parse_accounting(raw.get("accounting"), os.environ,
+                               base_dir=paths_base(raw, config.parent))
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     ledger_cfg = cfg.ledger
@@ -78,12 +85,7 @@ def _budgets(config: Path | None, sqlite: Path | None, dsn: str | None, tenant: 
     if config is None:
         raise click.UsageError("--budgets needs --config (the tenants' budgets are there)")
     try:
-        raw = yaml.safe_load(config.read_text()) or {}
-        found = budgets_of(raw if isinstance(raw, dict) else {})
-    except OSError as exc:
-        raise click.ClickException(f"cannot read {config}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise click.ClickException(f"{config}: {exc}") from None
+        found = budgets_of(_config_document(config))
     except ConfigError as exc:
         raise click.ClickException(exc.message) from None
     if tenant:
