@@ -97,6 +97,11 @@ class OutlierDetection:
     max_ejection_s: float = 300.0
     max_ejection_percent: float = 50.0  # of a pool at once (one may always be ejected)
     panic_threshold_percent: float = 50.0  # 0: never panic (answer 503 when none is healthy)
+    # Envoy's failure-percentage ejection: an engine whose recent requests (the success window,
+    # decayed) fail at least this often, over at least the volume, is ejected too: one that fails
+    # every other request never makes a run of consecutive_failures. 0: off.
+    failure_percentage_threshold: float = 50.0
+    failure_percentage_request_volume: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +263,9 @@ def _routing(rr: FieldReader, slo_names: set[str]) -> Routing:
 
 
 def _outlier_detection(r: FieldReader) -> OutlierDetection:
-    policy = section(r, OutlierDetection, minimums={"panic_threshold_percent": 0.0})
-    for name in ("max_ejection_percent", "panic_threshold_percent"):
+    policy = section(r, OutlierDetection, minimums={"panic_threshold_percent": 0.0,
+                                                    "failure_percentage_threshold": 0.0})
+    for name in ("max_ejection_percent", "panic_threshold_percent", "failure_percentage_threshold"):
         if getattr(policy, name) > 100.0:
             raise ConfigError(f"outlier_detection.{name}", "must be at most 100 (a percentage)")
     return policy

@@ -2,8 +2,9 @@
 
 Two signals take an endpoint out of routing, as in Envoy: active health checks (its health
 path), and outlier detection (its answers to real requests: `consecutive_failures` gateway-side
-failures in a row eject it for base_ejection_s x its ejections, at most max_ejection_s, whatever
-its health path says; at most max_ejection_percent of a pool at once, one always allowed).
+failures in a row, or failures making up `failure_percentage_threshold` of its recent requests,
+eject it for base_ejection_s x its ejections, at most max_ejection_s, whatever its health path
+says; at most max_ejection_percent of a pool at once, one always allowed).
 Every failure of a real request counts, before the response head or after it (timeouts,
 stalls, truncated or wrong-length bodies, unparsable answers, 5xx, an engine's 429). The last
 endpoint that can serve a pool is never ejected.
@@ -185,25 +186,43 @@ class Upstreams:
     def failed(self, state: EndpointState) -> None:
         """A gateway-side failure of a real request on this engine, before or after the
         response head (connect error, timeout, stall, invalid HTTP, 5xx, 429, a broken,
-        truncated or unparsable answer); ejects it after a run of them."""
+        truncated or unparsable answer); ejects it after a run of them, or when failures
+        make up failure_percentage_threshold of its recent requests."""
         now = self.clock()
         state.recent.record(False, now, self.tau_s)
         state.consecutive_failures += 1
         policy = self.config.outlier_detection
-        if state.consecutive_failures < policy.consecutive_failures or state.ejected(now):
+        if state.ejected(now):
             return
+        if state.consecutive_failures >= policy.consecutive_failures:
+            reason = f"{state.consecutive_failures} failures in a row"
+        else:
+            percent = state.recent.failure_percent(now, self.tau_s,
+                                                   policy.failure_percentage_request_volume)
+            if not policy.failure_percentage_threshold \
+                    or percent < policy.failure_percentage_threshold:
+                return
+            reason = f"{percent:.0f} % of its recent requests failed"
+        if self._may_eject(state, now):
+            self._eject(state, now, reason)
+
+    def _may_eject(self, state: EndpointState, now: float) -> bool:
+        """At most max_ejection_percent of the pool out at once (one always may be), and
+        never the last endpoint that can serve it."""
         pool = self.pools[state.model]
         ejected = sum(1 for s in pool if s.ejected(now))
-        if ejected and (ejected + 1) * 100.0 > policy.max_ejection_percent * len(pool):
-            return  # too much of the pool is out already
-        if not any(s.healthy and not s.ejected(now) for s in pool if s is not state):
-            return  # never the last endpoint that can serve the pool
+        if ejected and (ejected + 1) * 100.0 > \
+                self.config.outlier_detection.max_ejection_percent * len(pool):
+            return False
+        return any(s.healthy and not s.ejected(now) for s in pool if s is not state)
+
+    def _eject(self, state: EndpointState, now: float, reason: str) -> None:
+        policy = self.config.outlier_detection
         state.ejections += 1
         duration_s = min(policy.base_ejection_s * state.ejections, policy.max_ejection_s)
         state.ejected_until = now + duration_s
         state.consecutive_failures = 0
-        log.warning("endpoint %s ejected for %.0f s after %d failures in a row",
-                    state.endpoint.name, duration_s, policy.consecutive_failures)
+        log.warning("endpoint %s ejected for %.0f s: %s", state.endpoint.name, duration_s, reason)
         if self.on_health_change:
             self.on_health_change(state)
 

@@ -62,6 +62,13 @@ class SuccessWindow:
         self._decay(now_s, tau_s)
         return (self.ok + PRIOR_OK) / (self.ok + self.failed + PRIOR_OK)
 
+    def failure_percent(self, now_s: float, tau_s: float, volume: float) -> float:
+        """Recent failures as a percentage of recent outcomes (decayed, no prior), or 0 while
+        those outcomes weigh less than `volume` requests (too few to judge)."""
+        self._decay(now_s, tau_s)
+        seen = self.ok + self.failed
+        return 100.0 * self.failed / seen if seen >= volume else 0.0
+
 
 def admitted(ratios: Sequence[float], draw: Callable[[], float], floor: float) -> list[int]:
     """Indices of the candidates that stay in the running: each with probability

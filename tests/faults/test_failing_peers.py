@@ -33,7 +33,8 @@ from tests.support.gateway import KEY_A, make_config, running_gateway
 pytestmark = pytest.mark.timeout(180)
 TIMEOUTS = {"connect_s": 2, "first_byte_s": 1.0, "read_s": 0.5, "total_s": 30}
 POLICIES = ["round_robin", "least_load", "prefix_affinity", "slo_energy"]
-NO_EJECTION = {"consecutive_failures": 1000}  # the success weighting alone
+NO_EJECTION = {"consecutive_failures": 1000,  # the success weighting alone
+               "failure_percentage_threshold": 0}
 
 
 def served_by_good(status: int, raw: bytes, headers: dict[str, str], stream: bool) -> bool:

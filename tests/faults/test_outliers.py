@@ -155,3 +155,27 @@ async def test_ejection_lasts_base_ejection_s_times_the_number_of_ejections() ->
             assert bad.completions == 10
             back = await until("back")
             assert back - second >= 1.8
+
+
+@pytest.mark.parametrize("threshold", [50.0, 0.0])
+async def test_an_engine_failing_every_other_request_is_ejected_by_its_failure_percentage(
+        threshold: float) -> None:
+    """An engine that answers 500 and 200 in turn never fails 5 times in a row. Round robin,
+    40 requests, each 500 retried on the good peer: with failure_percentage_threshold 50 it is
+    ejected once it has seen the request volume (10) at 50 % failures, and gets no more; with
+    the threshold 0 (off) it keeps its half of the traffic."""
+    bad = FaultEngine(script=["500-text", "ok"] * 40)
+    async with fault_engine(bad), fault_engine(FaultEngine()) as good:
+        config = make_config([ep(bad, "bad"), ep(good, "good")], timeouts=TIMEOUTS,
+                             routing=ROUND_ROBIN, retries={"max_attempts": 3, "deadline_s": 10},
+                             outlier_detection={"failure_percentage_threshold": threshold,
+                                                "failure_percentage_request_volume": 10})
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
+            for i in range(40):
+                status, raw, _ = await post(s, gw, body(stream=i % 2 == 1))
+                assert status == 200 and b"tok" in raw, (i, raw)
+            ejected = is_ejected((await endpoints(s, gw))["bad"])
+            if threshold:
+                assert ejected and bad.completions <= 12, bad.completions
+            else:
+                assert not ejected and bad.completions >= 19, bad.completions

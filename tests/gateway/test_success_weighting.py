@@ -40,7 +40,8 @@ def config(policy: str = "round_robin", n: int = 2, **outlier: Any) -> Any:
         "tenants": [{"name": "a", "api_key_sha256": hashlib.sha256(b"k").hexdigest()}],
         "models": [{"name": "m", "endpoints": eps}],
         "routing": {"policy": policy},
-        "outlier_detection": {"consecutive_failures": 1000, **outlier}}, env={})
+        "outlier_detection": {"consecutive_failures": 1000, "failure_percentage_threshold": 0,
+                              **outlier}}, env={})
 
 
 def test_an_engine_without_recent_failures_has_a_ratio_of_exactly_one() -> None:
@@ -166,6 +167,32 @@ def test_every_failure_counts_and_a_success_ends_the_run() -> None:
     assert e0.consecutive_failures == 0 and not e0.ejected(clock.now_s)
     for _ in range(3):
         up.failed(e0)
+    assert e0.ejected(clock.now_s)
+
+
+def test_failure_percentage_ejects_only_past_the_volume_and_the_threshold() -> None:
+    """Failing every other request: not ejected while the decayed volume is under 10 or the
+    share under 60 %; ejected once 60 % of at least 10 recent requests failed; failures an
+    hour old weigh nothing."""
+    clock = Clock()
+    up = Upstreams(config(failure_percentage_threshold=60,
+                          failure_percentage_request_volume=10), clock=clock)
+    e0 = up.by_name["e0"]
+    for _ in range(20):  # 50 %: under the threshold however many
+        up.failed(e0)
+        up.succeeded(e0)
+    assert not e0.ejected(clock.now_s)
+    clock.now_s += 3600.0  # all of it forgotten
+    for i in range(4):  # 4 failures and 2 successes, 67 %, but under the volume
+        up.failed(e0)
+        if i % 2:
+            up.succeeded(e0)
+    assert not e0.ejected(clock.now_s)
+    for _ in range(8):
+        up.failed(e0)
+        if e0.ejected(clock.now_s):
+            break
+        up.succeeded(e0)
     assert e0.ejected(clock.now_s)
 
 
