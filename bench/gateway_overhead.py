@@ -50,6 +50,7 @@ from bench.overhead.targets import (
 )
 
 PROXIES = tuple(STARTERS)
+ACCOUNTING_TARGETS = report.HEADLINES  # their runs are followed by the settle window
 RESULTS = REPO / "bench" / "results"
 TOKEN_EVENT = b'"text":" tok"'
 USAGE_CHUNK = b'"usage":{'
@@ -195,7 +196,7 @@ def planned_wall_s(args: argparse.Namespace) -> float:
     """About how long the run takes: every run of every cell for every target (and the direct
     path), the settle window after the accounting gateway's runs, the warm-up and the start."""
     targets = len(args.targets) + 1
-    settles = sum(1 for name in args.targets if name == "wattgate")
+    settles = sum(1 for name in args.targets if name in ACCOUNTING_TARGETS)
     cells = len(args.modes) * len(args.connections)
     per_cell = targets * (args.duration + WRK_OVERHEAD_S) + settles * args.settle
     warmup = targets * len(args.modes) * (args.warmup + WRK_OVERHEAD_S)

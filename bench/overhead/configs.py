@@ -5,7 +5,10 @@
 endpoints each, accounting on with the SQLite ledger. `wattgate-noacct` is the same without
 accounting, so the cost of accounting is read side by side. `wattgate-lean` is the smallest
 gateway that serves the same requests: one `openai` endpoint per alias, `round_robin`, no
-scraping, no accounting.
+scraping, no accounting. `wattgate-tenants` is the user configuration with every per-request
+control a platform team turns on: the tenant's rate limits, concurrency cap and a joule budget
+(reserved at admission, settled from the ledger), and the write-ahead journal, all set so that
+nothing is refused: it measures their cost, not their refusals.
 """
 
 from __future__ import annotations
@@ -48,6 +51,17 @@ def wattgate_user(engine_urls: Sequence[str], port: int, ledger: Path | None) ->
     cfg["models"] = [{"name": alias, "endpoints": eps} for alias, eps in pools.items()]
     if ledger is not None:
         cfg["accounting"] = {"ledger": {"kind": "sqlite", "path": str(ledger)}}
+    return orjson.dumps(cfg, option=orjson.OPT_INDENT_2)
+
+
+def wattgate_tenants(engine_urls: Sequence[str], port: int, ledger: Path) -> bytes:
+    """The user configuration plus tenant limits, a budget and the journal (never reached)."""
+    cfg = orjson.loads(wattgate_user(engine_urls, port, ledger))
+    cfg["tenants"][0].update({
+        "limits": {"requests_per_second": 1e6, "requests_per_minute": 1e8,
+                   "tokens_per_minute": 1e12, "max_concurrent": 100_000},
+        "budgets": [{"period": "day", "j": 1e15}], "on_budget": "reject"})
+    cfg["accounting"]["journal"] = {"enabled": True, "path": f"{ledger}.journal"}
     return orjson.dumps(cfg, option=orjson.OPT_INDENT_2)
 
 

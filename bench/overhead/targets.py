@@ -198,6 +198,12 @@ def start_wattgate(fleet: Fleet, engine_urls: list[str]) -> Target:
     return _start_wattgate(fleet, "wattgate", config, port, accounting=True)
 
 
+def start_wattgate_tenants(fleet: Fleet, engine_urls: list[str]) -> Target:
+    port = free_port()
+    config = configs.wattgate_tenants(engine_urls, port, fleet.workdir / "ledger-tenants.db")
+    return _start_wattgate(fleet, "wattgate-tenants", config, port, accounting=True)
+
+
 def start_wattgate_noacct(fleet: Fleet, engine_urls: list[str]) -> Target:
     port = free_port()
     config = configs.wattgate_user(engine_urls, port, None)
@@ -245,7 +251,8 @@ def start_aiohttp_naive(fleet: Fleet, engine_urls: list[str]) -> Target:
 
 
 STARTERS: dict[str, Callable[[Fleet, list[str]], Target]] = {
-    "wattgate": start_wattgate, "wattgate-noacct": start_wattgate_noacct,
+    "wattgate": start_wattgate, "wattgate-tenants": start_wattgate_tenants,
+    "wattgate-noacct": start_wattgate_noacct,
     "wattgate-lean": start_wattgate_lean, "nginx": start_nginx,
     "vllm-router": start_vllm_router, "aiohttp-naive": start_aiohttp_naive,
 }
