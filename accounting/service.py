@@ -40,7 +40,7 @@ from accounting.metering import (
 )
 from accounting.metrics import ApportionerMetrics, RecorderMetrics
 from accounting.prefill import PrefillRates
-from accounting.recorder import INGEST_CHUNK, Recorder, pending_request
+from accounting.recorder import INGEST_CHUNK, LedgerRecorder, pending_request
 from core.records import RequestRecord
 from engines.meters.base import Meter
 
@@ -67,8 +67,9 @@ class AccountingService:
         self._stopping = asyncio.Event()
         self._stepped = asyncio.Event()  # one step done: the meters read, the ledger reached
         self.link = link
-        self.recorder = (Recorder(config, self.ledger, self.replica, clock=clock,
-                                  metrics=RecorderMetrics(registry) if registry is not None else None)
+        self.recorder = (LedgerRecorder(config, self.ledger, self.replica, clock=clock,
+                                        metrics=RecorderMetrics(registry)
+                                        if registry is not None else None)
                          if record and link is None else None)
         # Queue a finished request for the ledger (O(1), no I/O): the link's or the
         # recorder's own `record`, with no call in between on the hot path.
@@ -100,7 +101,7 @@ class AccountingService:
         raise AssertionError("this accounting service does not record")
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
-        """See `Recorder.watch`."""
+        """See `LedgerRecorder.watch`."""
         if self.recorder is not None:
             self.recorder.watch(open_since)
         if self.link is not None:

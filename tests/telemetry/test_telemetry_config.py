@@ -61,7 +61,7 @@ async def proxy_parts(config_raw: dict[str, Any]) -> tuple[object, tuple[object,
     await runner.setup()  # runs the lifecycle that builds the proxy
     try:
         proxy = app[PROXY]
-        return proxy.tracing, proxy.recorder.sinks
+        return proxy.tracing, proxy.publisher.sinks
     finally:
         await runner.cleanup()
 
