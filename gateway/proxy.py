@@ -20,13 +20,13 @@ from core.tokenizer import PromptCounter
 from core.trace_context import TRACEPARENT, TraceStarter
 from gateway.config import GatewayConfig
 from gateway.front.aiohttp_exchange import AiohttpExchange
-from gateway.metrics import GatewayMetrics
 from gateway.pipeline.admit import Admit
 from gateway.pipeline.dispatch import Dispatch
 from gateway.pipeline.flight import REQUEST_ID_HEADER, Flight
 from gateway.pipeline.record import RecordPublisher, Sink
 from gateway.pipeline.route import Router
 from gateway.routing.learner import RoutingModels
+from gateway.serving_metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 from gateway.upstreams import Upstreams
 from wire.client import UpstreamClient

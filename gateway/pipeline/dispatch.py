@@ -32,12 +32,12 @@ from core.errors import (
 )
 from core.outcomes import OUTCOMES
 from gateway.config import GatewayConfig, Tenant
-from gateway.metrics import GatewayMetrics
 from gateway.pipeline.deadline import Deadlines
 from gateway.pipeline.flight import Flight
 from gateway.pipeline.route import Router
 from gateway.relay import Relay
 from gateway.requests import PreparedRequest
+from gateway.serving_metrics import GatewayMetrics
 from gateway.upstreams import EndpointState, Upstreams
 from wire.client import UpstreamClient
 from wire.errors import (
