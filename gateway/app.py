@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import aiohttp
 from aiohttp import web
 
+from accounting.mode import AccountingMode, accounting_mode
 from accounting.service import AccountingService, EngineInfo
 from accounting.supervisor import ApportionerChild
 from core.errors import ConfigError
@@ -47,18 +48,17 @@ from gateway.upstreams import Upstreams
 from wire.client import ClientSettings, UpstreamClient
 
 
-def _accounting_service(config: GatewayConfig, gateway_metrics: GatewayMetrics,
-                        child: ApportionerChild | None) -> AccountingService:
-    """Linked to the accounting child where `wattgate serve` started one (it records and, for
-    `process`, apportions); recorder only for `external` without a child (an app built
-    without `wattgate serve`); inline otherwise (`inline`, or `process` without a child)."""
+def _accounting_service(config: GatewayConfig, mode: AccountingMode,
+                        gateway_metrics: GatewayMetrics, child: ApportionerChild | None
+                        ) -> AccountingService:
+    """The roles of `mode` in this process; linked to the accounting child where the mode
+    records there."""
     acct = config.accounting
     assert acct is not None
     engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
                           kind=ep.kind)
                for model, ep in config.endpoints()]
-    inline = acct.apportioner == "inline" or (acct.apportioner == "process" and child is None)
-    return AccountingService(acct, engines, registry=gateway_metrics.registry, apportion=inline,
+    return AccountingService(acct, engines, registry=gateway_metrics.registry, mode=mode,
                              link=child.link if child is not None else None)
 
 
@@ -112,11 +112,14 @@ def prompt_counter(config: GatewayConfig) -> PromptCounter:
 
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
-              wall: Callable[[], float] = time.time,
+              wall: Callable[[], float] = time.time, accounting: AccountingMode | None = None,
               apportioner: ApportionerChild | None = None) -> web.Application:
     """The gateway application; engine sessions and health checks start with the app.
-    `apportioner`: the apportioner child `wattgate serve` started (this process then only
-    records; without one, `accounting.apportioner: process` apportions inline)."""
+    `accounting`: the accounting mode `wattgate serve` decided (None: an app built in code,
+    `accounting_mode(config.accounting, "code")`); `apportioner`: the accounting child
+    `wattgate serve` started where that mode records there."""
+    mode = accounting if accounting is not None else accounting_mode(config.accounting, "code")
+    assert (apportioner is not None) == (mode.child is not None), mode
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=MIDDLEWARES)
     app.on_response_prepare.append(no_server_header)
@@ -147,18 +150,18 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
             access_log.stop()  # after the proxy's context: in-flight requests are written too
 
         app.cleanup_ctx.append(access_log_ctx)
-    if config.accounting is not None and config.accounting.enabled:
-        accounting = _accounting_service(config, gateway_metrics, apportioner)
-        app[ACCOUNTING] = accounting
+    if mode.enabled:
+        service = _accounting_service(config, mode, gateway_metrics, apportioner)
+        app[ACCOUNTING] = service
         if apportioner is not None:
             app[APPORTIONER] = apportioner
             apportioner.register(gateway_metrics.registry)
-        all_sinks.append(accounting.record)
+        all_sinks.append(service.record)
         # registered before the proxy's context, so it stops after in-flight requests drained
-        app.cleanup_ctx.append(accounting.cleanup_ctx)
+        app.cleanup_ctx.append(service.cleanup_ctx)
         from accounting.admin import admin_routes
 
-        for route in admin_routes(accounting, remote_check=(
+        for route in admin_routes(service, remote_check=(
                 apportioner.energy_check if apportioner is not None else None)):
             assert isinstance(route, web.RouteDef)
             app.router.add_route(route.method, route.path, admin_only(route.handler))
