@@ -110,6 +110,22 @@ def prompt_counter(config: GatewayConfig) -> PromptCounter:
     return PromptCounter(tokenizers)
 
 
+# the routes of the handlers in gateway/handlers/ (the admin API's accounting routes are added
+# with the accounting service)
+ROUTES = (
+    web.post("/v1/chat/completions", completions),
+    web.post("/v1/completions", completions),
+    web.post("/v1/embeddings", completions),
+    web.get("/v1/models", models),  # GET routes answer HEAD too
+    web.get("/v1/usage", tenant_usage),
+    web.get("/healthz", healthz),
+    web.get("/health", health),
+    web.get("/readyz", readyz),
+    web.get("/metrics", metrics),
+    web.get("/admin/v1/endpoints", admin_endpoints),
+)
+
+
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
               wall: Callable[[], float] = time.time, accounting: AccountingMode | None = None,
@@ -120,61 +136,27 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
     `wattgate serve` started where that mode records there."""
     mode = accounting if accounting is not None else accounting_mode(config.accounting, "code")
     assert (apportioner is not None) == (mode.child is not None), mode
-    app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=MIDDLEWARES)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=MIDDLEWARES)
     app.on_response_prepare.append(no_server_header)
     app[CONFIG] = config
     app[CONNECTIONS] = FrontConnections()
-    gateway_metrics = GatewayMetrics()
-    app[METRICS] = gateway_metrics
-    upstreams = Upstreams(config)
-    app[UPSTREAMS] = upstreams
-    for state in upstreams.by_name.values():
-        ep = state.endpoint
-        gateway_metrics.inflight.labels(state.model, ep.name).set_function(state.inflight_now)
-        gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
-            state.healthy_now)
-    for model in upstreams.pools:
-        gateway_metrics.pool_panic.labels(model).set_function(
-            functools.partial(upstreams.panic_now, model))
-
+    gateway_metrics = app[METRICS] = GatewayMetrics()
+    upstreams = app[UPSTREAMS] = _upstreams(config, gateway_metrics)
     counter = prompt_counter(config)
     all_sinks = list(sinks)
     if config.access_log:
-        access_log = AccessLog(config.access_log)
-        all_sinks.append(access_log)
-
-        async def access_log_ctx(_app: web.Application) -> AsyncIterator[None]:
-            access_log.start()
-            yield
-            access_log.stop()  # after the proxy's context: in-flight requests are written too
-
-        app.cleanup_ctx.append(access_log_ctx)
-    if mode.enabled:
-        service = _accounting_service(config, mode, gateway_metrics, apportioner)
-        app[ACCOUNTING] = service
-        if apportioner is not None:
-            app[APPORTIONER] = apportioner
-            apportioner.register(gateway_metrics.registry)
+        all_sinks.append(_access_log(app, config.access_log))
+    service = (_accounting(app, config, mode, gateway_metrics, apportioner) if mode.enabled
+               else None)
+    if service is not None:
         all_sinks.append(service.record)
-        # registered before the proxy's context, so it stops after in-flight requests drained
-        app.cleanup_ctx.append(service.cleanup_ctx)
-        from accounting.admin import admin_routes
-
-        for route in admin_routes(service, remote_check=(
-                apportioner.energy_check if apportioner is not None else None)):
-            assert isinstance(route, web.RouteDef)
-            app.router.add_route(route.method, route.path, admin_only(route.handler))
-
     controls = app[CONTROLS] = TenantControls(
         config, gateway_metrics.registry, clock=clock, wall=wall,
-        replica=app[ACCOUNTING].replica if ACCOUNTING in app else None)
-
-    routing_models = _routing_models(config, app.get(ACCOUNTING), gateway_metrics)
-    app[ROUTING_MODELS] = routing_models
+        replica=service.replica if service is not None else None)
+    routing_models = app[ROUTING_MODELS] = _routing_models(config, service, gateway_metrics)
     all_sinks.append(routing_models)
-    tracing = start_telemetry(app, config, all_sinks, app[ACCOUNTING].apportioner_metrics
-                              if ACCOUNTING in app else None)
+    tracing = start_telemetry(app, config, all_sinks, service.apportioner_metrics
+                              if service is not None else None)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         session = upstream_session(config)
@@ -182,8 +164,8 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
                                    clock=clock, wall=wall, counter=counter,
                                    admission=controls.admission, tracing=tracing)
-        if ACCOUNTING in app:
-            app[ACCOUNTING].watch(proxy.open_since)
+        if service is not None:
+            service.watch(proxy.open_since)
         async with upstreams.running(session):
             yield
             await drain(app)
@@ -192,17 +174,54 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
 
     app.cleanup_ctx.append(controls.cleanup_ctx)  # stops after the proxy drained
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/usage", tenant_usage)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/health", health)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/v1/endpoints", admin_endpoints)
+    app.router.add_routes(ROUTES)
     return app
+
+
+def _upstreams(config: GatewayConfig, gateway_metrics: GatewayMetrics) -> Upstreams:
+    """The endpoints' live state, with the gauges that read it at each scrape."""
+    upstreams = Upstreams(config)
+    for state in upstreams.by_name.values():
+        ep = state.endpoint
+        gateway_metrics.inflight.labels(state.model, ep.name).set_function(state.inflight_now)
+        gateway_metrics.endpoint_healthy.labels(state.model, ep.name, ep.precision).set_function(
+            state.healthy_now)
+    for model in upstreams.pools:
+        gateway_metrics.pool_panic.labels(model).set_function(
+            functools.partial(upstreams.panic_now, model))
+    return upstreams
+
+
+def _access_log(app: web.Application, path: str) -> AccessLog:
+    """The access log (a record sink), written from the app's start to its end."""
+    access_log = AccessLog(path)
+
+    async def access_log_ctx(_app: web.Application) -> AsyncIterator[None]:
+        access_log.start()
+        yield
+        access_log.stop()  # after the proxy's context: in-flight requests are written too
+
+    app.cleanup_ctx.append(access_log_ctx)
+    return access_log
+
+
+def _accounting(app: web.Application, config: GatewayConfig, mode: AccountingMode,
+                gateway_metrics: GatewayMetrics, apportioner: ApportionerChild | None
+                ) -> AccountingService:
+    """The accounting service of `mode` on the app, its lifecycle and its admin routes."""
+    service = app[ACCOUNTING] = _accounting_service(config, mode, gateway_metrics, apportioner)
+    if apportioner is not None:
+        app[APPORTIONER] = apportioner
+        apportioner.register(gateway_metrics.registry)
+    # registered before the proxy's context, so it stops after in-flight requests drained
+    app.cleanup_ctx.append(service.cleanup_ctx)
+    from accounting.admin import admin_routes
+
+    for route in admin_routes(service, remote_check=(
+            apportioner.energy_check if apportioner is not None else None)):
+        assert isinstance(route, web.RouteDef)
+        app.router.add_route(route.method, route.path, admin_only(route.handler))
+    return service
 
 
 async def drain(app: web.Application) -> None:
