@@ -68,10 +68,8 @@ class ApportionerChild:
     def __init__(self, config_path: str, *, log_level: str | None = None,
                  command: Sequence[str] | None = None, mode: AccountingMode = INLINE,
                  spill_dir: Path | None = None):
-        """`mode`: the child's (its gateway's `AccountingMode.child`; by default it records
-        and apportions, as for `accounting.apportioner: process`); `spill_dir`: the
-        accounting journal's directory, where records wait while no child runs (None: they
-        wait in memory only)."""
+        """`mode`: the child's (`AccountingMode.child`); `spill_dir`: the accounting journal's
+        directory, where records wait while no child runs (None: in memory only)."""
         self.config_path = config_path
         self._spill_dir = spill_dir
         self._spill: Journal | None = None
