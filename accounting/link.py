@@ -16,9 +16,9 @@ shipped until a successor is attached. The spill's segments are released once th
 acknowledged them; a gateway that stops first leaves them, and the next accounting child
 (after a restart) replays them as it replays any dead owner's journal.
 
-Child side (`RecordIntake`): reads frames, hands their records to the child's `Recorder`
-(which journals, ingests and writes them as in a gateway) and acknowledges each frame once
-the records it carried were written.
+Child side (`RecordIntake`): reads frames, hands their records to the child's
+`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges
+each frame once the records it carried were written.
 
 The watermark travels too: every frame carries the gateway's oldest open request and the
 wall-clock time it was sent; the child publishes the earlier of the two, since a request may
@@ -47,7 +47,7 @@ import orjson
 
 from accounting.journal import Journal, decode_values, encode
 from accounting.priority import Background
-from accounting.recorder import Recorder
+from accounting.recorder import LedgerRecorder
 from core.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -314,7 +314,7 @@ class RecordLink:
 class RecordIntake:
     """The child's end: frames in, records to the recorder, acknowledgements out."""
 
-    def __init__(self, recorder: Recorder, priority: Background | None = None, *,
+    def __init__(self, recorder: LedgerRecorder, priority: Background | None = None, *,
                  floor: float | None = None):
         """`floor`: the gateway's `RecordLink.floor()` when it started this child, the
         watermark until its first frame (the default, the time of this call, suits a

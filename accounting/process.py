@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from accounting.config import AccountingConfig
 from accounting.link import RecordIntake
 from accounting.metrics import ApportionerMetrics
+from accounting.mode import AccountingMode
 from accounting.priority import Background
 from accounting.service import AccountingService, EngineInfo
 from accounting.supervisor import TOKEN_ENV
@@ -128,25 +129,25 @@ def _write_port(path: Path, port: int) -> None:
 
 
 async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo],
-                          auth: ScrapeCheck, *, host: str, port: int,
+                          auth: ScrapeCheck, mode: AccountingMode, *, host: str, port: int,
                           port_file: Path | None = None, parent_pid: int | None = None,
                           records_fd: int | None = None, replica: str | None = None,
-                          idle_class: bool = False, apportion: bool = True,
-                          open_floor: float | None = None,
+                          idle_class: bool = False, open_floor: float | None = None,
                           export: ExportHook | None = None) -> None:
-    """Apportion until SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone);
-    then store the counters and release the lock. With `records_fd`, also record the requests
-    a gateway sends on that socket (link.py), under `replica`; with `idle_class`, in the idle
-    scheduling class while it keeps up with them (priority.py); without `apportion`, only
-    that (the apportioner runs elsewhere). `open_floor`: the gateway's oldest open or
-    unwritten request when it started this child (link.py, `RecordLink.floor`).
-    `accounting`, `engines` and `auth` are what `wattgate apportioner` (gateway/apportioner_cli.py)
-    read from the gateway's config: this package does not read that file."""
+    """Run the roles of `mode` (mode.py, launched as `wattgate apportioner`) until
+    SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone); then store the
+    counters and release the lock. Where it records, the requests come from a gateway on the
+    socket `records_fd` (link.py) and are recorded under `replica`; with `idle_class`, in the
+    idle scheduling class while it keeps up with them (priority.py). `open_floor`: the
+    gateway's oldest open or unwritten request when it started this child (link.py,
+    `RecordLink.floor`). `accounting`, `engines` and `auth` are what `wattgate apportioner`
+    (gateway/apportioner_cli.py) read from the gateway's config: this package does not read
+    that file."""
+    assert (records_fd is not None) == mode.records_here, mode
     registry = CollectorRegistry()
-    linked = records_fd is not None
+    linked = mode.records_here
     service = AccountingService(
-        accounting, engines, registry=registry, record=linked,
-        apportion=apportion,
+        accounting, engines, registry=registry, mode=mode,
         replica=(replica or f"{socket.gethostname()}:{os.getppid()}") if linked
         else f"{socket.gethostname()}:{os.getpid()}:apportioner")
     intake: RecordIntake | None = None

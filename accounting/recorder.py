@@ -39,7 +39,10 @@ def _nothing_open() -> float | None:
     return None
 
 
-class Recorder:
+class LedgerRecorder:
+    """Writes finished requests to the ledger for one replica: queued, journalled, turned
+    into rows and written in batches with the replica's watermark."""
+
     def __init__(self, config: AccountingConfig, ledger: Ledger, replica: str, *,
                  clock: Callable[[], float], metrics: RecorderMetrics | None = None):
         self.config = config

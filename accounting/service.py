@@ -1,15 +1,16 @@
-"""Accounting for one process, assembled from its roles: the recorder (every gateway process),
-and, where this process apportions, the meter poller and the apportioner.
+"""Accounting for one process, assembled from the roles its `AccountingMode` (mode.py) gives
+it: the recorder where it records, the meter poller and the apportioner where it apportions.
 
-- inline (`apportion=True`, `record=True`): all three on this event loop (tests, and
+- inline (records here, apportions here): all three on this event loop (tests, and
   `accounting.apportioner: inline`);
-- recorder only (`apportion=False`): a gateway whose apportioner runs in another process
+- recorder only (apportions elsewhere): a gateway whose apportioner runs in another process
   (`external`, e.g. a Kubernetes Deployment); it reads the engines' apportioned boundaries
   back from the ledger for the routing models;
-- linked (`link=`): a gateway with an accounting child (`process`, started by `wattgate
-  serve`): its records go to the child over a socket (link.py), which records, journals and
-  writes them and apportions; the gateway only queues them and reads the boundaries back;
-- apportioner only (`record=False`), or apportioner and recorder of a linked gateway's
+- linked (records in the child, `link=`): a gateway with an accounting child (started by
+  `wattgate serve`): its records go to the child over a socket (link.py), which records,
+  journals and writes them and, for `process`, apportions; the gateway only queues them and
+  reads the boundaries back;
+- apportioner only (records elsewhere), or apportioner and recorder of a linked gateway's
   records: the accounting child (process.py).
 
 Wiring in an aiohttp app:  app.cleanup_ctx.append(service.cleanup_ctx)
@@ -39,8 +40,9 @@ from accounting.metering import (
     metered_engines,
 )
 from accounting.metrics import ApportionerMetrics, RecorderMetrics
+from accounting.mode import INLINE, AccountingMode
 from accounting.prefill import PrefillRates
-from accounting.recorder import INGEST_CHUNK, Recorder, pending_request
+from accounting.recorder import INGEST_CHUNK, LedgerRecorder, pending_request
 from core.records import RequestRecord
 from engines.meters.base import Meter
 
@@ -56,9 +58,13 @@ class AccountingService:
     def __init__(self, config: AccountingConfig, engines: Sequence[EngineInfo], *,
                  ledger: Ledger | None = None, meters: dict[str, Meter] | None = None,
                  registry: Any = None, clock: Callable[[], float] = time.time,
-                 replica: str | None = None, record: bool = True, apportion: bool = True,
+                 replica: str | None = None, mode: AccountingMode = INLINE,
                  link: RecordLink | None = None):
+        """`mode`: the roles of this process (`accounting_mode`); `link`: to the accounting
+        child, where the mode records there."""
+        assert mode.enabled and (link is not None) == (mode.records == "child"), mode
         self.config = config
+        self.mode = mode
         self.ledger = ledger if ledger is not None else make_ledger(config.ledger)
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}"
         self.infos = {e.name: e for e in engines}
@@ -67,9 +73,10 @@ class AccountingService:
         self._stopping = asyncio.Event()
         self._stepped = asyncio.Event()  # one step done: the meters read, the ledger reached
         self.link = link
-        self.recorder = (Recorder(config, self.ledger, self.replica, clock=clock,
-                                  metrics=RecorderMetrics(registry) if registry is not None else None)
-                         if record and link is None else None)
+        self.recorder = (LedgerRecorder(config, self.ledger, self.replica, clock=clock,
+                                        metrics=RecorderMetrics(registry)
+                                        if registry is not None else None)
+                         if mode.records_here else None)
         # Queue a finished request for the ledger (O(1), no I/O): the link's or the
         # recorder's own `record`, with no call in between on the hot path.
         self.record: Callable[[RequestRecord], None] = (
@@ -80,7 +87,7 @@ class AccountingService:
         self.apportioner: Apportioner | None = None
         self._ledger_errors: Any = None
         self.apportioner_metrics: ApportionerMetrics | None = None  # where this one apportions
-        if apportion:
+        if mode.apportions_here:
             self.apportioner_metrics = metrics = (ApportionerMetrics(registry)
                                                   if registry is not None else None)
             self.engines = metered_engines(config, engines, meters)
@@ -100,7 +107,7 @@ class AccountingService:
         raise AssertionError("this accounting service does not record")
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
-        """See `Recorder.watch`."""
+        """See `LedgerRecorder.watch`."""
         if self.recorder is not None:
             self.recorder.watch(open_since)
         if self.link is not None:

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from accounting.config import CHILD_NICE
 from accounting.journal import Journal
 from accounting.link import RecordLink
+from accounting.mode import INLINE, AccountingMode
 
 log = logging.getLogger("wattgate.apportioner")
 
@@ -65,16 +66,16 @@ def out_of_resources(exc: BaseException) -> bool:
 
 class ApportionerChild:
     def __init__(self, config_path: str, *, log_level: str | None = None,
-                 command: Sequence[str] | None = None, apportion: bool = True,
+                 command: Sequence[str] | None = None, mode: AccountingMode = INLINE,
                  spill_dir: Path | None = None):
-        """`spill_dir`: the accounting journal's directory, where records wait while no
-        child runs (None: they wait in memory only)."""
+        """`mode`: the child's (`AccountingMode.child`); `spill_dir`: the accounting journal's
+        directory, where records wait while no child runs (None: in memory only)."""
         self.config_path = config_path
         self._spill_dir = spill_dir
         self._spill: Journal | None = None
         self._port: int | None = None  # the child's, once read from its port file
         self._down_since: float | None = None  # monotonic; None while a child answers
-        self.apportion = apportion  # False: it only records (`accounting.apportioner: external`)
+        self.mode = mode
         # `python -m wattgate_cli`: the same interpreter and install as this gateway
         self._command = list(command or (sys.executable, "-m", "wattgate_cli"))
         self._log_level = log_level
@@ -143,9 +144,8 @@ class ApportionerChild:
                 "--parent-pid", str(os.getpid()), "--nice", str(CHILD_NICE)]
         if records_fd is not None:
             argv += ["--records-fd", str(records_fd), "--replica", self.replica,
-                     "--idle-class", "--open-floor", repr(self.link.floor())]
-            if not self.apportion:
-                argv.append("--record-only")
+                     "--idle-class", "--open-floor", repr(self.link.floor()),
+                     *self.mode.child_flags()]
         if self._log_level:
             argv += ["--log-level", self._log_level]
         return argv

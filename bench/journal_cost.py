@@ -26,7 +26,7 @@ import orjson
 
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig
 from accounting.journal import Journal, encode
-from accounting.recorder import Recorder
+from accounting.recorder import LedgerRecorder
 from accounting.service import AccountingService, EngineInfo
 from bench.apportion_workload import make_records
 from bench.provenance import commit
@@ -46,7 +46,7 @@ def loop_side_ns(tmp: Path, n: int) -> dict[str, float]:
         assert svc.recorder is not None
         record = svc.record
 
-        def run(recorder: Recorder = svc.recorder, record: Any = record) -> None:
+        def run(recorder: LedgerRecorder = svc.recorder, record: Any = record) -> None:
             for r in recs:
                 record(r)
             recorder._pending.clear()

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from accounting.config import CHILD_NICE
+from accounting.mode import AccountingMode, accounting_mode
 from accounting.service import EngineInfo
 from core.errors import ConfigError
 from gateway.config import GatewayConfig, load_config
@@ -26,18 +27,23 @@ def engine_infos(config: GatewayConfig) -> list[EngineInfo]:
             for model, ep in config.endpoints()]
 
 
-def _load_or_exit(path: str) -> GatewayConfig:
+def _load_or_exit(path: str, *, records_fd: bool, record_only: bool
+                  ) -> tuple[GatewayConfig, AccountingMode]:
+    """The config, and the accounting mode its section and the flags give this process."""
     try:
         config = load_config(path)
         check_packages(config.telemetry)  # its energy export needs the `otel` extra
     except ConfigError as exc:
         click.echo(f"wattgate: invalid config: {exc.message}", err=True)
         sys.exit(2)
-    if config.accounting is None or not config.accounting.enabled:
-        click.echo("wattgate: invalid config: accounting: the apportioner needs accounting "
-                   "enabled", err=True)
+    try:
+        mode = accounting_mode(config.accounting, "apportioner", records_fd=records_fd,
+                               record_only=record_only)
+    except ConfigError as exc:
+        what = "invalid config: " if exc.path == "accounting" else ""
+        click.echo(f"wattgate: {what}{exc.message}", err=True)
         sys.exit(2)
-    return config
+    return config, mode
 
 
 @click.command()
@@ -80,10 +86,8 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
     process; leader-elected through the ledger, so several may run and one apportions. Started
     by `wattgate serve`, it also records that gateway's requests (--records-fd).
     Exits 2 on a bad config, 1 when the ledger cannot be opened or the port bound."""
-    config = _load_or_exit(config_path)
-    if record_only and records_fd is None:
-        click.echo("wattgate: --record-only needs --records-fd", err=True)
-        sys.exit(2)
+    config, mode = _load_or_exit(config_path, records_fd=records_fd is not None,
+                                 record_only=record_only)
     if niceness:
         os.nice(niceness)
     from gateway.logs import configure
@@ -95,14 +99,14 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
     from accounting.process import run_apportioner
     from gateway.auth import Authenticator
 
-    assert config.accounting is not None  # _load_or_exit
+    assert config.accounting is not None  # the mode says accounting is on
     try:
         uvloop.run(run_apportioner(config.accounting, engine_infos(config), Authenticator(config),
-                                   host=host, port=port,
+                                   mode, host=host, port=port,
                                    port_file=Path(port_file) if port_file else None,
                                    parent_pid=parent_pid, records_fd=records_fd,
                                    replica=replica, idle_class=idle_class,
-                                   apportion=not record_only, open_floor=open_floor,
+                                   open_floor=open_floor,
                                    export=partial(energy_export, config.telemetry)))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)

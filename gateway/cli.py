@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import orjson
 
+from accounting.mode import AccountingMode, accounting_mode
 from core.errors import ConfigError
 from gateway.config import GatewayConfig, load_config, normalised
 from gateway.telemetry.config import check_packages
@@ -43,6 +44,7 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
     apportioner as a child process, restarted if it dies and stopped with the gateway.
     Exits 2 on a bad config before binding a port."""
     config = _load_or_exit(config_path)
+    mode = accounting_mode(config.accounting, "serve")
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
     config = dataclasses.replace(config, listen=listen)
@@ -51,12 +53,12 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
     configure(config.logging, log_level)
     import uvloop
 
-    uvloop.run(_serve(config, reuse_port=reuse_port, config_path=config_path,
+    uvloop.run(_serve(config, mode, reuse_port=reuse_port, config_path=config_path,
                       log_level=log_level))
 
 
-async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
-                 log_level: str | None = None) -> None:
+async def _serve(config: GatewayConfig, mode: AccountingMode, *, reuse_port: bool,
+                 config_path: str, log_level: str | None = None) -> None:
     from accounting.ledger.base import LedgerError
     from accounting.supervisor import ApportionerChild
     from gateway.app import build_app
@@ -68,23 +70,21 @@ async def _serve(config: GatewayConfig, *, reuse_port: bool, config_path: str,
             click.echo(f"Error: {taken}", err=True)
             sys.exit(1)
     acct = config.accounting
-    if acct is not None and acct.enabled:
+    if mode.enabled:
         await _ledger_or_exit(config)
-    # `process`: the child records and apportions; `external`: it records, and an apportioner
-    # runs elsewhere; `inline`: no child
-    child = (ApportionerChild(config_path, log_level=log_level,
-                              apportion=acct.apportioner == "process",
-                              spill_dir=Path(acct.journal.directory(acct.ledger))
-                              if acct.journal.enabled else None)
-             if acct is not None and acct.enabled and acct.apportioner != "inline" else None)
-    if child is not None:
+    child = None
+    if mode.child is not None:  # the accounting child records (and apportions, for `process`)
+        assert acct is not None
+        child = ApportionerChild(config_path, log_level=log_level, mode=mode.child,
+                                 spill_dir=Path(acct.journal.directory(acct.ledger))
+                                 if acct.journal.enabled else None)
         # Started, and its meters read, before requests are taken: on a new ledger the work
         # before an engine's first reading would get no share of its energy.
         await child.start()
         if not await child.wait_ready():
             click.echo("wattgate: the apportioner child is not ready yet (see its log); "
                        "serving anyway", err=True)
-    app = build_app(config, apportioner=child)
+    app = build_app(config, accounting=mode, apportioner=child)
     try:
         running = await start(config, app, reuse_port=reuse_port)
     except (OSError, LedgerError) as exc:

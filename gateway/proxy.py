@@ -20,13 +20,13 @@ from core.tokenizer import PromptCounter
 from core.trace_context import TRACEPARENT, TraceStarter
 from gateway.config import GatewayConfig
 from gateway.front.aiohttp_exchange import AiohttpExchange
-from gateway.metrics import GatewayMetrics
 from gateway.pipeline.admit import Admit
 from gateway.pipeline.dispatch import Dispatch
 from gateway.pipeline.flight import REQUEST_ID_HEADER, Flight
-from gateway.pipeline.record import Recorder, Sink
+from gateway.pipeline.record import RecordPublisher, Sink
 from gateway.pipeline.route import Router
 from gateway.routing.learner import RoutingModels
+from gateway.serving_metrics import GatewayMetrics
 from gateway.tenancy.admission import Admission
 from gateway.upstreams import Upstreams
 from wire.client import UpstreamClient
@@ -60,8 +60,8 @@ class Proxy:
         self.auth = self.admit.auth
         self.dispatch = Dispatch(config, upstreams, client, metrics, router, clock=clock,
                                  inflight=lambda: self.inflight)
-        self.recorder = Recorder(config, admission, counter,
-                                 [metrics.observe, *sinks], clock, client)
+        self.publisher = RecordPublisher(config, admission, counter,
+                                         [metrics.observe, *sinks], clock, client)
         self._counting: set[asyncio.Task[None]] = set()  # records waiting for a prompt count
         self.draining = False
         # request ids: 64 random bits per process + a counter (24 hex digits, unique across
@@ -138,11 +138,11 @@ class Proxy:
         if self.inflight > self.config.listen.max_inflight:
             raise OverloadedError("the gateway is serving as many requests as it takes at once "
                                   "(listen.max_inflight); retry shortly")
-        req = await self.admit(exchange, flight)
+        req = await self.admit.admit(exchange, flight)
         if flight.trace is not None:
             flight.trace.admitted_s = self.clock()
         assert flight.tenant_config is not None  # admit knows the tenant
-        await self.dispatch(exchange, flight, req, flight.tenant_config)
+        await self.dispatch.send(exchange, flight, req, flight.tenant_config)
 
     def _done(self, flight: Flight, finished: float | None = None) -> None:
         """Out of flight, and its record to the sinks right away."""
@@ -150,11 +150,11 @@ class Proxy:
         if self.inflight == 0:
             self.idle.set()
         del self._open[flight.request_id]
-        self.recorder.finish(flight, finished)
+        self.publisher.publish(flight, finished)
 
     async def _count_then_finish(self, flight: Flight) -> None:
         finished = self.clock()  # the request ended now, not when its prompt was counted
         try:
-            await self.recorder.count_prompt(flight)
+            await self.publisher.count_prompt(flight)
         finally:
             self._done(flight, finished)

@@ -69,13 +69,13 @@ class Relay:
         self.clock = clock
         self.upstream_error = upstream_error
 
-    def __call__(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
-                 *, engine: str, stream: bool, client_wants_usage: bool,
-                 headers: Mapping[str, str], choices: int = 1) -> Coroutine[Any, Any, None]:
+    def forward(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
+                *, engine: str, stream: bool, client_wants_usage: bool,
+                headers: Mapping[str, str], choices: int = 1) -> Coroutine[Any, Any, None]:
         """Relay `upstream` to `exchange`: streamed if the client asked and the engine said
         200, else in one piece. `headers` go on the client's response; `choices`: the
-        request's `n`. (The coroutine of the
-        one that applies, not a wrapper around it: one frame less per request.)"""
+        request's `n`. (The coroutine of the one that applies, not a wrapper around it: one
+        frame less per request.)"""
         if stream and upstream.status == 200:
             return self._stream(exchange, flight, upstream, engine, client_wants_usage, headers,
                                 choices)

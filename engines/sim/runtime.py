@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from engines.sim.energy import EnergyLedger
-from engines.sim.metrics import ServingStats
+from engines.sim.engine_metrics import ServingStats
 from engines.sim.state import (
     DuplicateRequestError,
     Emission,

@@ -19,8 +19,8 @@ from engines.sim.catalog import Deployment
 from engines.sim.config import SimConfig
 from engines.sim.detok import TokenTexts, empty_share
 from engines.sim.embeddings import embedding_body, parse_embedding_request
+from engines.sim.engine_metrics import render_trtllm, render_vllm
 from engines.sim.fixed import FixedTimingCore
-from engines.sim.metrics import render_trtllm, render_vllm
 from engines.sim.perf import kernel_profile
 from engines.sim.power import idle_power_w
 from engines.sim.protocol import (

@@ -16,7 +16,7 @@ import logging
 
 from aiohttp import web
 
-from gateway.app import CONNECTIONS, METRICS, PROXY
+from gateway.appkeys import CONNECTIONS, METRICS, PROXY
 from gateway.config import GatewayConfig
 from gateway.front.aiohttp_errors import (
     FIELD_MAX_BYTES,

@@ -43,7 +43,7 @@ class Admit:
         self.prefix_chars = prefix_chars
         self.estimate = estimate
 
-    async def __call__(self, exchange: ServerExchange, flight: Flight) -> PreparedRequest:
+    async def admit(self, exchange: ServerExchange, flight: Flight) -> PreparedRequest:
         """The prepared request; raises the WattgateError that answers the client."""
         tenant = self.auth.tenant(exchange.header("authorization"))
         flight.tenant, flight.slo_class, flight.tenant_config = tenant.name, tenant.slo_class, tenant

@@ -32,12 +32,12 @@ from core.errors import (
 )
 from core.outcomes import OUTCOMES
 from gateway.config import GatewayConfig, Tenant
-from gateway.metrics import GatewayMetrics
 from gateway.pipeline.deadline import Deadlines
 from gateway.pipeline.flight import Flight
 from gateway.pipeline.route import Router
 from gateway.relay import Relay
 from gateway.requests import PreparedRequest
+from gateway.serving_metrics import GatewayMetrics
 from gateway.upstreams import EndpointState, Upstreams
 from wire.client import UpstreamClient
 from wire.errors import (
@@ -85,8 +85,8 @@ class Dispatch:
     def upstream_error(self, engine: str, reason: str) -> None:
         self.metrics.upstream_errors.labels(engine, reason).inc()
 
-    async def __call__(self, exchange: ServerExchange, flight: Flight, req: PreparedRequest,
-                       tenant: Tenant) -> None:
+    async def send(self, exchange: ServerExchange, flight: Flight, req: PreparedRequest,
+                   tenant: Tenant) -> None:
         """Serve `req` from the first endpoint that answers; raises the error the client
         gets when none does."""
         retries = self.retries
@@ -98,8 +98,8 @@ class Dispatch:
         last_error: WattgateError | None = None
         while flight.attempts < retries.max_attempts and (not tried or self.clock() < deadline):
             try:
-                state = self.router(req, tenant.precision, tenant.slo_class, precision, tried,
-                                    exchange.path)
+                state = self.router.choose(req, tenant.precision, tenant.slo_class, precision,
+                                           tried, exchange.path)
             except RoutingError:
                 if last_error is not None:
                     raise last_error from None
@@ -218,10 +218,11 @@ class Dispatch:
         answered = False
         try:
             n = req.body.get("n")  # the choices whose finish_reason ends a stream
-            await self.relay(exchange, flight, upstream, engine=state.endpoint.name,
-                             stream=req.stream, client_wants_usage=req.client_wants_usage,
-                             headers=flight.response_headers(),
-                             choices=n if type(n) is int and n > 1 else 1)
+            await self.relay.forward(exchange, flight, upstream, engine=state.endpoint.name,
+                                     stream=req.stream,
+                                     client_wants_usage=req.client_wants_usage,
+                                     headers=flight.response_headers(),
+                                     choices=n if type(n) is int and n > 1 else 1)
             answered = True
         except UpstreamError as exc:
             if flight.engine_failed and not req.stream \

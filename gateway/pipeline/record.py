@@ -51,7 +51,9 @@ def tokenize_body(body: Mapping[str, Any], upstream_model: str) -> bytes | None:
     return None
 
 
-class Recorder:
+class RecordPublisher:
+    """Turns each finished `Flight` into its `RequestRecord` and hands it to every sink."""
+
     __slots__ = ("admission", "client", "clock", "config", "counter", "sinks", "slo_by_name")
 
     def __init__(self, config: GatewayConfig, admission: Admission, counter: PromptCounter,
@@ -113,7 +115,7 @@ class Recorder:
             return None
         return token_count(count)
 
-    def finish(self, flight: Flight, finished: float | None = None) -> None:
+    def publish(self, flight: Flight, finished: float | None = None) -> None:
         """Record `flight`, which ended at `finished` (monotonic; None: now); settle what the
         tenant controls hold for it."""
         if finished is None:

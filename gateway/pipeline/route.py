@@ -90,8 +90,8 @@ class Router:
         """How much of the prompt the policy reads (0: none)."""
         return self.routing.prefix_chars if self.routing.policy == "prefix_affinity" else 0
 
-    def __call__(self, req: PreparedRequest, policy: PrecisionPolicy, slo_class: str,
-                 precision: str | None, tried: Sequence[str], path: str) -> EndpointState:
+    def choose(self, req: PreparedRequest, policy: PrecisionPolicy, slo_class: str,
+               precision: str | None, tried: Sequence[str], path: str) -> EndpointState:
         """One endpoint not in `tried` for the request; raises RoutingError when none fits.
         `precision`: the request's override, or the one a budget downgrade forces."""
         healthy = self.upstreams.healthy(req.model, exclude=tried)

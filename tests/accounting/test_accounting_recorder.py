@@ -10,7 +10,7 @@ import pytest
 
 from accounting.config import JournalConfig
 from accounting.ledger.base import EngineWork, LedgerError, RequestRow, Watermark
-from accounting.recorder import Recorder
+from accounting.recorder import LedgerRecorder
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
 from tests.accounting.test_ledger_sqlite import Clock, make_config
 
@@ -41,7 +41,8 @@ async def test_a_flush_writes_each_engines_rows_and_a_failed_one_keeps_them() ->
             for i, r in enumerate(recs)]
     config = dataclasses.replace(make_config(), journal=JournalConfig(enabled=False))
     ledger = FlakyLedger(fail=1)
-    recorder = Recorder(config, ledger, "r1", clock=Clock(T0_WALL))  # type: ignore[arg-type]
+    recorder = LedgerRecorder(config, ledger, "r1",  # type: ignore[arg-type]
+                              clock=Clock(T0_WALL))
     for rec in recs[:25]:
         recorder.record(rec)
     recorder.ingest()

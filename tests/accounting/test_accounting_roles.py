@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from accounting.ledger.sqlite import SqliteLedger
+from accounting.mode import APPORTIONER_ONLY, RECORDER_ONLY
 from accounting.service import AccountingService, EngineInfo
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
 from tests.accounting.test_ledger_sqlite import Clock, ReplayMeter, conservation, make_config
@@ -24,10 +25,10 @@ async def test_recorder_and_apportioner_processes_keep_the_books_of_one_service(
     clock = Clock(T0_WALL)
     path = tmp_path / "l.db"
     gateway = AccountingService(make_config(), ENGINES, ledger=SqliteLedger(path), clock=clock,
-                                apportion=False)
+                                mode=RECORDER_ONLY)
     apportioner = AccountingService(make_config(), ENGINES, ledger=SqliteLedger(path),
                                     meters={"e0": ReplayMeter(run.readings, clock)},
-                                    clock=clock, record=False)
+                                    clock=clock, mode=APPORTIONER_ONLY)
     # the gateway polls no meter and apportions nothing
     assert gateway.poller is None and gateway.apportioner is None and not gateway.engines
     assert apportioner.recorder is None
@@ -63,7 +64,7 @@ async def test_a_request_not_yet_written_is_shown_pending_by_the_recorder(
         tmp_path: Path) -> None:
     run = run_engine(3, duration_s=2.0)
     gateway = AccountingService(make_config(), ENGINES, ledger=SqliteLedger(tmp_path / "l.db"),
-                                apportion=False)
+                                mode=RECORDER_ONLY)
     rec = run.records[0]
     gateway.record(rec)
     got = gateway.pending_request(rec.request_id)

@@ -23,7 +23,7 @@ from accounting.config import JournalConfig
 from accounting.journal import Journal, recover
 from accounting.link import RecordLink
 from accounting.metrics import RecorderMetrics
-from accounting.recorder import Recorder
+from accounting.recorder import LedgerRecorder
 from tests.accounting.test_accounting_accuracy import T0_WALL
 from tests.accounting.test_accounting_recorder import FlakyLedger
 from tests.accounting.test_ledger_sqlite import Clock, make_config
@@ -128,8 +128,8 @@ async def test_the_childs_journal_on_a_full_disk_says_so_and_the_ledger_still_ge
     config = dataclasses.replace(make_config(), journal=JournalConfig(
         enabled=True, path=str(tmp_path), fsync_s=0.001))
     ledger = FlakyLedger(fail=0)
-    recorder = Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL),  # type: ignore[arg-type]
-                        metrics=RecorderMetrics(registry))
+    recorder = LedgerRecorder(config, ledger, "gw-1",  # type: ignore[arg-type]
+                              clock=Clock(T0_WALL), metrics=RecorderMetrics(registry))
     assert recorder.journal is not None
     recorder.journal.owner = "full"
     (tmp_path / "full.00000000.jsonl").symlink_to("/dev/full")  # writes: ENOSPC

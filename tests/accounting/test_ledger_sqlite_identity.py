@@ -15,6 +15,7 @@ from accounting.config import AccountingConfig, LedgerConfig
 from accounting.ledger import sqlite as sqlite_ledger
 from accounting.ledger.base import LedgerError
 from accounting.ledger.sqlite import SqliteLedger
+from accounting.mode import RECORDER_ONLY
 from accounting.service import AccountingService
 
 pytestmark = pytest.mark.timeout(30)
@@ -93,7 +94,7 @@ async def test_the_accounting_loop_counts_the_ghost_as_ledger_errors(
     path = tmp_path / "ledger.db"
     config = AccountingConfig(poll_s=0.05, ledger=LedgerConfig(kind="sqlite", path=str(path)))
     registry = CollectorRegistry()
-    service = AccountingService(config, [], registry=registry, apportion=False)
+    service = AccountingService(config, [], registry=registry, mode=RECORDER_ONLY)
     await service.start()
     try:
         await asyncio.wait_for(service.first_step(), 5.0)

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import GatewayMetrics
+from gateway.serving_metrics import GatewayMetrics
 from tests.deploy.kustomize import load_docs
 from tests.deploy.promql import metric_names, selectors
 from tests.support.fake_engine import FakeEngine, fake_engine

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.records import RequestRecord
 from core.timing import latency, slo_met
 from core.vocab import SloClass
-from gateway.metrics import GatewayMetrics
+from gateway.serving_metrics import GatewayMetrics
 
 pytestmark = pytest.mark.timeout(10)
 

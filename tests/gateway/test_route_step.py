@@ -81,11 +81,11 @@ def test_slo_routing_sees_the_requests_size_against_its_slo_class() -> None:
 def test_round_robin_through_the_router_skips_the_endpoints_already_tried() -> None:
     cfg = config()
     router = Router(cfg, Upstreams(cfg), None, lambda: 0.0)
-    picks = [router(req(), PrecisionPolicy(), "batch", None, (), "/v1/completions")
+    picks = [router.choose(req(), PrecisionPolicy(), "batch", None, (), "/v1/completions")
              for _ in range(3)]
     assert names(picks) == ["e-bf16", "e-fp8", "e-int4"]
-    retry = router(req(), PrecisionPolicy(), "batch", None, ("e-fp8", "e-int4"),
-                   "/v1/completions")
+    retry = router.choose(req(), PrecisionPolicy(), "batch", None, ("e-fp8", "e-int4"),
+                          "/v1/completions")
     assert names([retry]) == ["e-bf16"]
 
 
@@ -95,7 +95,8 @@ def test_the_router_sees_health_policy_and_override_changes_at_once() -> None:
     router = Router(cfg, upstreams, None, lambda: 0.0)
 
     def picks(policy: PrecisionPolicy, precision: str | None = None) -> set[str]:
-        return set(names(router(req(), policy, "batch", precision, (), "/v1/completions")
+        return set(names(router.choose(req(), policy, "batch", precision, (),
+                                       "/v1/completions")
                          for _ in range(3)))
 
     anything = PrecisionPolicy()

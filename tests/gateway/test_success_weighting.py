@@ -112,8 +112,8 @@ def test_every_policy_sends_a_failing_engine_about_the_floor(policy: str) -> Non
                   prefix_chars=64)
 
     def shares(router: Router) -> Counter[str]:
-        return Counter(router(req, PrecisionPolicy(), "batch", None, (), "/v1/completions")
-                       .endpoint.name for _ in range(2000))
+        return Counter(router.choose(req, PrecisionPolicy(), "batch", None, (),
+                                     "/v1/completions").endpoint.name for _ in range(2000))
 
     fresh = Upstreams(cfg, clock=clock)
     fresh.by_name["e1"].inflight = 10

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from core.errors import ConfigError
-from gateway.app import PROXY, build_app
+from gateway.app import build_app
+from gateway.appkeys import PROXY
 from gateway.config import parse_config
 from gateway.telemetry.config import INSTALL_HINT, TelemetryConfig
 from tests.faults.helpers import body, ep, post
@@ -61,7 +62,7 @@ async def proxy_parts(config_raw: dict[str, Any]) -> tuple[object, tuple[object,
     await runner.setup()  # runs the lifecycle that builds the proxy
     try:
         proxy = app[PROXY]
-        return proxy.tracing, proxy.recorder.sinks
+        return proxy.tracing, proxy.publisher.sinks
     finally:
         await runner.cleanup()
 

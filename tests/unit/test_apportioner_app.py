@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
 from accounting.config import AccountingConfig, LedgerConfig
+from accounting.mode import APPORTIONER_ONLY
 from accounting.process import apportioner_app
 from accounting.service import AccountingService
 from gateway.apportioner_cli import apportioner
@@ -30,7 +31,8 @@ TOKEN = "gateway-token"
 @pytest.fixture
 def service(tmp_path: Path) -> AccountingService:
     config = AccountingConfig(ledger=LedgerConfig(kind="sqlite", path=str(tmp_path / "l.db")))
-    return AccountingService(config, [], registry=CollectorRegistry(), record=False)
+    return AccountingService(config, [], registry=CollectorRegistry(),
+                             mode=APPORTIONER_ONLY)
 
 
 async def _serve(service: AccountingService, *, metrics_key: bool

@@ -19,7 +19,7 @@ from accounting import link as link_mod
 from accounting.config import JournalConfig
 from accounting.ledger.base import LedgerError
 from accounting.link import RecordIntake, RecordLink
-from accounting.recorder import Recorder
+from accounting.recorder import LedgerRecorder
 from core.records import RequestRecord
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
 from tests.accounting.test_accounting_recorder import FlakyLedger
@@ -34,9 +34,10 @@ def records(n: int) -> list[RequestRecord]:
     return recs
 
 
-def recorder(ledger: FlakyLedger) -> Recorder:
+def recorder(ledger: FlakyLedger) -> LedgerRecorder:
     config = dataclasses.replace(make_config(), journal=JournalConfig(enabled=False))
-    return Recorder(config, ledger, "gw-1", clock=Clock(T0_WALL))  # type: ignore[arg-type]
+    return LedgerRecorder(config, ledger, "gw-1",  # type: ignore[arg-type]
+                          clock=Clock(T0_WALL))
 
 
 # What a test opened, closed after it whether it passed or not (a transport left open keeps

@@ -10,8 +10,8 @@ import pytest
 from engines.adapters.trtllm import TrtllmAdapter
 from engines.adapters.vllm import VllmAdapter
 from engines.sim.config import SimConfig, SimConfigError, config_from_mapping
+from engines.sim.engine_metrics import ServingStats, render_trtllm, render_vllm
 from engines.sim.fleet import load_fleet
-from engines.sim.metrics import ServingStats, render_trtllm, render_vllm
 from engines.sim.protocol import (
     CHAT,
     COMPLETION,

@@ -18,8 +18,8 @@ import pytest
 from engines.sim.catalog import deployment
 from engines.sim.detok import TOKEN_TEXT, TokenTexts, empty_share, non_ascii_fraction
 from engines.sim.embeddings import embedding_body, parse_embedding_request
+from engines.sim.engine_metrics import ServingStats
 from engines.sim.fixed import FixedTimingCore
-from engines.sim.metrics import ServingStats
 from engines.sim.perf import kernel_profile
 from engines.sim.protocol import CHAT, COMPLETION, ApiError, ChunkMaker, parse_request
 from engines.sim.scheduler import BatchingCore

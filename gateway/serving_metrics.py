@@ -1,4 +1,6 @@
-"""Prometheus metrics on an explicit registry, with bounded labels only.
+"""What the gateway measures of serving, as Prometheus series on an explicit registry: requests
+by outcome, latencies (TTFT, TPOT, ITL, end to end), tokens, retries, engine errors, endpoint
+health and load. Bounded labels only.
 
 Labels: model, precision, engine, tenant, slo_class, status, outcome — never request ids.
 `wattgate_requests_total` carries the request's `status` and its `outcome` class (served, refused,
@@ -17,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from core.outcomes import outcome_class
 from core.records import RequestRecord
-from gateway.fastmetrics import CounterChild, FastCollector, FastCounter, FastHistogram
+from gateway.lockfree_metrics import CounterChild, FastCollector, FastCounter, FastHistogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5,
                     2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -32,7 +34,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class GatewayMetrics:
     """The gateway's metric families; `observe(record)` is the one call on the request path.
 
-    Per-request families are lock-free (gateway.fastmetrics); gauges and the rarer counters use
+    Per-request families are lock-free (gateway.lockfree_metrics); gauges and the rarer counters use
     prometheus_client directly. All live on one explicit registry.
     """
 

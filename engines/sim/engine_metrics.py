@@ -1,4 +1,5 @@
-"""Load metrics in each dialect: vLLM Prometheus text and trtllm-serve iteration stats.
+"""The simulated engine's own `/metrics` (its load and serving stats) in each dialect: vLLM
+Prometheus text and trtllm-serve iteration stats.
 
 Both are pure renderings of plain state, so they are tested without a server.
 """

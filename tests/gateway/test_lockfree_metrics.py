@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.fastmetrics import FastCollector, FastCounter, FastHistogram
+from gateway.lockfree_metrics import FastCollector, FastCounter, FastHistogram
 
 BUCKETS = (0.005, 0.01, 0.1, 1.0, 10.0)
 
