@@ -183,6 +183,7 @@ def search_section(r: SearchReport) -> str:
     """The capacity search: method, table, curves with intervals."""
     return "".join(["<h2>Precisions: SLO capacity by search, J per output token along the "
                     "load curve</h2>", f"<p>{esc(sr.method_note(r))}</p>",
+                    f"<p>{esc(sr.quality_note(r))}</p>",
                     table(sr.header(r), sr.rows(r), f"time base: {r.base.name}"),
                     f"<p>{esc(sr.curve_title(r))}:</p><ul>",
                     *(f"<li>{esc(x)}</li>" for x in sr.curve_lines(r)), "</ul>",
