@@ -42,9 +42,9 @@ REFERENCE = Quality(1.0, BENCHMARK, "16-bit reference")
 PUBLISHED: dict[str, Quality] = {
     "bf16": REFERENCE,
     "fp16": REFERENCE,
-    "fp8": Quality(0.99, BENCHMARK, PAPER + ": W8A8-FP8 >99 %"),
-    "int8": Quality(0.98, BENCHMARK, PAPER + ": W8A8-INT8 1-3 % lower"),
-    "int4": Quality(0.97, BENCHMARK, PAPER + ": W4A16-INT4 ~97-99 %"),
+    "fp8": Quality(0.99, BENCHMARK + " (W8A8-FP8: above 99 %)", PAPER),
+    "int8": Quality(0.98, BENCHMARK + " (W8A8-INT8: 1-3 % lower)", PAPER),
+    "int4": Quality(0.97, BENCHMARK + " (W4A16-INT4: about 97-99 %)", PAPER),
 }
 
 

@@ -75,12 +75,13 @@ def quality_text(a: ArmResult, floor: float | None) -> str:
 
 
 def quality_note(r: SearchReport) -> str:
-    """Where each arm's quality score comes from (one line for all arms)."""
-    sources = sorted({f"{a.quality.source} ({a.quality.benchmark})" for a in r.arms
-                      if a.quality is not None})
+    """Each arm's quality score and, once each, where the scores come from."""
     floor = r.decision.min_quality
-    return (f"Quality floor: {'none' if floor is None else f'{floor:g}'}. Quality scores: "
-            + ("; ".join(sources) or "not known") + ".")
+    scores = ", ".join(f"{a.label} {'not known' if a.quality is None else f'{a.quality.score:g}'}"
+                       for a in r.arms)
+    sources = dict.fromkeys(a.quality.source for a in r.arms if a.quality is not None)
+    return (f"Quality floor: {'none' if floor is None else f'{floor:g}'}. Quality relative to "
+            f"16-bit: {scores} (sources: {'; '.join(sources) or 'none'}).")
 
 
 def method_note(r: SearchReport) -> str:

@@ -53,7 +53,7 @@ def endpoint_quality(config: GatewayConfig) -> dict[str, float]:
     """Per precision, the lowest quality score its endpoints state (an endpoint without one
     has its format's published figure, core/quality.py)."""
     out: dict[str, float] = {}
-    for _, ep in config.endpoints:
+    for _, ep in config.endpoints():
         if ep.quality is not None:
             out[ep.precision] = min(out.get(ep.precision, 1.0), ep.quality.score)
     return out

@@ -54,9 +54,9 @@ def _tp(model: str) -> int:
 def fp8_vs_bf16(model: str, batch: int, fp8: KernelProfile | None = None) -> float:
     """FP8's J per output token over BF16's, minus 1, at one closed batch."""
     tp = _tp(model)
-    kw = {"tp": tp, "output_tokens": OUTPUT_TOKENS}
-    bf16 = run_batch("h100", model, "bf16", "vllm", batch, **kw)  # type: ignore[arg-type]
-    f8 = run_batch("h100", model, "fp8", "vllm", batch, profile=fp8, **kw)  # type: ignore[arg-type]
+    bf16 = run_batch("h100", model, "bf16", "vllm", batch, tp=tp, output_tokens=OUTPUT_TOKENS)
+    f8 = run_batch("h100", model, "fp8", "vllm", batch, tp=tp, output_tokens=OUTPUT_TOKENS,
+                   profile=fp8)
     return f8.j_per_token / bf16.j_per_token - 1.0
 
 
