@@ -118,10 +118,12 @@ def saving_line(s: Saving | None) -> str:
         return "Routing saving: n/a (no request energy in both routing runs)."
     floor = ("no quality floor" if s.floor is None else
              f"quality floor {s.floor:g}" + (f" ({'; '.join(s.excluded)})" if s.excluded else ""))
-    return (f"Routing: slo_energy used {s.pct:.1f} % [95 % CI {s.low_pct:.1f}, "
-            f"{s.high_pct:.1f}] fewer J per output token than least_load on the same "
+    sure = ("" if s.low_pct > 0.0 or s.high_pct < 0.0 else
+            " (not significant: the interval holds 0)")
+    return (f"Routing: slo_energy saves {s.pct:.1f} % [95 % CI {s.low_pct:.1f}, "
+            f"{s.high_pct:.1f}] of least_load's J per output token{sure} on the same "
             f"{s.pairs} requests, SLO attainment {_pct(s.attainment_se)} vs "
-            f"{_pct(s.attainment_ll)}: packing on engines of one precision saves "
+            f"{_pct(s.attainment_ll)}: packing on engines of one precision "
             f"{s.packing_pct:.1f} %, choosing cheaper precisions {s.precision_pct:.1f} % "
             f"(a different numeric format for the tenant, allowed by the {floor}).")
 

@@ -22,7 +22,7 @@ WIDTH, HEIGHT = 1400, 900
 # it must hold
 WANTED = {
     "recommendation": ("Recommended: ", r"\[\d\.\d+, \d\.\d+\] J/out-tok"),
-    "routing saving": ("Routing: slo_energy used ", r"\d+\.\d % \[95 % CI -?\d+\.\d, -?\d+\.\d\]"),
+    "routing saving": ("Routing: slo_energy saves ", r"\d+\.\d % \[95 % CI -?\d+\.\d, -?\d+\.\d\]"),
     "bills, idle apart": ("Tenants' bills: ", r"idle \d+ J, kept apart"),
 }
 # Runs after load: marks each answer line with whether it lies wholly inside the first screen.

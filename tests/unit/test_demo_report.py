@@ -31,7 +31,8 @@ def test_the_saving_is_the_ratio_of_joules_per_token_split_exactly_in_two() -> N
     assert s.packing_pct + s.precision_pct == pytest.approx(s.pct)
     assert s.attainment_ll == 1.0 and s.attainment_se == 1.0
     line = demo_saving.saving_line(s)
-    assert line.startswith(f"Routing: slo_energy used {s.pct:.1f} % [95 % CI ")
+    assert line.startswith(f"Routing: slo_energy saves {s.pct:.1f} % [95 % CI ")
+    assert "not significant" not in line
     assert "SLO attainment 100.0% vs 100.0%" in line and "quality floor 0.98" in line
 
 
@@ -41,6 +42,7 @@ def test_the_interval_is_wide_when_the_requests_disagree() -> None:
     s = demo_saving.routing_saving(flat, noisy)
     assert s is not None and s.pct == pytest.approx(0.0, abs=1e-9)
     assert s.low_pct < -10.0 and s.high_pct > 10.0  # no significant saving
+    assert "(not significant: the interval holds 0)" in demo_saving.saving_line(s)
     assert s.precision_pct == pytest.approx(0.0) and s.packing_pct == pytest.approx(0.0)
 
 
@@ -77,8 +79,8 @@ def test_the_page_opens_with_recommendation_saving_and_bills_with_idle_apart(
     assert "fp8 (vllm) 0.200 [0.195, 0.205] J/out-tok" in answer
     assert "int4 (vllm) excluded: quality 0.97 < floor 0.98" in answer
     # the routing saving in %, its interval, both attainments, its two parts
-    assert "Routing: slo_energy used 25.8 % [95 % CI " in answer
-    assert "packing on engines of one precision saves 16.1 %" in answer
+    assert "Routing: slo_energy saves 25.8 % [95 % CI " in answer
+    assert "packing on engines of one precision 16.1 %" in answer
     assert "choosing cheaper precisions 9.7 %" in answer
     # the tenants' bills, the idle energy apart from them
     assert "Tenants' bills: acme " in answer and "idle 5432 J, kept apart" in answer
