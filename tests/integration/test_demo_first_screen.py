@@ -1,7 +1,7 @@
 """The demo report's first screen, as a browser shows it: headless Chromium renders the page
 at 1400 x 900 and reports which of the answer's lines lie wholly inside that first screen:
 the recommendation with its interval, the routing saving in %, the tenants' bills with the
-idle energy apart. Chromium is an extra (CI installs it): absent, this skips, and fails under
+idle energy apart; and that no table is wider than the page. Chromium is an extra (CI installs it): absent, this skips, and fails under
 WATTGATE_REQUIRE_EXTRAS=1 (tests/support/extras.py). tests/unit/test_demo_report.py checks
 the same lines come first in the HTML without a browser."""
 
@@ -31,8 +31,11 @@ PROBE = """<script>window.addEventListener('load', () => {
     const r = p.getBoundingClientRect();
     return {text: p.textContent, top: r.top, bottom: r.bottom, height: innerHeight};
   });
+  const wide = [...document.querySelectorAll('.wide')].filter(
+    w => w.scrollWidth > w.clientWidth + 1).map(w => w.querySelector('tr').textContent);
   const pre = document.createElement('pre'); pre.id = 'first-screen-probe';
-  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+  pre.textContent = JSON.stringify({lines: out, overflowing: wide});
+  document.body.appendChild(pre);
 });</script>"""
 
 
@@ -50,9 +53,10 @@ def chromium(page: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           check=True)
 
 
-def first_screen_lines(page: Path, tmp: Path) -> list[dict[str, Any]]:
-    """The answer's lines with their box on a WIDTH x HEIGHT screen, as Chromium lays them out
-    (the page with a probe script appended, in a copy)."""
+def first_screen(page: Path, tmp: Path) -> dict[str, Any]:
+    """The answer's lines with their box on a WIDTH x HEIGHT screen, as Chromium lays them out,
+    and the header rows of tables wider than the page (the page with a probe script appended,
+    in a copy)."""
     probed = tmp / "probed.html"
     probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
     dom = chromium(probed, "--virtual-time-budget=5000", "--dump-dom").stdout
@@ -60,11 +64,13 @@ def first_screen_lines(page: Path, tmp: Path) -> list[dict[str, Any]]:
     assert found, "the probe did not run: " + dom[-500:]
     import html
 
-    return list(json.loads(html.unescape(found.group(1))))
+    return dict(json.loads(html.unescape(found.group(1))))
 
 
 def check_first_screen(page: Path, tmp: Path) -> None:
-    lines = first_screen_lines(page, tmp)
+    seen = first_screen(page, tmp)
+    lines = seen["lines"]
+    assert seen["overflowing"] == [], "tables wider than the page"
     for what, (prefix, pattern) in WANTED.items():
         line = next((x for x in lines if str(x["text"]).startswith(prefix)), None)
         assert line is not None, f"no {what} line in the answer: {[x['text'] for x in lines]}"
