@@ -1,9 +1,10 @@
 """The demo report's first screen, as a browser shows it: headless Chromium renders the page
-at 1400 x 900 and reports which of the answer's lines lie wholly inside that first screen:
-the recommendation with its interval, the routing saving in %, the tenants' bills with the
-idle energy apart; and that no table is wider than the page. Chromium is an extra (CI installs it): absent, this skips, and fails under
-WATTGATE_REQUIRE_EXTRAS=1 (tests/support/extras.py). tests/unit/test_demo_report.py checks
-the same lines come first in the HTML without a browser."""
+at 1400 x 900 and reports which of the answer's lines lie wholly inside that first screen
+(the recommendation with its interval, the routing saving in %, the tenants' bills with the
+idle energy apart), and which tables are wider than the page (none may be). Chromium is an
+extra (CI installs it): absent, this skips, and fails under WATTGATE_REQUIRE_EXTRAS=1
+(tests/support/extras.py). tests/unit/test_demo_report.py checks the same lines come first in
+the HTML without a browser."""
 
 from __future__ import annotations
 
