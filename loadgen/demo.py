@@ -194,7 +194,8 @@ def tenant_view(r: DemoResults) -> tuple[list[list[str]], str]:
                   "engines' idle account, not to tenants).")
 
 
-def _show(r: DemoResults, out_dir: Path) -> None:
+def show(r: DemoResults, out_dir: Path) -> None:
+    """The tables on stdout; demo.html, .json and .csv under `out_dir`."""
     from loadgen import demo_precision as dp
     from loadgen import report_html as rh
 
@@ -271,7 +272,7 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int,
                         _say(f"starting gateway on {base_url}")
                         wait_http(f"{base_url}/readyz", gateway, 60)
                         with dp.scaled_stack(tmp, gw_file, flog) as stack:
-                            _show(uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
+                            show(uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
                                                      stack, finality_wait_s(gw_file))), out_dir)
                         if keep_running:
                             _keep(base_url, engine_urls, out_dir)

@@ -66,5 +66,5 @@ def results() -> demo.DemoResults:
 
 def write(out_dir: Path) -> Path:
     """demo.html (and .json, .csv) under `out_dir`, as `wattgate demo` writes them."""
-    demo._show(results(), out_dir)
+    demo.show(results(), out_dir)
     return out_dir / "demo.html"
