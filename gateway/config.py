@@ -22,6 +22,7 @@ import yaml
 from accounting.config import AccountingConfig, parse_accounting, paths_base
 from core.config_fields import FieldReader, default_of, hash_key, secret_hash, section
 from core.errors import ConfigError
+from core.quality import Quality, parse_quality
 from core.vocab import (
     PRECISIONS,
     EngineKind,
@@ -54,6 +55,9 @@ class Endpoint:
     gpus: int = 1
     upstream_model: str = ""  # model name the engine serves; the parser defaults it to the alias
     weight: float = 1.0
+    # its output quality relative to 16-bit (core/quality.py); the parser defaults it to the
+    # published figure for its precision
+    quality: Quality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +210,10 @@ def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
         raise ConfigError(r.at("url"), "must start with http:// or https://")
     name = r.text("name", url.split("://", 1)[1])
     upstream_model = r.text("model", alias)
-    return section(r, Endpoint, given={"name": name, "url": url, "upstream_model": upstream_model})
+    precision = r.choice("precision", PRECISIONS)
+    return section(r, Endpoint, given={"name": name, "url": url, "upstream_model": upstream_model,
+                                       "precision": precision,
+                                       "quality": parse_quality(r, precision)})
 
 
 def _models(root: FieldReader) -> tuple[ModelPool, ...]:

@@ -9,16 +9,20 @@ directly (the gateway has no per-endpoint pin), labelled "fp8 (trtllm, h100-trt-
 energy is then the simulator's ground truth when the engine is simulated, else not measured.
 Without the listing (no admin key, or the target is an engine) the kind is "unchecked". An arm
 named with `--arm-target PREC=URL` is that one engine, labelled by its precision.
+
+Each arm carries its output quality (core/quality.py): the lowest its endpoints state in the
+gateway's listing, else the published figure for its precision, unless `--quality` gives one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
+from core.quality import Quality, published
 from loadgen.client import Target
 
 UNCHECKED = "unchecked"
@@ -31,6 +35,7 @@ class Arm:
     engine_kind: str  # the gateway endpoint's kind, "direct" for --arm-target, or "unchecked"
     target: Target
     note: str = ""  # why this arm is what it is (a split, a direct target)
+    quality: Quality | None = None  # None: not known (a precision with no published figure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +44,33 @@ class Endpoint:
     url: str
     kind: str
     precision: str
+    quality: Quality | None = None
+
+
+def _quality(raw: Any, precision: str) -> Quality | None:
+    if not isinstance(raw, Mapping):
+        return published(precision)
+    return Quality(float(raw["score"]), str(raw.get("benchmark", "")),
+                   str(raw.get("source", "")))
 
 
 def endpoints_of(doc: Mapping[str, Any], model: str) -> list[Endpoint]:
     """The model's endpoints from a `/admin/v1/endpoints` answer."""
-    return [Endpoint(str(e["name"]), str(e["url"]), str(e["kind"]), str(e["precision"]))
+    return [Endpoint(str(e["name"]), str(e["url"]), str(e["kind"]), str(e["precision"]),
+                     _quality(e.get("quality"), str(e["precision"])))
             for e in doc.get("endpoints", []) if e.get("model") == model]
+
+
+def lowest(endpoints: Sequence[Endpoint], precision: str) -> Quality | None:
+    """The lowest quality the endpoints state (an arm is as good as its worst engine)."""
+    known = [e.quality for e in endpoints if e.quality is not None]
+    return min(known, key=lambda q: q.score) if known else published(precision)
+
+
+def with_quality(arms: Sequence[Arm], given: Mapping[str, float]) -> list[Arm]:
+    """Arms with `--quality PRECISION=SCORE` in place of the listed or published figure."""
+    return [replace(a, quality=Quality(given[a.precision], "user-supplied", "--quality"))
+            if a.precision in given else a for a in arms]
 
 
 async def fetch_endpoints(base_url: str, admin_key: str, model: str) -> list[Endpoint] | None:
@@ -73,7 +99,7 @@ def plan_arms(precisions: Sequence[str], gateway: Mapping[str, Target],
     for prec in precisions:
         if prec in direct:
             arms.append(Arm(prec, prec, "direct", direct[prec],
-                            f"sent to {direct[prec].base_url} (--arm-target)"))
+                            f"sent to {direct[prec].base_url} (--arm-target)", published(prec)))
             continue
         mine = [e for e in endpoints or () if e.precision == prec]
         kinds = sorted({e.kind for e in mine})
@@ -81,9 +107,10 @@ def plan_arms(precisions: Sequence[str], gateway: Mapping[str, Target],
             arms.append(Arm(prec, prec, UNCHECKED, gateway[prec],
                             "engine kind not checked (the gateway's endpoint list needs "
                             "--admin-key)" if endpoints is None else
-                            "the gateway lists no endpoint at this precision"))
+                            "the gateway lists no endpoint at this precision", published(prec)))
         elif len(kinds) == 1:
-            arms.append(Arm(f"{prec} ({kinds[0]})", prec, kinds[0], gateway[prec]))
+            arms.append(Arm(f"{prec} ({kinds[0]})", prec, kinds[0], gateway[prec],
+                            quality=lowest(mine, prec)))
         else:
             base = gateway[prec]
             for e in sorted(mine, key=lambda e: (e.kind, e.name)):
@@ -92,5 +119,6 @@ def plan_arms(precisions: Sequence[str], gateway: Mapping[str, Target],
                                 f"{prec} is served by {' and '.join(kinds)} engines: split "
                                 f"into one arm per engine, this one sent to {e.url} directly; "
                                 "its energy is the engine's own (a simulator's ground truth), "
-                                "not the gateway's apportioned accounting of the other arms"))
+                                "not the gateway's apportioned accounting of the other arms",
+                                lowest([e], prec)))
     return arms

@@ -26,6 +26,7 @@ from loadgen import (
 )
 from loadgen.arm_runs import compare_arms, sweep_rates
 from loadgen.client import ClientOptions, Target
+from loadgen.decide import below_floor
 from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
 from loadgen.experiments import (
     paired_delta,
@@ -45,7 +46,6 @@ def _err(text: str) -> None:
 
 def _run(coro: Any) -> Any:
     import uvloop
-
     return uvloop.run(coro)
 
 
@@ -253,16 +253,15 @@ def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
               help="Share of requests that must meet the SLO for a rate to count as met.")
 @search_cli.search_options
 def compare(**p: Any) -> None:
-    """Replay one seeded schedule and prompt set against each arm (one engine kind at one
-    precision): paired deltas, and per arm the highest rate meeting the SLO, J/token there,
-    gCO2e and USD per 1M tokens, and the recommended precision. With --search: each arm's
-    capacity by search, with 95 % intervals, and a recommendation that says when the arms
-    cannot be told apart."""
+    """One seeded schedule and prompt set against each arm (one engine kind and precision):
+    paired deltas, per arm the highest rate meeting the SLO and J/token there, and the
+    recommendation (arms under --min-quality left out). With --search: capacities by search
+    with 95 % intervals, and "no significant difference" when the arms cannot be told apart."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
     quality = {k: float(v) for k, v in parse_pairs(p["quality"], "--quality").items()}
-    direct = parse_pairs(p["arm_target"], "--arm-target")
-    arms = search_cli.build_arms(p, w, precisions, direct, _run)
+    arms = search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"),
+                                 _run, quality)
     check_reachable(a.target.base_url for a in arms)
     opts = run_options(p)
     if p["search"]:
@@ -284,8 +283,9 @@ def compare(**p: Any) -> None:
         outcomes, deltas = _run(compare_arms(w, targets, opts))
         rate = requested_rate_rps(w, build_plan(w))
         points = [point(o.label, rate, o.summary, o.energy_overall) for o in outcomes]
+    excluded = below_floor([(a.label, a.quality) for a in arms], p["min_quality"])
     pr = precision_report(points, list(targets), p["target_attainment"], slo_text(w.slo_classes),
-                          quality, "offered requests/s, wall time", arm_prec)
+                          quality, "offered requests/s, wall time", arm_prec, excluded)
     click.echo(report.run_table(outcomes, arm_prec if not rates else None, quality))
     for a in arms:
         if a.note:

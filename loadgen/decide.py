@@ -3,6 +3,9 @@
 Each arm is one engine kind at one precision (loadgen/arms.py) with its capacity search
 (loadgen/capacity.py). The rule:
 
+0. An arm whose quality (core/quality.py) is below `--min-quality` is excluded before anything
+   else, and the answer says so ("int4 (vllm) excluded: quality 0.97 < floor 0.98"); an arm
+   of unknown quality is excluded under a floor too (it cannot be shown to meet it).
 1. The rate needed: `--need`, else the highest capacity any arm reached.
 2. An arm qualifies when the SLO cannot be shown to fail at that rate: it met the SLO at some
    rate and the upper end of its capacity interval reaches the need (a capacity that never
@@ -19,8 +22,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from core.quality import Quality, excluded_text
 from loadgen.capacity import CapacityResult, Interval, RateStep
 
 CAPACITY_HALF_WIDTH_PCT = 10.0
@@ -35,6 +39,7 @@ class ArmResult:
     precision: str
     engine_kind: str
     search: CapacityResult
+    quality: Quality | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,8 @@ class Decision:
     tied: tuple[str, ...]  # with "no significant difference": the arms it cannot separate
     narrow_enough: bool
     why: str
+    min_quality: float | None = None  # the floor the arms were held to (None: no floor)
+    excluded: tuple[str, ...] = ()  # "int4 (vllm) excluded: quality 0.97 < floor 0.98"
 
 
 def step_at(search: CapacityResult, need_rps: float) -> RateStep | None:
@@ -101,9 +108,36 @@ def _narrow(arms: Sequence[ArmResult], need_rps: float) -> bool:
     return True
 
 
+def below_floor(arms: Sequence[tuple[str, Quality | None]], floor: float | None
+                ) -> tuple[str, ...]:
+    """Why each (label, quality) under the quality floor is out of the decision."""
+    if floor is None:
+        return ()
+    return tuple(f"{label} excluded: quality not known, floor {floor:g}"
+                 if q is None else excluded_text(label, q, floor)
+                 for label, q in arms if q is None or q.score < floor)
+
+
+def is_excluded(label: str, excluded: Sequence[str]) -> bool:
+    return any(x.startswith(f"{label} excluded") for x in excluded)
+
+
 def decide(arms: Sequence[ArmResult], need_rps: float | None, slo: str,
-           target_attainment: float, rate_unit: str) -> Decision:
-    """The recommendation over the arms' searches (rule in the module docstring)."""
+           target_attainment: float, rate_unit: str, min_quality: float | None = None
+           ) -> Decision:
+    """The recommendation over the arms' searches (rule in the module docstring), the arms
+    under the quality floor left out."""
+    excluded = below_floor([(a.label, a.quality) for a in arms], min_quality)
+    kept = [a for a in arms if not is_excluded(a.label, excluded)]
+    d = _decide(kept, need_rps, slo, target_attainment, rate_unit)
+    if not excluded:
+        return replace(d, min_quality=min_quality)
+    return replace(d, min_quality=min_quality, excluded=excluded,
+                   why=f"{d.why}; {'; '.join(excluded)}")
+
+
+def _decide(arms: Sequence[ArmResult], need_rps: float | None, slo: str,
+            target_attainment: float, rate_unit: str) -> Decision:
     caps = [a.search.capacity_rps for a in arms if a.search.capacity_rps is not None]
     source = "--need" if need_rps is not None else "the highest capacity found"
     need = need_rps if need_rps is not None else max(caps, default=None)

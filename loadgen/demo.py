@@ -21,8 +21,8 @@ import click
 import yaml
 
 from core.vocab import SloClass
-from loadgen import arrivals, lengths, report, search_report
-from loadgen.client import ClientOptions, Target
+from loadgen import arrivals, demo_saving, lengths, report, search_report
+from loadgen.client import ClientOptions, Target, make_session
 from loadgen.demo_precision import RoutingRuns, ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
 from loadgen.procs import free_port, started, wait_http
@@ -132,6 +132,7 @@ class DemoResults:
     search: SearchReport
     deltas: list[PairedDelta]  # paired, at the highest rate every precision ran (first seed)
     routing: RoutingRuns  # least_load, slo_energy, and the surplus engines' idle joules
+    idle_j: float | None = None  # the engines' idle account over the tenants' run (not billed)
 
 
 async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed: int,
@@ -144,7 +145,13 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
                       sim_engines=tuple(engine_urls))
     _say(f"phase 1: three tenants, bursty arrivals, {duration_s / 2:.0f} s")
     tw = tenant_workload(duration_s / 2, seed)
+    since = time.time()
     tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
+    session = make_session(ClientOptions())
+    try:  # after the run's energy is final, so its idle intervals are apportioned too
+        idle = await demo_saving.idle_j(session, base_url, ADMIN_KEY, since, time.time())
+    finally:
+        await session.close()
     # 60 s -> 8 s trials: 3 s ones measure a transient and overstate capacity, and their
     # capacities move between runs beyond their intervals (bench/results/precision_search*.md)
     trial_s, routing_s = max(2.0, duration_s / 7.5), max(3.0, duration_s / 10)
@@ -159,7 +166,7 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
     _say(f"phase 3: routing least_load vs slo_energy, {dp.ROUTING_RATE_RPS:g} req/s "
          f"(engine time), {routing_s:.0f} s each")
     routing = await dp.routing_runs(stack, routing_s, seed, ADMIN_KEY, energy_wait_s)
-    return DemoResults(tenants, sweep, search, deltas, routing)
+    return DemoResults(tenants, sweep, search, deltas, routing, idle)
 
 
 def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
@@ -176,40 +183,60 @@ def budget_line(tenants: RunOutcome, tenant: str = "initech") -> str:
             "refused, not as SLO misses: attainment is over the requests it was served)")
 
 
-def _show(r: DemoResults, out_dir: Path) -> None:
+def tenant_view(r: DemoResults) -> tuple[list[list[str]], str]:
+    """The tenants' rows with the idle energy as a row of its own, and the bills' sentence."""
+    rows = report.tenant_rows(r.tenants)
+    rows.append(demo_saving.idle_row(r.idle_j, len(report.TENANT_HEADER)))
+    bills = "; ".join(f"{e.name} {e.energy_j:.0f} J, {e.carbon_g:.3f} gCO2e, "
+                      f"{e.cost_usd:.4f} USD" for e in r.tenants.energy_by_tenant)
+    idle = "n/a" if r.idle_j is None else f"{r.idle_j:.0f} J"
+    return rows, (f"Tenants' bills: {bills or 'n/a'}; idle {idle}, kept apart (billed to the "
+                  "engines' idle account, not to tenants).")
+
+
+def show(r: DemoResults, out_dir: Path) -> None:
+    """The tables on stdout; demo.html, .json and .csv under `out_dir`."""
     from loadgen import demo_precision as dp
     from loadgen import report_html as rh
 
+    ll, se = r.routing.outcomes
+    saving = demo_saving.routing_saving(ll, se, dp.MIN_QUALITY, dp.floor_excluded())
+    tenant_rows, bills = tenant_view(r)
     click.echo("\n== tenants (gateway picks the precision by tenant policy) ==")
     click.echo(report.run_table([r.tenants]))
     click.echo()
-    click.echo(report.tenant_table(r.tenants))
+    click.echo("per tenant, latency in ms and goodput in req/s, wall time\n"
+               + report.text_table(report.TENANT_HEADER, tenant_rows))
+    click.echo(f"{bills} Policy: {demo_saving.IDLE_POLICY}.")
     click.echo("\n== precisions: SLO capacity by search, J/token along the load curve ==")
     click.echo(search_report.text(r.search))
     click.echo("\npaired at the highest rate every precision ran:")
     click.echo(report.delta_table(r.deltas, dp.BASE))
     click.echo("\n== routing: the same load, least_load vs slo_energy ==")
     click.echo(report.text_table(dp.ROUTING_HEADER, dp.routing_rows(r.routing)))
+    click.echo(demo_saving.saving_line(saving))
     click.echo(dp.surplus_note(r.routing))
     budget_note = budget_line(r.tenants)
     click.echo(f"\n{budget_note}")
     out_dir.mkdir(parents=True, exist_ok=True)
     outcomes = [r.tenants, *r.sweep, *r.routing.outcomes]
     report.write_json(out_dir / "demo.json", outcomes,
-                      {"deltas": r.deltas, "search": search_report.to_json(r.search)})
+                      {"deltas": r.deltas, "search": search_report.to_json(r.search),
+                       "routing_saving": saving, "idle_j": r.idle_j})
     report.write_csv(out_dir / "demo.csv", outcomes)
-    bills = "; ".join(f"{e.name} {e.energy_j:.0f} J, {e.carbon_g:.3f} gCO2e, "
-                      f"{e.cost_usd:.4f} USD" for e in r.tenants.energy_by_tenant)
     sections = [
-        "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, report.tenant_rows(r.tenants),
-                                             "latency in ms from intended arrival, wall time"),
+        "<h2>Tenants' bills</h2>" + rh.table(report.TENANT_HEADER, tenant_rows,
+                                             "latency in ms from intended arrival, wall time")
+        + f"<p>{html.escape(bills)} Policy: {html.escape(demo_saving.IDLE_POLICY)}.</p>",
         "<h2>Routing: least_load vs slo_energy (same seeded load)</h2>"
         + rh.table(dp.ROUTING_HEADER, dp.routing_rows(r.routing),
                    f"{dp.ROUTING_RATE_RPS:g} req/s, {dp.BASE.name}")
+        + f"<p>{html.escape(demo_saving.saving_line(saving))}</p>"
         + f"<p>{html.escape(dp.surplus_note(r.routing))}</p>",
         "".join(rh.runs_section(r.routing.outcomes, None, {}, [], dp.BASE, "Routing runs"))]
     rh.write_html(out_dir / "demo.html", "wattgate demo", [r.tenants], deltas=r.deltas,
-                  search=r.search, quality={}, answer=[f"Tenants' bills: {bills or 'n/a'}."],
+                  search=r.search, quality={},
+                  answer=[demo_saving.saving_line(saving), bills],
                   sections=sections, notes=["Simulated H100 fleet (roofline timing and power "
                                             "model); latencies measured from intended "
                                             "arrival.", *dp.notes(), budget_note],
@@ -245,7 +272,7 @@ def run_demo(*, duration_s: float, out_dir: Path, keep_running: bool, seed: int,
                         _say(f"starting gateway on {base_url}")
                         wait_http(f"{base_url}/readyz", gateway, 60)
                         with dp.scaled_stack(tmp, gw_file, flog) as stack:
-                            _show(uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
+                            show(uvloop.run(_phases(base_url, engine_urls, duration_s, seed,
                                                      stack, finality_wait_s(gw_file))), out_dir)
                         if keep_running:
                             _keep(base_url, engine_urls, out_dir)

@@ -21,12 +21,13 @@ from typing import Any, TextIO
 
 import yaml
 
+from core.quality import published
 from core.vocab import SloClass
 from loadgen import arrivals, energy, lengths
 from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig
 from loadgen.client import ClientOptions, Target, make_session
-from loadgen.decide import decide
+from loadgen.decide import below_floor, decide
 from loadgen.precision import slo_text
 from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
@@ -45,6 +46,9 @@ SLO_TTFT_S, SLO_TPOT_S = 0.5, 0.009
 SEARCH_START_RPS, SEARCH_MAX_RPS = 25.0, 400.0
 TRIALS = 3
 TARGET_ATTAINMENT = 0.9
+# the least quality (relative to BF16, published figures: core/quality.py) the demo's tenant
+# accepts: the precision search's recommendation and both routing gateways respect it
+MIN_QUALITY = 0.98
 BASE = TimeBase(TIME_SCALE)
 ROUTING_RATE_RPS = 60.0  # engine time, across the whole fleet
 PROMPT_TOKENS, OUTPUT_TOKENS = 256, 32
@@ -79,7 +83,10 @@ def gateway_doc(base: dict[str, Any], urls: dict[str, str], policy: str, port: i
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         # a short demo: slo_energy's curves count as learnt after a few requests per engine
-        "routing": {"policy": policy, "min_samples": 5},
+        # the tenant's quality floor: a precision below it (by its endpoints' published
+        # quality) is not routed to
+        "routing": {"policy": policy, "min_samples": 5,
+                    "min_quality": {"interactive": MIN_QUALITY}},
         "slo_classes": {"interactive": {"ttft_s": SLO_TTFT_S / TIME_SCALE,
                                         "tpot_s": SLO_TPOT_S / TIME_SCALE}},
         "default_slo_class": "interactive",
@@ -170,7 +177,8 @@ async def precision_search(stack: ScaledStack, trial_s: float, seed: int, admin_
     engine each, all vLLM: one engine kind per arm), through the least_load gateway;
     everything in engine time."""
     base_url = stack.gateways["least_load"]
-    arms = [Arm(f"{p} (vllm)", p, "vllm", Target(base_url, f"{MODEL}@{p}")) for p in PRECISIONS]
+    arms = [Arm(f"{p} (vllm)", p, "vllm", Target(base_url, f"{MODEL}@{p}"), quality=published(p))
+            for p in PRECISIONS]
     cfg = SearchConfig(start_rps=SEARCH_START_RPS, max_rps=SEARCH_MAX_RPS,
                        target_attainment=TARGET_ATTAINMENT, trials=TRIALS, seed=seed)
     opts = RunOptions(admin_key=admin_key, energy_wait_s=wait_s, progress=False,
@@ -179,7 +187,7 @@ async def precision_search(stack: ScaledStack, trial_s: float, seed: int, admin_
                                           say, at_once=True)
     slo = slo_text((SloClass("interactive", ttft_s=SLO_TTFT_S, tpot_s=SLO_TPOT_S),))
     decision = decide(results, None, f"{slo} (engine time)", TARGET_ATTAINMENT,
-                      "req/s (engine time)")
+                      "req/s (engine time)", MIN_QUALITY)
     return SearchReport(tuple(results), decision, cfg, f"{slo} (engine time)", BASE), outcomes
 
 
@@ -238,8 +246,13 @@ async def routing_runs(stack: ScaledStack, duration_s: float, seed: int, admin_k
     return RoutingRuns([await with_energy(o, admin_key, wait_s) for o in outs], surplus)
 
 
+def floor_excluded() -> tuple[str, ...]:
+    """The precisions the quality floor keeps out of routing, with why."""
+    return below_floor([(p, published(p)) for p in PRECISIONS], MIN_QUALITY)
+
+
 ROUTING_HEADER = ("routing policy", "requests", "SLO attainment", "J/out-tok",
-                  "precisions served (requests)", "idle J of engines not needed")
+                  "precisions served (requests)", "idle J a scale-down could save")
 
 
 def routing_rows(runs: RoutingRuns) -> list[list[str]]:
@@ -258,10 +271,11 @@ def routing_rows(runs: RoutingRuns) -> list[list[str]]:
 def surplus_note(runs: RoutingRuns) -> str:
     """One sentence on the idle energy the capacity signal says could have been saved."""
     parts = [f"{p} {j:.1f} J" for p, j in runs.surplus_idle_j.items()]
-    return ("Idle energy of engines beyond what each pool's load needed "
+    return ("Last column: idle energy of engines beyond what each pool's load needed "
             "(wattgate_pool_engines_needed; engine joules over each routing run): "
-            f"{', '.join(parts) or 'n/a'}. Scaling those engines down or power-capping them "
-            "would have saved it.")
+            f"{', '.join(parts) or 'n/a'}. It is not energy a policy spent but energy a "
+            "scale-down or power cap could still save: packing (slo_energy) leaves whole "
+            "engines idle, so its figure is the larger.")
 
 
 def notes() -> list[str]:

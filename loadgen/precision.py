@@ -110,11 +110,16 @@ def recommend(arms: Sequence[PrecisionArm], target_attainment: float, slo: str
 def precision_report(points: Sequence[SweepPoint], precisions: Sequence[str],
                      target_attainment: float, slo: str, quality: dict[str, float],
                      rate_note: str = "offered requests/s",
-                     arm_precisions: dict[str, str] | None = None) -> PrecisionReport:
-    """`precisions`: the arms' labels; `arm_precisions`: label -> precision where they differ."""
+                     arm_precisions: dict[str, str] | None = None,
+                     excluded: Sequence[str] = ()) -> PrecisionReport:
+    """`precisions`: the arms' labels; `arm_precisions`: label -> precision where they differ;
+    `excluded`: why arms under the quality floor are left out (loadgen/decide.py)."""
+    kept = [p for p in precisions if not any(x.startswith(f"{p} excluded") for x in excluded)]
     arms = tuple(precision_arm(p, points, target_attainment, quality,
-                               (arm_precisions or {}).get(p, "")) for p in precisions)
+                               (arm_precisions or {}).get(p, "")) for p in kept)
     rec, why = recommend(arms, target_attainment, slo)
+    if excluded:
+        why = f"{why} {'; '.join(excluded)}."
     return PrecisionReport(target_attainment, slo, rate_note, arms, rec, why)
 
 

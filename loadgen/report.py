@@ -78,14 +78,25 @@ def run_rows(outcomes: Sequence[RunOutcome], base: TimeBase = WALL) -> list[list
 
 def run_notes(outcomes: Sequence[RunOutcome], arm_precisions: dict[str, str] | None = None,
               quality: dict[str, float] | None = None) -> list[str]:
-    notes = [f"{o.label or 'run'}: {o.summary.grading_note}" for o in outcomes]
-    notes += [f"{o.label or 'run'}: energy {o.energy_note}" for o in outcomes if o.energy_note]
+    # one footnote per distinct text, naming the runs it is about, not one per run
+    notes = _once([(o.label or "run", o.summary.grading_note) for o in outcomes])
+    notes += _once([(o.label or "run", f"energy {o.energy_note}") for o in outcomes
+                    if o.energy_note])
     # One plan usually feeds every arm: say once what its prompt lengths count.
     notes += [f"prompts: {n}" for n in dict.fromkeys(o.prompt_note for o in outcomes) if n]
     if arm_precisions:
         notes += [f"{label}: {numeric_format(p)}; {accuracy_condition(p, quality or {})}"
                   for label, p in arm_precisions.items()]
     return notes
+
+
+def _once(pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """'a, b: text' for each distinct text of (label, text) pairs, in first-seen order."""
+    labels: dict[str, list[str]] = {}
+    for label, text in pairs:
+        labels.setdefault(text, []).append(label)
+    return [f"{', '.join(who) if len(who) < len(pairs) or len(who) == 1 else 'every run'}: "
+            f"{text}" for text, who in labels.items()]
 
 
 def time_note(base: TimeBase = WALL) -> str:

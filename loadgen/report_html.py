@@ -19,9 +19,15 @@ from loadgen.runner import RunOutcome
 from loadgen.search_report import SearchReport
 from loadgen.timebase import WALL, TimeBase
 
+# Tables fit the page: headers wrap, cells are tight, and a table still too wide scrolls
+# inside its own box rather than widening the page; printed, the page is A4 landscape.
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:auto;padding:0 16px;"
-         "color:#222}table{border-collapse:collapse;margin:8px 0;font-size:13px}"
-         "th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+         "color:#222}.wide{max-width:100%;overflow-x:auto}"
+         "table{border-collapse:collapse;margin:8px 0;font-size:12px}"
+         "th,td{border:1px solid #ccc;padding:3px 5px;text-align:right}"
+         "th{white-space:normal;vertical-align:bottom}"
+         "@media print{@page{size:A4 landscape;margin:10mm}body{max-width:none}"
+         "table{font-size:9px}}"
          "th{background:#eef}td:first-child,th:first-child{text-align:left}"
          ".answer{background:#eaf6ea;border-left:6px solid #3a3;padding:10px 16px;"
          "font-size:16px}figure{margin:12px 0}figure svg{width:100%;height:auto}"
@@ -37,7 +43,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], caption: str = "
     cap = f"<caption>{esc(caption)}</caption>" if caption else ""
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (f"<div class='wide'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}"
+            "</tbody></table></div>")
 
 
 def details(summary: str, text: str) -> str:
@@ -183,6 +190,7 @@ def search_section(r: SearchReport) -> str:
     """The capacity search: method, table, curves with intervals."""
     return "".join(["<h2>Precisions: SLO capacity by search, J per output token along the "
                     "load curve</h2>", f"<p>{esc(sr.method_note(r))}</p>",
+                    f"<p>{esc(sr.quality_note(r))}</p>",
                     table(sr.header(r), sr.rows(r), f"time base: {r.base.name}"),
                     f"<p>{esc(sr.curve_title(r))}:</p><ul>",
                     *(f"<li>{esc(x)}</li>" for x in sr.curve_lines(r)), "</ul>",
@@ -283,11 +291,11 @@ def write_html(path: Path, title: str, outcomes: Sequence[RunOutcome], *,
                raw: Sequence[tuple[str, str]] = (), base: TimeBase = WALL,
                search: SearchReport | None = None, runs_title: str = "Runs",
                delta_base: TimeBase | None = None) -> None:
-    """One self-contained page: the answer first (`answer` lines, then the recommended
-    precision), `notes`, the precision section, caller `sections` (HTML), the runs, paired
+    """One self-contained page: the answer first (the recommendation, then `answer` lines),
+    `notes`, the precision section, caller `sections` (HTML), the runs, paired
     deltas and plots, and the raw text tables folded in <details> (plus `raw` (title, text))."""
-    lines = [*answer, *([headline(precision)] if precision else []),
-             *([decide.headline(search.decision)] if search else [])]
+    lines = [*([decide.headline(search.decision)] if search else []),
+             *([headline(precision)] if precision else []), *answer]
     body = [answer_box(lines)] if lines else []
     body += [f"<p>{esc(n)}</p>" for n in notes]
     if search is not None:

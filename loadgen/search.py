@@ -107,7 +107,7 @@ async def search_arm(arm: Arm, w: Workload, cfg: SearchConfig, base: TimeBase,
         return e.j_per_output_token if e is not None and e.output_tokens > 0 else None
 
     result = with_energy(result, j_of, cfg.target_attainment)
-    return (ArmResult(arm.label, arm.precision, arm.engine_kind, result),
+    return (ArmResult(arm.label, arm.precision, arm.engine_kind, result, arm.quality),
             [done[k] for k in sorted(done)])
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from loadgen import report, report_html, search_report
-from loadgen.arms import Arm, fetch_endpoints, plan_arms
+from loadgen.arms import Arm, fetch_endpoints, plan_arms, with_quality
 from loadgen.capacity import SearchConfig
 from loadgen.decide import decide
 from loadgen.precision import slo_text
@@ -34,6 +34,10 @@ SEARCH_OPTIONS = [
     click.option("--need", "need_rps", type=float, default=None,
                  help="--search: the rate you need (req/s): recommend the fewest J/token that "
                  "meets the SLO there (default: the highest capacity found)."),
+    click.option("--min-quality", "min_quality", type=click.FloatRange(0.0, 1.0), default=None,
+                 help="Leave out arms whose quality (the gateway's endpoint "
+                 "`quality`, --quality, else the published figure for the format) is below "
+                 "this score relative to 16-bit, e.g. 0.98."),
     click.option("--time-scale", "time_scale", type=float, default=1.0, show_default=True,
                  help="--search: the engines' time_scale (simulator): rates, the SLO and every "
                  "reported latency are engine time; the client sends at rate x scale and "
@@ -48,13 +52,15 @@ def search_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def build_arms(p: dict[str, Any], w: Workload, precisions: Sequence[str],
-               direct: dict[str, str], run: Callable[[Any], Any]) -> list[Arm]:
-    """The arms, split by engine kind where the gateway lists several kinds per precision."""
+               direct: dict[str, str], run: Callable[[Any], Any],
+               quality: dict[str, float] | None = None) -> list[Arm]:
+    """The arms, split by engine kind where the gateway lists several kinds per precision,
+    each with its quality (`quality`: --quality's scores, which win)."""
     gateway = arm_targets(p, w, [x for x in precisions if x not in direct], {})
     direct_t = arm_targets(p, w, [x for x in precisions if x in direct], direct)
     endpoints = (run(fetch_endpoints(p["target"], p["admin_key"], w.model))
                  if len(direct) < len(precisions) else [])
-    return plan_arms(precisions, gateway, direct_t, endpoints)
+    return with_quality(plan_arms(precisions, gateway, direct_t, endpoints), quality or {})
 
 
 def run_search(p: dict[str, Any], w: Workload, arms: Sequence[Arm], opts: RunOptions,
@@ -74,7 +80,7 @@ def run_search(p: dict[str, Any], w: Workload, arms: Sequence[Arm], opts: RunOpt
         raise click.BadParameter(str(exc), param_hint="--workload") from None
     slo = slo_text(w.slo_classes) + f" ({base.short})"
     decision = decide(results, p["need_rps"], slo, cfg.target_attainment,
-                      f"req/s ({base.short})")
+                      f"req/s ({base.short})", p.get("min_quality"))
     notes = tuple(f"{a.label}: {a.note}" for a in arms if a.note)
     return SearchReport(tuple(results), decision, cfg, slo, base, notes), outcomes
 

@@ -30,7 +30,7 @@ def header(r: SearchReport) -> tuple[str, ...]:
     need = "n/a" if r.decision.need_rps is None else f"{r.decision.need_rps:.3g}"
     tb = r.base.short
     return ("arm", "engine", "precision", f"SLO capacity (req/s, {tb}) [95 % CI]",
-            f"J/out-tok at {need} req/s [95 % CI]", "rates tried", "format")
+            f"J/out-tok at {need} req/s [95 % CI]", "rates tried", "quality", "format")
 
 
 def curve_title(r: SearchReport) -> str:
@@ -61,8 +61,27 @@ def rows(r: SearchReport) -> list[list[str]]:
                 " (no significant difference)" if a.label in r.decision.tied else "")
         out.append([a.label + mark, a.engine_kind, a.precision, capacity_text(a.search),
                     interval_text(j_at(a, need)) if need is not None else "n/a",
-                    str(len(a.search.steps)), numeric_format(a.precision)])
+                    str(len(a.search.steps)), quality_text(a, r.decision.min_quality),
+                    numeric_format(a.precision)])
     return out
+
+
+def quality_text(a: ArmResult, floor: float | None) -> str:
+    """The arm's quality score, and "< floor" when the decision left it out."""
+    if a.quality is None:
+        return "not known" + (" (excluded)" if floor is not None else "")
+    low = floor is not None and a.quality.score < floor
+    return f"{a.quality.score:g}" + (f" < floor {floor:g} (excluded)" if low else "")
+
+
+def quality_note(r: SearchReport) -> str:
+    """Each arm's quality score and, once each, where the scores come from."""
+    floor = r.decision.min_quality
+    scores = ", ".join(f"{a.label} {'not known' if a.quality is None else f'{a.quality.score:g}'}"
+                       for a in r.arms)
+    sources = dict.fromkeys(a.quality.source for a in r.arms if a.quality is not None)
+    return (f"Quality floor: {'none' if floor is None else f'{floor:g}'}. Quality relative to "
+            f"16-bit: {scores} (sources: {'; '.join(sources) or 'none'}).")
 
 
 def method_note(r: SearchReport) -> str:
@@ -80,7 +99,8 @@ def method_note(r: SearchReport) -> str:
 def text(r: SearchReport) -> str:
     from loadgen.report import text_table
 
-    lines = [headline(r.decision), method_note(r), text_table(header(r), rows(r)),
+    lines = [headline(r.decision), method_note(r), quality_note(r),
+             text_table(header(r), rows(r)),
              curve_title(r) + ":", *curve_lines(r)]
     return "\n".join([*lines, *r.notes])
 
@@ -103,8 +123,12 @@ def to_json(r: SearchReport) -> dict[str, Any]:
                    "growth": r.config.growth, "seed": r.config.seed},
         "decision": {"verdict": d.verdict, "recommended": d.recommended, "tied": list(d.tied),
                      "need_rps": d.need_rps, "need_source": d.need_source,
-                     "narrow_enough": d.narrow_enough, "why": d.why},
+                     "narrow_enough": d.narrow_enough, "why": d.why,
+                     "min_quality": d.min_quality, "excluded": list(d.excluded)},
         "arms": [{"label": a.label, "precision": a.precision, "engine_kind": a.engine_kind,
+                  "quality": None if a.quality is None else {
+                      "score": a.quality.score, "benchmark": a.quality.benchmark,
+                      "source": a.quality.source},
                   "capacity_rps": a.search.capacity_rps, "saturated": a.search.saturated,
                   "first_miss_rps": a.search.first_miss_rps,
                   "max_tested_rps": a.search.max_tested_rps,

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass
 
 from engines.sim.catalog import deployment
-from engines.sim.perf import kernel_profile
+from engines.sim.perf import KernelProfile, kernel_profile
 from engines.sim.scheduler import BatchingCore
 
 CAL_PROMPT_TOKENS = 512  # calibration workload: chat-like prompt and answer lengths
@@ -33,10 +33,13 @@ class BatchResult:
 
 def run_batch(gpu: str, model: str, precision: str, dialect: str, batch: int, *, tp: int = 1,
               prompt_tokens: int = CAL_PROMPT_TOKENS,
-              output_tokens: int = CAL_OUTPUT_TOKENS) -> BatchResult:
-    """`batch` identical requests arriving together, run to completion on the pure core."""
+              output_tokens: int = CAL_OUTPUT_TOKENS,
+              profile: KernelProfile | None = None) -> BatchResult:
+    """`batch` identical requests arriving together, run to completion on the pure core
+    (`profile`: kernel coefficients other than the dialect's, for sensitivity checks)."""
     d = deployment(gpu, model, precision, tp)
-    core = BatchingCore(d, kernel_profile(dialect, precision), max_batch=max(batch, 1))
+    prof = profile if profile is not None else kernel_profile(dialect, precision)
+    core = BatchingCore(d, prof, max_batch=max(batch, 1))
     for i in range(batch):
         core.submit(f"r{i}", prompt_tokens, output_tokens, 0.0)
     while (wake := core.next_wakeup_s()) is not None:

@@ -4,6 +4,7 @@ requests, energy check) come from accounting/admin.py, guarded here."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 
@@ -38,6 +39,8 @@ async def admin_endpoints(request: web.Request) -> web.Response:
     rows: list[dict[str, object]] = [
             {"model": st.model, "name": st.endpoint.name, "url": st.endpoint.url,
              "kind": st.endpoint.kind, "precision": st.endpoint.precision,
+             "quality": (dataclasses.asdict(st.endpoint.quality)
+                         if st.endpoint.quality is not None else None),
              "healthy": st.healthy, "checked": st.checked, "inflight": st.inflight,
              "running": st.load.running, "waiting": st.load.waiting,
              "kv_usage": st.load.kv_usage, "scrapes": st.scrapes,

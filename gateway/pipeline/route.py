@@ -49,6 +49,16 @@ def eligible(healthy: Sequence[EndpointState], req: PreparedRequest, precision: 
     return states
 
 
+def endpoint_quality(config: GatewayConfig) -> dict[str, float]:
+    """Per precision, the lowest quality score its endpoints state (an endpoint without one
+    has its format's published figure, core/quality.py)."""
+    out: dict[str, float] = {}
+    for _, ep in config.endpoints():
+        if ep.quality is not None:
+            out[ep.precision] = min(out.get(ep.precision, 1.0), ep.quality.score)
+    return out
+
+
 def context(req: PreparedRequest, sequence: int, routing: Routing, slo: SloClass | None,
             curves: Mapping[str, Curves] | None) -> RoutingContext:
     """What the policy sees beside the candidates. `slo` and `curves` only for slo_energy
@@ -80,7 +90,8 @@ class Router:
         self.clock = clock
         self.policy = policy_for(routing.policy)
         self.floors = dict(routing.min_quality)  # SLO class -> least quality it accepts
-        self.quality = dict(routing.quality)
+        # precision -> its score: routing.quality, else its endpoints' lowest `quality`
+        self.quality = {**endpoint_quality(config), **dict(routing.quality)}
         self.slo_energy = routing.policy == "slo_energy" and models is not None
         self._eligible_cache: dict[tuple[object, ...],
                                    tuple[PrecisionPolicy, list[EndpointState]]] = {}

@@ -129,3 +129,16 @@ def test_the_router_reads_a_prefix_only_for_prefix_affinity() -> None:
     assert Router(config(), Upstreams(config()), None, lambda: 0.0).prefix_chars == 0
     affinity = config("prefix_affinity", prefix_chars=64)
     assert Router(affinity, Upstreams(affinity), None, lambda: 0.0).prefix_chars == 64
+
+
+def test_a_precisions_quality_is_its_endpoints_unless_routing_quality_says() -> None:
+    """Endpoints without a `quality` entry carry their format's published figure (INT4
+    W4A16 0.97); a class floor of 0.98 then keeps int4 out without routing.quality."""
+    floored = config(min_quality={"interactive": 0.98})
+    router = Router(floored, Upstreams(floored), None, clock=lambda: 0.0)
+    assert router.quality == {"bf16": 1.0, "fp8": 0.99, "int4": 0.97}
+    healthy = Upstreams(floored).healthy("m")
+    assert names(eligible(healthy, req(), None, PrecisionPolicy(), "interactive",
+                          router.floors["interactive"], router.quality)) == ["e-bf16", "e-fp8"]
+    told = config(min_quality={"interactive": 0.98}, quality={"int4": 0.99})
+    assert Router(told, Upstreams(told), None, clock=lambda: 0.0).quality["int4"] == 0.99

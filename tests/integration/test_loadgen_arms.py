@@ -28,3 +28,22 @@ async def test_a_mixed_precision_pool_is_split_by_engine_kind() -> None:
         ("bf16 (vllm)", "vllm", gw),
         ("fp8 (trtllm, e-trt-fp8)", "trtllm", eng.url),
         ("fp8 (vllm, e-fp8)", "vllm", eng.url)]
+
+
+async def test_arms_carry_the_quality_the_gateway_lists_for_their_endpoints() -> None:
+    """An endpoint's configured `quality` reaches the arm through `/admin/v1/endpoints`; one
+    without carries its format's published figure; the floor then leaves int4 out."""
+    from core.quality import PUBLISHED, Quality
+    from loadgen.decide import below_floor
+
+    stated = {"score": 0.995, "benchmark": "our eval", "source": "ours"}
+    async with fake_engine(FakeEngine(model="m")) as eng, running_gateway(make_config([
+            {"name": "e-fp8", "url": eng.url, "precision": "fp8", "quality": stated},
+            {"name": "e-int4", "url": eng.url, "precision": "int4"}])) as gw:
+        endpoints = await fetch_endpoints(gw, ADMIN_KEY, "m")
+    assert endpoints is not None
+    arms = plan_arms(["fp8", "int4"], {p: Target(gw, f"m@{p}") for p in ("fp8", "int4")}, {},
+                     endpoints)
+    assert [a.quality for a in arms] == [Quality(0.995, "our eval", "ours"), PUBLISHED["int4"]]
+    assert below_floor([(a.label, a.quality) for a in arms], 0.98) == (
+        "int4 (vllm) excluded: quality 0.97 < floor 0.98",)

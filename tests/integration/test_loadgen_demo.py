@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_demo_first_screen import check_first_screen
 from tests.support.extras import missing
 from tests.support.procs import REPO, wattgate_cmd
 
@@ -75,6 +76,9 @@ def test_demo_html_opens_with_the_answer_and_renders_in_a_browser(
     assert any(x in first for x in ("Recommended: ", "No significant difference ",
                                     "No recommendation ("))
     assert "Tenants&#x27; bills" in html or "Tenants' bills" in html
+    # the first screen: the recommendation with its interval, the routing saving in %, the
+    # tenants' bills with the idle energy apart
+    check_first_screen(out / "demo.html", out)
     png = screenshot(out / "demo.html", out / "demo.png")
     assert png.stat().st_size > 50_000  # a page of text, tables and plots, not a blank page
     assert distinct_colours(png) > 50

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from core.quality import published
 from loadgen.arms import Endpoint, endpoints_of, plan_arms
 from loadgen.capacity import CapacityResult, Interval, RateStep, Trial
 from loadgen.client import Target
@@ -115,7 +116,8 @@ def test_without_the_endpoint_list_arms_say_the_kind_is_unchecked() -> None:
 
 def test_endpoints_of_keeps_the_model() -> None:
     assert [e.name for e in endpoints_of(DOC, "other")] == ["x"]
-    assert endpoints_of(DOC, "m")[0] == Endpoint("h100-bf16", "http://e:1", "vllm", "bf16")
+    assert endpoints_of(DOC, "m")[0] == Endpoint("h100-bf16", "http://e:1", "vllm", "bf16",
+                                                 published("bf16"))
 
 
 def test_trials_of_a_few_request_lifetimes_are_flagged() -> None:
