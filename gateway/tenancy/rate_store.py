@@ -43,7 +43,9 @@ SCHEMA = (
 _FULL = ("LEAST(EXCLUDED.capacity, b.level + GREATEST(0, EXCLUDED.at_s - b.at_s)"
          " * EXCLUDED.capacity / EXCLUDED.period_s)")
 _GRANT = f"GREATEST(0, LEAST(EXCLUDED.asked, {_FULL}))"
-# lease.py's `exchange`: a new row is a full bucket; `asked` < 0 gives tokens back.
+# lease.py's `exchange`: a new row is a full bucket; `asked` < 0 gives tokens back. Rows are
+# locked in one order on every replica: two statements taking the same rows in opposite
+# orders would deadlock, and PostgreSQL would abort one (a store down, to its replica).
 EXCHANGE = f"""
 INSERT INTO rate_limit_buckets AS b (tenant, lim, capacity, period_s, level, at_s, asked,
                                      granted)
@@ -52,6 +54,7 @@ SELECT a.tenant, a.lim, a.capacity, a.period_s,
        extract(epoch FROM clock_timestamp()), a.amount, GREATEST(0, LEAST(a.amount, a.capacity))
 FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::float8[])
      AS a(tenant, lim, capacity, period_s, amount)
+ORDER BY a.tenant, a.lim
 ON CONFLICT (tenant, lim) DO UPDATE SET
     capacity = EXCLUDED.capacity, period_s = EXCLUDED.period_s, asked = EXCLUDED.asked,
     at_s = GREATEST(b.at_s, EXCLUDED.at_s),
@@ -105,9 +108,14 @@ class RateStore:
         self._dsn = dsn
         self.timeout_s = timeout_s
         self._pool: Any = None
+        self._opening = asyncio.Lock()  # one pool, however many leases find none
 
     async def _ready(self) -> Any:
-        if self._pool is None:
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is not None:
+                return self._pool
             pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=2,
                                              command_timeout=self.timeout_s)
             try:
@@ -115,8 +123,8 @@ class RateStore:
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
                     for statement in SCHEMA:
                         await conn.execute(statement)
-            except BaseException:
-                await pool.close()
+            except BaseException:  # a timeout too: no half-open pool left behind
+                pool.terminate()
                 raise
             self._pool = pool
         return self._pool
