@@ -116,7 +116,9 @@ class RateStore:
         async with self._opening:
             if self._pool is not None:
                 return self._pool
-            pool = await asyncpg.create_pool(self._dsn, min_size=1, max_size=2,
+            # min_size 0: no floor for asyncpg to restore (and log a traceback about every
+            # second) while the store is down; connections are opened as leases need them
+            pool = await asyncpg.create_pool(self._dsn, min_size=0, max_size=2,
                                              command_timeout=self.timeout_s)
             try:
                 async with pool.acquire() as conn, conn.transaction():
