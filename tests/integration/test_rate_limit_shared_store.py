@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import orjson
 import pytest
 import yaml
@@ -24,7 +26,7 @@ import yaml
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, KEY_B, digest, raw_config
 from tests.support.postgres import PostgresServer, postgres
-from tests.support.procs import free_port, running, wait_http, wattgate_cmd
+from tests.support.procs import free_port, running, stop, wait_http, wattgate_cmd
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.postgres]
 LIMIT = 40.0  # requests per second, each tenant
@@ -62,18 +64,19 @@ def gateway_configs(tmp_path: Path, engine_url: str, dsn: str, on_store_down: st
 
 @contextlib.asynccontextmanager
 async def replicas(tmp_path: Path, server: PostgresServer, on_store_down: str
-                   ) -> AsyncIterator[list[str]]:
+                   ) -> AsyncIterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
     async with fake_engine(FakeEngine(model="m", tokens=2)) as eng:
         with contextlib.ExitStack() as stack:
-            urls = []
+            urls, procs = [], []
             for i, (cfg, port) in enumerate(gateway_configs(tmp_path, eng.url, server.dsn,
                                                             on_store_down)):
-                stack.enter_context(running(wattgate_cmd("serve", "--config", str(cfg)),
-                                            log=tmp_path / f"gw{i}-{on_store_down}.log"))
+                procs.append(stack.enter_context(running(
+                    wattgate_cmd("serve", "--config", str(cfg)),
+                    log=tmp_path / f"gw{i}-{on_store_down}.log")))
                 urls.append(f"http://127.0.0.1:{port}")
             for url in urls:  # off the loop: the engine answers their health checks
                 await asyncio.to_thread(wait_http, url + "/readyz", 90.0)
-            yield urls
+            yield urls, procs
 
 
 async def send(s: aiohttp.ClientSession, url: str, key: str, replica: int) -> Sent:
@@ -126,7 +129,7 @@ def check_one_bucket(got: list[Sent], name: str) -> None:
 async def test_three_replicas_on_one_store_admit_the_limit_and_fail_open(tmp_path: Path
                                                                          ) -> None:
     with postgres() as server:
-        async with replicas(tmp_path, server, "open") as urls:
+        async with replicas(tmp_path, server, "open") as (urls, _):
             clients = sessions(3)
             try:
                 # one keep-alive client on one replica: its full limit, not a third of it
@@ -176,7 +179,7 @@ async def store_up(s: aiohttp.ClientSession, url: str) -> float:
 async def test_store_down_closed_refuses_rate_limited_requests_with_503(tmp_path: Path
                                                                         ) -> None:
     with postgres() as server:
-        async with replicas(tmp_path, server, "closed") as urls:
+        async with replicas(tmp_path, server, "closed") as (urls, procs):
             clients = sessions(3)
             try:
                 before = await traffic(clients, urls, KEY_A, [1, 1, 1], 1.0)
@@ -195,6 +198,9 @@ async def test_store_down_closed_refuses_rate_limited_requests_with_503(tmp_path
                 while (await send(clients[1], urls[1], KEY_A, 1)).status != 200:
                     assert time.monotonic() < deadline, "still refused with the store back"
                     await asyncio.sleep(0.2)
+                await asyncio.to_thread(stop, procs[2])  # SIGTERM: a graceful stop
+                assert procs[2].returncode == 0
+                assert await live_replicas(server.dsn) == 2  # it left the live ones
             finally:
                 for c in clients:
                     await c.close()
@@ -206,3 +212,11 @@ async def error_of(s: aiohttp.ClientSession, url: str, key: str) -> dict[str, An
                                "Content-Type": "application/json"}) as r:
         assert r.status == 503 and r.headers["Retry-After"] == "1"
         return dict(orjson.loads(await r.read())["error"])
+
+
+async def live_replicas(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM rate_limit_replicas"))
+    finally:
+        await conn.close()
