@@ -183,7 +183,8 @@ async def test_store_down_closed_refuses_rate_limited_requests_with_503(tmp_path
             clients = sessions(3)
             try:
                 before = await traffic(clients, urls, KEY_A, [1, 1, 1], 1.0)
-                assert {g.status for g in before} == {200, 429}
+                assert {g.status for g in before} <= {200, 429}
+                assert sum(g.status == 200 for g in before) >= LIMIT
                 server.stop()
                 got = await traffic(clients, urls, KEY_A, [1, 1, 1], 2.0)
                 late = [g for g in got if g.sent_s > min(x.sent_s for x in got) + 0.5]
