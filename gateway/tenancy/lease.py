@@ -68,8 +68,9 @@ class Lease:
     period_s: float
     balance: float = 0.0  # leased and not yet admitted (below 0: tokens used past a lease)
     store_level: float = math.nan  # the store's level at its last answer (nan: not yet asked)
-    demand_per_s: float = 0.0  # moving average of what requests asked for
+    asked: float = 0.0  # what requests asked for, each decayed by its age (DEMAND_TAU_S)
     size: float = 1.0  # moving average of one request's amount
+    first_s: float = math.nan  # the first request
     seen_s: float = -math.inf  # the last request
     empty_until_s: float = -math.inf  # the store had nothing: refuse locally until then
 
@@ -79,11 +80,23 @@ class Lease:
 
     def note(self, now_s: float, amount: float) -> None:
         """A request asked for `amount` (admitted or not): the demand it shows."""
-        if self.seen_s > -math.inf:
-            self.demand_per_s *= math.exp(-max(0.0, now_s - self.seen_s) / DEMAND_TAU_S)
-        self.demand_per_s += amount / DEMAND_TAU_S
+        if math.isnan(self.first_s):
+            self.first_s = now_s
+        else:
+            self.asked *= math.exp(-max(0.0, now_s - self.seen_s) / DEMAND_TAU_S)
+        self.asked += amount
         self.size += (amount - self.size) * 0.1
         self.seen_s = max(self.seen_s, now_s)
+
+    @property
+    def demand_per_s(self) -> float:
+        """The recent demand rate: the decayed sum over the time it decays over, which for a
+        young lease is its age (at least HORIZON_S), so a new client's rate is known within
+        about HORIZON_S rather than ramping up over DEMAND_TAU_S."""
+        if math.isnan(self.first_s):
+            return 0.0
+        age_s = max(HORIZON_S, self.seen_s - self.first_s)
+        return self.asked / (DEMAND_TAU_S * -math.expm1(-age_s / DEMAND_TAU_S))
 
     def block(self) -> float:
         """The lease to hold: recent demand over HORIZON_S, capped by the limit's share and

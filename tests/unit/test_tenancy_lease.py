@@ -11,7 +11,7 @@ import pytest
 
 from core.errors import OverloadedError
 from gateway.tenancy.config import OnStoreDown, SharedStoreConfig, TenantLimits
-from gateway.tenancy.lease import IDLE_RETURN_S, Exchange, Lease, exchange
+from gateway.tenancy.lease import HORIZON_S, IDLE_RETURN_S, Exchange, Lease, exchange
 from gateway.tenancy.ratelimit import TenantRateLimiter
 from gateway.tenancy.shared import HEARTBEAT_S, SYNC_S, SharedRates
 from tests.support.rate_store import Clock, MemoryStore
@@ -30,12 +30,15 @@ def test_the_store_grants_what_its_refilled_bucket_holds_and_takes_back_up_to_fu
 
 def test_leases_shrink_to_one_request_near_the_limit() -> None:
     lease = Lease(1000.0, 1.0)
-    for i in range(400):  # 400 requests in 0.2 s: a demand of ~360/s so far
-        lease.note(i * 0.0005, 1.0)
+    for i in range(361):  # 360 requests a second
+        lease.note(i / 360, 1.0)
+    assert lease.demand_per_s == pytest.approx(360.0, rel=0.01)
     lease.store_level = 900.0
-    far = lease.ask(1.0)
-    assert far == pytest.approx(lease.demand_per_s * 0.1)
-    assert 30.0 < far <= 50.0  # a block of demand, at most 5 % of the limit
+    assert lease.ask(1.0) == pytest.approx(36.0, rel=0.01)  # 100 ms of demand
+    for i in range(361, 1000):
+        lease.note(i / 360, 1.0)
+        lease.note(i / 360, 1.0)
+    assert lease.ask(1.0) == 50.0  # twice that: at most 5 % of the limit
     lease.store_level = 100.0  # the store is running low: a quarter of what it has
     assert lease.ask(1.0) == pytest.approx(25.0)
     assert lease.wants_top_up(1.0)
@@ -71,11 +74,12 @@ def test_an_empty_store_is_not_asked_again_until_it_has_refilled() -> None:
 
 
 def test_an_idle_lease_and_refunds_above_a_block_go_back() -> None:
-    lease = Lease(60000.0, 60.0, balance=500.0, store_level=50000.0)
+    lease = Lease(60000.0, 60.0, balance=2000.0, store_level=50000.0)
     lease.note(0.0, 400.0)
     keep = 2.0 * max(lease.block(), lease.size)
-    assert lease.surplus(0.5) == pytest.approx(500.0 - keep)
-    assert lease.surplus(IDLE_RETURN_S) == 500.0  # untouched for a second: all of it
+    assert 0.0 < keep < 2000.0
+    assert lease.surplus(0.5) == pytest.approx(2000.0 - keep)
+    assert lease.surplus(IDLE_RETURN_S) == 2000.0  # untouched for a second: all of it
     assert Lease(10.0, 1.0, balance=-3.0).surplus(100.0) == 0.0  # a debt is not given back
 
 
@@ -139,15 +143,28 @@ async def test_three_replicas_admit_one_bucket_of_the_limit_however_traffic_spre
     assert all(a > 0 for a, w in zip(admitted, weights, strict=True) if w)  # none starved
 
 
-async def test_far_from_the_limit_requests_never_wait_for_the_store() -> None:
-    clock, store = Clock(), MemoryStore(Clock())
-    store.clock = clock
-    reps = replicas(1, store, clock, TenantLimits(requests_per_second=1000.0))
-    await reps[0][0].beat()
-    admitted = await drive(reps, clock, [1], 200.0, 5.0)
-    assert admitted == [1000]
-    # blocks of ~20 requests, not a statement per request
-    assert store.statements < 1000 / 5
+async def test_far_from_the_limit_requests_do_not_wait_for_the_store() -> None:
+    """Past the first HORIZON_S of a client's traffic, no request waits for a lease: the
+    background task (run at once when a request leaves a lease low) keeps them topped up."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    (shared, fallback), = replicas(1, store, clock, TenantLimits(requests_per_second=1000.0))
+    await shared.beat()
+    waited, next_sync_s = [], 0.0
+    for k in range(1000):  # 200 a second for 5 s
+        clock.now_s = k / 200.0
+        if clock.now_s >= next_sync_s or shared._kick.is_set():
+            shared._kick.clear()
+            await shared.sync(clock.now_s)  # as `SharedRates.run` does
+            next_sync_s = clock.now_s + SYNC_S
+        before = store.statements
+        assert (await shared.take("a", fallback, clock.now_s, 0)).verdict.allowed
+        if store.statements > before:  # this request waited for a lease
+            waited.append(clock.now_s)
+    print(f"requests that waited for a lease, at (s): {waited}; {store.statements} "
+          "statements for 1000 requests")
+    assert waited and max(waited) < HORIZON_S
+    assert store.statements < 1000 / 10  # blocks of ~20 requests, not one per request
 
 
 async def test_token_refunds_return_to_the_store_for_every_replica() -> None:
