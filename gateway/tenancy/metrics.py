@@ -33,5 +33,13 @@ class TenancyMetrics:
             "wattgate_tenant_rate_store_up", "1 while the shared rate-limit store answers "
             "this replica's leases, else 0 (tenant_controls.shared_store.on_store_down "
             "applies)", registry=registry) if shared_store else None
+        self.rate_lease_waits = Counter(
+            "wattgate_tenant_rate_lease_waits", "Requests that waited for a lease from the "
+            "shared rate-limit store (their replica's lease was short)",
+            registry=registry) if shared_store else None
+        self.rate_store_statements = Counter(
+            "wattgate_tenant_rate_store_statements", "Statements this replica sent the shared "
+            "rate-limit store (leases, give-backs, heartbeats)",
+            registry=registry) if shared_store else None
         self.active = Gauge("wattgate_tenant_requests_active", "Requests of a tenant with "
                             "limits in flight in this process", ("tenant",), registry=registry)

@@ -95,6 +95,8 @@ class SharedRates:
             short = [(key, lease, need) for key, lease, need in needs if lease.balance < need]
             if not short or any(lease.empty_until_s > now_s for _, lease, _ in short):
                 break
+            if self.metrics is not None and self.metrics.rate_lease_waits is not None:
+                self.metrics.rate_lease_waits.inc()
             await self._lease(tenant, {key: need for key, _, need in short})
             if not self.up:
                 return self._without_store(fallback, self.clock(), tokens)
@@ -169,11 +171,19 @@ class SharedRates:
                 leases[key].granted(now_s, answer, asks[key].amount, needs.get(key, 0.0))
 
     async def _exchange(self, asks: list[Ask]) -> dict[tuple[str, str], Exchange]:
+        """One statement for `asks`; nothing granted (and the store down) if it fails."""
+        if not asks:
+            return {}
+        self._counted()
         try:
-            return await self.store.exchange(asks) if asks else {}
+            return await self.store.exchange(asks)
         except RateStoreError as exc:
             self._lost(exc)
             return {}
+
+    def _counted(self) -> None:
+        if self.metrics is not None and self.metrics.rate_store_statements is not None:
+            self.metrics.rate_store_statements.inc()
 
     # -- the background task
 
@@ -191,13 +201,7 @@ class SharedRates:
                 elif lease.wants_top_up(now_s):
                     asks.append(Ask(tenant, key, lease.capacity, lease.period_s,
                                     lease.ask(0.0)))
-        if not asks:
-            return
-        try:
-            answers = await self.store.exchange(asks)
-        except RateStoreError as exc:
-            self._lost(exc)
-            return
+        answers = await self._exchange(asks)
         now_s = self.clock()
         for a in asks:
             answer = answers.get((a.tenant, a.limit))
@@ -206,6 +210,7 @@ class SharedRates:
 
     async def beat(self) -> None:
         """Stamp this replica live and count the live ones; a store that answers is up."""
+        self._counted()
         try:
             self.replicas = await self.store.heartbeat(self.replica)
         except RateStoreError as exc:

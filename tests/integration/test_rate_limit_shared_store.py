@@ -32,6 +32,8 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.postgres]
 LIMIT = 40.0  # requests per second, each tenant
 OFFERED = 2 * LIMIT
 KEY_C = "sk-test-tenant-c"
+KEY_D = "sk-test-tenant-d"
+FAR_LIMIT = 1000.0  # tenant-d: far above what is sent
 BODY = orjson.dumps({"model": "m", "prompt": "hello", "max_tokens": 2})
 
 
@@ -57,6 +59,9 @@ def gateway_configs(tmp_path: Path, engine_url: str, dsn: str, on_store_down: st
         raw["tenants"].append({"name": "tenant-c", "api_key_sha256": digest(KEY_C),
                                "slo_class": "batch",
                                "limits": {"requests_per_second": LIMIT}})
+        raw["tenants"].append({"name": "tenant-d", "api_key_sha256": digest(KEY_D),
+                               "slo_class": "batch",
+                               "limits": {"requests_per_second": FAR_LIMIT}})
         cfg = tmp_path / f"gw{i}-{on_store_down}.yaml"
         cfg.write_text(yaml.safe_dump(raw))
         yield cfg, port
@@ -132,6 +137,7 @@ async def test_three_replicas_on_one_store_admit_the_limit_and_fail_open(tmp_pat
         async with replicas(tmp_path, server, "open") as (urls, _):
             clients = sessions(3)
             try:
+                await far_from_the_limit(clients[0], urls[0])
                 # one keep-alive client on one replica: its full limit, not a third of it
                 check_one_bucket(await traffic(clients, urls, KEY_A, [1, 0, 0], 4.0),
                                  "one client on one replica")
@@ -141,6 +147,29 @@ async def test_three_replicas_on_one_store_admit_the_limit_and_fail_open(tmp_pat
             finally:
                 for c in clients:
                     await c.close()
+
+
+async def far_from_the_limit(client: aiohttp.ClientSession, url: str) -> None:
+    """Requests far below the limit are admitted from the replica's lease: past a client's
+    start (its rate is known within 100 ms) they do not wait for the store."""
+    await traffic([client], [url], KEY_D, [1], 0.5)  # the start
+    waits = await metric(client, url, "wattgate_tenant_rate_lease_waits_total")
+    statements = await metric(client, url, "wattgate_tenant_rate_store_statements_total")
+    got = await traffic([client], [url], KEY_D, [1], 2.0)
+    assert {g.status for g in got} == {200}
+    waits = await metric(client, url, "wattgate_tenant_rate_lease_waits_total") - waits
+    statements = await metric(client, url,
+                              "wattgate_tenant_rate_store_statements_total") - statements
+    print(f"far from the limit: {len(got)} requests, {waits:.0f} waited for a lease; "
+          f"{statements:.0f} statements to the store (heartbeats included)")
+    assert waits <= 2  # a top-up slower than half a lease (50 ms) on a loaded machine
+    assert statements < len(got) / 4
+
+
+async def metric(s: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with s.get(url + "/metrics") as r:
+        text = await r.text()
+    return float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[1])
 
 
 async def store_down_open(server: PostgresServer, clients: list[aiohttp.ClientSession],
@@ -170,10 +199,7 @@ async def store_down_open(server: PostgresServer, clients: list[aiohttp.ClientSe
 
 
 async def store_up(s: aiohttp.ClientSession, url: str) -> float:
-    async with s.get(url + "/metrics") as r:
-        text = await r.text()
-    line = next(x for x in text.splitlines() if x.startswith("wattgate_tenant_rate_store_up "))
-    return float(line.split()[1])
+    return await metric(s, url, "wattgate_tenant_rate_store_up")
 
 
 async def test_store_down_closed_refuses_rate_limited_requests_with_503(tmp_path: Path
