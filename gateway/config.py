@@ -34,7 +34,7 @@ from core.vocab import (
 )
 from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
 from gateway.telemetry.config import TelemetryConfig, parse_telemetry
-from gateway.tenancy.config import TenantControlsConfig
+from gateway.tenancy.config import TenantControlsConfig, parse_tenant_controls
 
 # names other modules import from here
 __all__ = [
@@ -335,6 +335,8 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
                           f"{default_slo!r} is not one of {', '.join(sorted(slo_names))}")
     tenants = parse_tenants(root, env, slo_names, default_slo)
     models = _models(root)
+    accounting = _accounting(root, env, base_dir, models)
+    ledger_dsn = accounting.ledger.dsn if accounting is not None and accounting.enabled else ""
     config = GatewayConfig(
         models=models,
         tenants=tenants,
@@ -344,7 +346,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         drain_timeout_s=root.number("drain_timeout_s", default_of(GatewayConfig, "drain_timeout_s")),
         admin_key_sha256=_key(root, "admin", env),
         auth_required=root.flag("auth_required", default_of(GatewayConfig, "auth_required")),
-        accounting=_accounting(root, env, base_dir, models),
+        accounting=accounting,
         access_log=_access_log(root, base_dir),
         metrics_key_sha256=_key(root, "metrics", env),
         listen=section(root.sub("listen"), Listen, minimums={"port": 0, "max_connections": 0}),
@@ -354,7 +356,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         outlier_detection=_outlier_detection(root.sub("outlier_detection")),
         health=section(root.sub("health"), HealthCheck),
         logging=section(root.sub("logging"), Logging),
-        tenant_controls=section(root.sub("tenant_controls"), TenantControlsConfig),
+        tenant_controls=parse_tenant_controls(root.sub("tenant_controls"), env, ledger_dsn),
         telemetry=parse_telemetry(root.sub("telemetry")),
     )
     budgeted = [i for i, t in enumerate(tenants) if t.budgets.budgets]

@@ -1,6 +1,7 @@
 """Admission of one request against its tenant's controls, and its release when it ends.
 
-`Admission.admit` runs before routing: the local rate-limit buckets first (no I/O), then, for
+`Admission.admit` runs before routing: the rate limits first (this process's buckets, no I/O;
+with a shared store, leases of the replicas' common buckets, shared.py), then, for
 a tenant with budgets or a concurrency cap and a ledger, the reservation in the ledger
 (store.py); without a ledger the cap is kept in this process. It returns a `Ticket` (headers
 for the response, a precision forced by a downgrade) or raises a 429. `release` settles the
@@ -23,6 +24,7 @@ from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
+from gateway.tenancy.shared import SharedRates
 from gateway.tenancy.store import StoreVerdict, TenancyStore
 
 
@@ -34,6 +36,7 @@ class Ticket:
     headers: dict[str, str] = field(default_factory=dict)
     reserved: bool = False  # a reservation in the ledger
     local_slot: bool = False  # a local concurrency slot
+    local_rates: bool = False  # taken from this process's buckets though a store is shared
 
 
 def seconds_to_next_period(period: str, now_s: float) -> float:
@@ -48,11 +51,13 @@ def seconds_to_next_period(period: str, now_s: float) -> float:
 
 class Admission:
     def __init__(self, config: GatewayConfig, metrics: TenancyMetrics | None, *,
-                 clock: Callable[[], float], store: TenancyStore | None = None):
+                 clock: Callable[[], float], store: TenancyStore | None = None,
+                 shared: SharedRates | None = None):
         self.config = config
         self.metrics = metrics
         self.clock = clock
         self.store = store
+        self.shared = shared  # None: rate limits per process (limit / live replicas)
         now = clock()
         self.limiters = {t.name: TenantRateLimiter(t.limits, now) for t in config.tenants
                          if t.limits.any}
@@ -74,6 +79,12 @@ class Admission:
         """Each process enforces its share of the rate limits."""
         for limiter in self.limiters.values():
             limiter.set_share(1.0 / max(1, replicas))
+
+    def _settle(self, limiter: TenantRateLimiter, ticket: Ticket, used: int) -> None:
+        if self.shared is None or ticket.local_rates:
+            limiter.settle(ticket.tokens, used)
+        else:
+            self.shared.settle(ticket.tenant, ticket.tokens, used)
 
     def _refuse(self, tenant: str, reason: str, err: TenantLimitError) -> TenantLimitError:
         if self.metrics is not None:
@@ -101,8 +112,13 @@ class Admission:
         limiter = self.limiters.get(tenant.name)
         now = self.clock()
         if limiter is not None:
-            verdict = limiter.take(now, tokens)
-            ticket.headers = limiter.headers(now)
+            if self.shared is None:
+                verdict = limiter.take(now, tokens)
+                ticket.headers = limiter.headers(now)
+            else:
+                taken = await self.shared.take(tenant.name, limiter, now, tokens)
+                verdict, ticket.headers, ticket.local_rates = (taken.verdict, taken.headers,
+                                                               taken.local)
             if not verdict.allowed:
                 what = ("requests" if verdict.reason == "requests"
                         else f"tokens ({tokens} asked)")
@@ -118,7 +134,7 @@ class Admission:
                              available)
         except WattgateError:  # refused after all: the tokens go back
             if limiter is not None:
-                limiter.settle(ticket.tokens, 0)
+                self._settle(limiter, ticket, 0)
             raise
         return ticket
 
@@ -223,7 +239,7 @@ class Admission:
         used = rec.prompt_tokens + rec.completion_tokens
         limiter = self.limiters.get(ticket.tenant)
         if limiter is not None and ticket.tokens:
-            limiter.settle(ticket.tokens, used)
+            self._settle(limiter, ticket, used)
         if ticket.local_slot or ticket.reserved:
             self.active[ticket.tenant] -= 1
             self._gauge(ticket.tenant)

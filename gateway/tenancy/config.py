@@ -11,13 +11,19 @@ A tenant's section:
     on_budget: reject                     # or downgrade: a cheaper allowed precision
     budget_downgrade_pinned: false        # downgrade a precision the request pinned too
     budget_soft_percent: 80               # the alert threshold (a metric, not a refusal)
+
+and gateway-wide (`tenant_controls`), where the rate limits are kept when replicas share them:
+
+    shared_store: {dsn_env: RATE_PG, on_store_down: open}   # no dsn: the ledger's PostgreSQL
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from core.config_fields import FieldReader, default_of
+from core.config_fields import FieldReader, default_of, section
 from core.errors import ConfigError
 
 PERIODS: tuple[str, ...] = ("hour", "day", "month")
@@ -62,6 +68,22 @@ class TenantBudgets:
     downgrade_pinned: bool = False
 
 
+# what the gateway does with a rate-limited tenant's request while the shared store is down:
+# admit it against this replica's share of the limit (limit / live replicas), or refuse it (503)
+OnStoreDown = Literal["open", "closed"]
+ON_STORE_DOWN: tuple[OnStoreDown, ...] = get_args(OnStoreDown)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedStoreConfig:
+    """The PostgreSQL database where every replica's rate limits are kept together
+    (`tenant_controls.shared_store`; shared.py)."""
+
+    dsn: str = field(default="", repr=False)  # resolved at load: the ledger's when not given
+    on_store_down: OnStoreDown = "open"
+    timeout_s: float = 0.5  # a lease the store has not answered by then: the store is down
+
+
 @dataclass(frozen=True, slots=True)
 class TenantControlsConfig:
     """Gateway-wide settings of tenant controls (section `tenant_controls`)."""
@@ -69,6 +91,7 @@ class TenantControlsConfig:
     default_max_tokens: int = 256  # reserved when a request gives no max_tokens
     reservation_ttl_s: float = 900.0  # a reservation nobody settled counts no longer after this
     refresh_s: float = 1.0  # live replicas, J/token and spend gauges are re-read this often
+    shared_store: SharedStoreConfig | None = None  # None: each replica enforces limit / N
 
 
 def parse_limits(r: FieldReader) -> TenantLimits:
@@ -105,3 +128,32 @@ def parse_budgets(r: FieldReader) -> TenantBudgets:
         downgrade_pinned=r.flag("budget_downgrade_pinned",
                                 default_of(TenantBudgets, "downgrade_pinned")),
     )
+
+
+def parse_tenant_controls(r: FieldReader, env: Mapping[str, str], ledger_dsn: str
+                          ) -> TenantControlsConfig:
+    """The `tenant_controls` section. `ledger_dsn`: the PostgreSQL ledger's DSN ("" when the
+    ledger is not PostgreSQL), which a `shared_store` without a DSN of its own shares."""
+    store: SharedStoreConfig | None = None
+    if r.get("shared_store") is not None:
+        s = r.sub("shared_store")
+        dsn = _dsn(s, env) or ledger_dsn
+        if not dsn:
+            raise ConfigError(s.at("dsn"), "give dsn or dsn_env, or configure a postgres "
+                              "ledger (accounting.ledger) whose database it then shares")
+        store = section(s, SharedStoreConfig, given={"dsn": dsn})
+    return section(r, TenantControlsConfig, given={"shared_store": store})
+
+
+def _dsn(r: FieldReader, env: Mapping[str, str]) -> str:
+    """`dsn` or `dsn_env` (the name of a variable holding it), "" when neither is given."""
+    dsn, name = r.get("dsn"), r.get("dsn_env")
+    if dsn is not None and name is not None:
+        raise ConfigError(r.at("dsn"), "give dsn or dsn_env, not both")
+    if name is not None:
+        if not isinstance(name, str) or not env.get(name):
+            raise ConfigError(r.at("dsn_env"), f"environment variable {name} is unset")
+        return env[name]
+    if dsn is not None and (not isinstance(dsn, str) or not dsn.startswith("postgres")):
+        raise ConfigError(r.at("dsn"), "must be a PostgreSQL URL (postgresql://...)")
+    return dsn or ""

@@ -4,6 +4,8 @@ and its background loop, and what `/v1/usage` tells a tenant about its limits.""
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,6 +17,8 @@ from accounting.ledger.common import SqlLedger
 from gateway.config import GatewayConfig, Tenant
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.ratelimit import TenantRateLimiter
+from gateway.tenancy.shared import SharedRates
 from gateway.tenancy.store import TenancyStore
 
 
@@ -23,8 +27,16 @@ class TenantControls:
                  clock: Callable[[], float], replica: str | None = None,
                  wall: Callable[[], float] = time.time):
         self.config = config
-        self.metrics = TenancyMetrics(registry)
+        shared_cfg = config.tenant_controls.shared_store
+        rated = {t.name: t.limits for t in config.tenants if t.limits.any}
+        self.metrics = TenancyMetrics(registry, shared_store=shared_cfg is not None and
+                                      bool(rated))
         self.store: TenancyStore | None = None
+        self.shared: SharedRates | None = None
+        if shared_cfg is not None and rated:
+            self.shared = SharedRates(shared_cfg, rated,
+                                      replica or f"{socket.gethostname()}:{os.getpid()}",
+                                      clock=clock, metrics=self.metrics)
         acct = config.accounting
         if acct is not None and acct.enabled and replica is not None and any(
                 t.limits.any or t.budgets.budgets for t in config.tenants):
@@ -36,7 +48,10 @@ class TenantControls:
                                       wall)
             self.store.budgeted = tuple(t.name for t in config.tenants if t.budgets.budgets)
             self.store.interval_s = acct.interval_s
-        self.admission = Admission(config, self.metrics, clock=clock, store=self.store)
+        self.admission = Admission(config, self.metrics, clock=clock, store=self.store,
+                                   shared=self.shared)
+        if self.shared is not None:  # the live replicas it counts set the shares it falls to
+            self.shared.on_replicas = self.admission.set_replicas
         for t in config.tenants:
             if t.budgets.budgets:
                 self.metrics.budget_soft.labels(t.name).set(t.budgets.soft_percent / 100.0)
@@ -44,20 +59,28 @@ class TenantControls:
                 self.metrics.budget_limit.labels(t.name, b.period, b.unit).set(b.limit)
 
     async def cleanup_ctx(self, _app: object) -> AsyncIterator[None]:
-        store = self.store
-        if store is None:
+        shared = self.shared
+        if shared is not None:
+            await shared.start()
+        try:
+            store = self.store
+            if store is None:
+                yield
+                return
+            await store.ledger.open()
+            store.start(self.refresh)
             yield
-            return
-        await store.ledger.open()
-        store.start(self.refresh)
-        yield
-        await store.stop()
-        await store.ledger.close()
+            await store.stop()
+            await store.ledger.close()
+        finally:
+            if shared is not None:
+                await shared.stop()
 
     async def refresh(self) -> None:
         """After the store's refresh: rate-limit shares and the budget gauges."""
         assert self.store is not None
-        self.admission.set_replicas(self.store.replicas)
+        if self.shared is None:  # else the shared store counts the replicas
+            self.admission.set_replicas(self.store.replicas)
         for t in self.config.tenants:
             for s in await self.store.standing(t) if t.budgets.budgets else ():
                 labels = (t.name, s.budget.period, s.budget.unit)
@@ -89,12 +112,21 @@ class TenantControls:
                 slo).items() if k != "name" and v is not None} if slo else {})},
             "limits": {k: v for k, v in dataclasses.asdict(tenant.limits).items()
                        if v is not None},
-            "rate_limits": limiter.headers(self.admission.clock()) if limiter else {},
+            "rate_limits": self._rate_headers(tenant, limiter),
             "requests_in_flight": self.admission.active.get(tenant.name, 0),
             "budgets": budgets, "on_budget": tenant.budgets.on_budget,
             # what its reservations are estimated at, learnt from its own bills (elsewhere:
             # the prior, docs/operations.md)
             "budget_rates": rates,
             "budget_soft_percent": tenant.budgets.soft_percent,
-            "replicas": self.store.replicas if self.store is not None else 1,
+            "replicas": (self.shared.replicas if self.shared is not None else
+                         self.store.replicas if self.store is not None else 1),
         }
+
+    def _rate_headers(self, tenant: Tenant, limiter: TenantRateLimiter | None
+                      ) -> dict[str, str]:
+        now = self.admission.clock()
+        if self.shared is not None and self.shared.up:
+            return self.shared.headers(tenant.name, now) if tenant.name in \
+                self.shared.leases else {}
+        return limiter.headers(now) if limiter else {}

@@ -31,33 +31,57 @@ def require_binaries() -> None:
         extras.missing(f"PostgreSQL server binaries not installed ({', '.join(missing)})")
 
 
+class PostgresServer:
+    """A throwaway server that a test may stop (as a crash would) and start again."""
+
+    def __init__(self, root: Path, port: int):
+        self.root = root
+        self.data = root / "data"
+        self.port = port
+        self.dsn = f"postgresql://wattgate@127.0.0.1:{port}/postgres"
+        self.running = False
+        self._pg_ctl = shutil.which("pg_ctl") or "pg_ctl"
+
+    def start(self) -> None:
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off")
+        subprocess.run(_as_server_user([self._pg_ctl, "-D", str(self.data), "-o", opts, "-l",
+                                        str(self.root / "log"), "-w", "-t", "60", "start"]),
+                       check=True, capture_output=True, timeout=90)
+        self.running = True
+
+    def stop(self) -> None:
+        """Stop at once, dropping every connection (`-m immediate`)."""
+        subprocess.run(_as_server_user([self._pg_ctl, "-D", str(self.data), "-m", "immediate",
+                                        "-w", "stop"]), capture_output=True, timeout=60)
+        self.running = False
+
+
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """Yields a DSN for a fresh server (user wattgate, trust auth, database postgres)."""
+def postgres() -> Iterator[PostgresServer]:
+    """A fresh server (user wattgate, trust auth, database postgres), stopped on exit."""
     require_binaries()
     root = Path(tempfile.mkdtemp(prefix="wattgate-pg-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
-    data = root / "data"
-    port = free_port()
-    pg_ctl = shutil.which("pg_ctl") or "pg_ctl"
-    started = False
+    server = PostgresServer(root, free_port())
     try:
-        subprocess.run(_as_server_user(["initdb", "-D", str(data), "-A", "trust", "-U",
+        subprocess.run(_as_server_user(["initdb", "-D", str(server.data), "-A", "trust", "-U",
                                         "wattgate", "--no-sync"]),
                        check=True, capture_output=True, timeout=120)
-        opts = (f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off")
-        subprocess.run(_as_server_user([pg_ctl, "-D", str(data), "-o", opts, "-l",
-                                        str(root / "log"), "-w", "-t", "60", "start"]),
-                       check=True, capture_output=True, timeout=90)
-        started = True
-        yield f"postgresql://wattgate@127.0.0.1:{port}/postgres"
+        server.start()
+        yield server
     finally:
-        if started:
-            subprocess.run(_as_server_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w",
-                                            "stop"]), capture_output=True, timeout=60)
+        if server.running:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """Yields a DSN for a fresh server (user wattgate, trust auth, database postgres)."""
+    with postgres() as server:
+        yield server.dsn
 
 
 async def fresh_database(dsn: str, name: str) -> str:
