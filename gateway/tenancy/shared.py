@@ -268,6 +268,8 @@ class SharedRates:
                 for lease in leases.values():
                     lease.seen_s = -math.inf  # idle: its surplus is all of it
             await self.sync(self.clock())
-            with contextlib.suppress(RateStoreError):
-                await self.store.forget(self.replica)
+        # tried even when the store was last seen down: it may be back since the last probe,
+        # and a replica that stays counted live shrinks the others' fallback share
+        with contextlib.suppress(RateStoreError):
+            await self.store.forget(self.replica)
         await self.store.close()
