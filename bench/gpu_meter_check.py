@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from bench.gpu_sampling import Load, Sampler, rel, say, smi_energy_j
-from loadgen.metrics import percentile
+from loadgen.run_summary import percentile
 
 
 def window(name: str, seconds: float, busy: Callable[[float], Any] | None, meter: Any,

@@ -34,7 +34,7 @@ import uvloop
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from loadgen import lengths, metrics  # noqa: E402
+from loadgen import lengths, run_summary  # noqa: E402
 from loadgen.arrivals import Poisson  # noqa: E402
 from loadgen.client import ClientOptions, Target, run_plan  # noqa: E402
 from loadgen.procs import free_port  # noqa: E402
@@ -61,8 +61,8 @@ async def _timer_floor(rate: float, duration_s: float) -> list[float]:
 
 def timer_floor(rate: float, duration_s: float) -> dict[str, float]:
     lags = sorted(uvloop.run(_timer_floor(rate, duration_s)))
-    return {"rate_rps": rate, "lag_p50_ms": round(metrics.percentile(lags, 50) * 1e3, 3),
-            "lag_p99_ms": round(metrics.percentile(lags, 99) * 1e3, 3),
+    return {"rate_rps": rate, "lag_p50_ms": round(run_summary.percentile(lags, 50) * 1e3, 3),
+            "lag_p99_ms": round(run_summary.percentile(lags, 99) * 1e3, 3),
             "lag_max_ms": round(lags[-1] * 1e3, 3)}
 TOKENS = 16
 
@@ -110,7 +110,7 @@ def one_rate(url: str, rate: float, duration_s: float, workers: int) -> dict[str
     else:
         results = uvloop.run(run_plan(plan, target, t0=time.monotonic() + 0.2, opts=opts))
     cpu = cpu_s() - c0
-    s, _ = metrics.summarize(results, w.slo, requested_rate_rps=rate,
+    s, _ = run_summary.summarize(results, w.slo, requested_rate_rps=rate,
                              lag_threshold_s=LAG_P99_LIMIT_S)
     requested = (len(plan) - 1) / (plan[-1].intended_s - plan[0].intended_s)
     kept = s.ok == s.requests and s.achieved_rate_rps >= 0.97 * requested

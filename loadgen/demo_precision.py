@@ -27,10 +27,10 @@ from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig
 from loadgen.client import ClientOptions, Target
 from loadgen.decide import decide
-from loadgen.metrics import DEFAULT_LAG_THRESHOLD_S
 from loadgen.precision import slo_text
 from loadgen.procs import free_port, started, wait_http
 from loadgen.prompts import WordPrompts
+from loadgen.run_summary import DEFAULT_LAG_THRESHOLD_S
 from loadgen.runner import RunOptions, RunOutcome, run_workload
 from loadgen.search import search_arms
 from loadgen.search_report import SearchReport

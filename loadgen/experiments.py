@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from loadgen.energy import EnergyStats
-from loadgen.metrics import RequestMetrics, Summary
+from loadgen.run_summary import RequestMetrics, Summary
 
 NUMERIC_FORMATS: dict[str, str] = {
     "bf16": "BF16 weights and activations",

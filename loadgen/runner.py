@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from loadgen import energy, metrics
+from loadgen import energy, run_summary
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.results import Progress, RequestResult
 from loadgen.schedule import progress_reporter
@@ -22,7 +22,7 @@ from loadgen.workload import PlannedRequest, Workload, build_plan, requested_rat
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     workers: int = 1
-    lag_threshold_s: float = metrics.DEFAULT_LAG_THRESHOLD_S
+    lag_threshold_s: float = run_summary.DEFAULT_LAG_THRESHOLD_S
     admin_key: str = ""
     fetch_energy: bool = True
     # "auto": the gateway's accounting when responses carry its request id, else a simulated
@@ -40,8 +40,8 @@ class RunOptions:
 class RunOutcome:
     label: str
     target: Target
-    summary: metrics.Summary
-    requests: list[metrics.RequestMetrics]
+    summary: run_summary.Summary
+    requests: list[run_summary.RequestMetrics]
     energy_fetch: energy.EnergyFetch | None
     energy_overall: energy.EnergyStats | None
     energy_by_tenant: tuple[energy.EnergyStats, ...]
@@ -132,7 +132,7 @@ async def run_workload(w: Workload, target: Target, opts: RunOptions, label: str
     if not target.request_id_prefix:
         target = replace(target, request_id_prefix=f"lg-{uuid.uuid4().hex[:12]}-")
     results = await execute(plan, target, w.concurrency, opts, write)
-    summary, per_request = metrics.summarize(
+    summary, per_request = run_summary.summarize(
         results, w.slo, requested_rate_rps=requested_rate_rps(w, plan), label=label,
         lag_threshold_s=opts.lag_threshold_s, closed_loop=w.concurrency is not None)
     fetch = await _energy(target, results, opts) if opts.fetch_energy else None

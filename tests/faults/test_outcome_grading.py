@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.vocab import SloClass
 from loadgen.client import ClientOptions, Target, run_plan
-from loadgen.metrics import summarize
+from loadgen.run_summary import summarize
 from loadgen.workload import PlannedRequest
 from tests.faults.helpers import body, ep, gateway_process, metrics_text, wait_for, write_config
 from tests.support.fault_engine import FaultEngine, fault_engine

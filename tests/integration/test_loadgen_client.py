@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gateway.config import SloClass
-from loadgen import lengths, metrics
+from loadgen import lengths, run_summary
 from loadgen.arrivals import Closed, Constant
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.selftest_engine import EngineTiming, SelftestEngine
@@ -43,7 +43,7 @@ async def test_measured_ttft_and_tpot_agree_with_the_engine_truth() -> None:
         await engine.close()
     # This test is about timing truth, not schedule keeping: a busy machine may lag, and may
     # delay the engine's writes (never advance them), so the bounds only open upwards.
-    summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=20.0, lag_threshold_s=10.0)
+    summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=20.0, lag_threshold_s=10.0)
     assert summary.ok == len(plan) == 20
     assert all(r.completion_tokens == 16 and r.usage_reported for r in results)
     s = summary.from_send
@@ -76,7 +76,7 @@ async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hide
                                  opts=ClientOptions(max_concurrency=1))
     finally:
         await engine.close()
-    summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=51.0)
+    summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=51.0)
     assert summary.ok == len(plan)
     assert summary.from_send.ttft_s.p50 < 0.03
     assert summary.from_intended.ttft_s.p50 > 0.15
@@ -120,7 +120,7 @@ async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_cl
     finally:
         await engine.close()
     assert {r.status for r in results} == {"http_404"}
-    summary, _ = metrics.summarize(results, w.slo, requested_rate_rps=50.0)
+    summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=50.0)
     assert summary.errors == {"http_404": len(plan)}
     assert {r.code for r in results} == {"upstream_http_404"}
     assert (summary.refused, summary.failed, summary.attainment) == (len(plan), 0, None)

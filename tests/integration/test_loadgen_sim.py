@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from gateway.config import SloClass
-from loadgen import lengths, metrics
+from loadgen import lengths, run_summary
 from loadgen.arrivals import Constant
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.workload import TenantSpec, Workload, build_plan
@@ -44,7 +44,7 @@ async def test_ttft_and_tpot_match_the_simulators_fixed_timing(sim_url: str, api
     plan = build_plan(w)
     results = await run_plan(plan, Target(sim_url, "llama-3.1-8b", api),
                              t0=time.monotonic() + 0.05)
-    s, _ = metrics.summarize(results, w.slo, requested_rate_rps=10.0, lag_threshold_s=0.1)
+    s, _ = run_summary.summarize(results, w.slo, requested_rate_rps=10.0, lag_threshold_s=0.1)
     assert s.ok == len(plan) == 10
     assert {r.completion_tokens for r in results} == {12}
     assert {r.prompt_tokens for r in results} == {40}  # word count (+4 per chat message)
@@ -65,7 +65,7 @@ async def test_sim_stall_is_seen_from_intended_arrival_not_from_send(sim_url: st
     plan = build_plan(w)
     results = await run_plan(plan, Target(sim_url, "llama-3.1-8b"), t0=time.monotonic() + 0.05,
                              opts=ClientOptions(max_concurrency=1))
-    s, ms = metrics.summarize(results, w.slo, requested_rate_rps=9.0)
+    s, ms = run_summary.summarize(results, w.slo, requested_rate_rps=9.0)
     assert s.ok == len(plan)
     behind = [m for m in ms if m.result.tenant == "normal" and m.result.intended_s < 0.8]
     assert behind
@@ -107,7 +107,7 @@ async def test_measured_latencies_match_the_simulators_own_per_request_truth(
             url = f"{roofline_sim_url}/sim/requests/{r.client_request_id}"
             async with session.get(url) as resp:
                 truth = await resp.json()
-            m = metrics.request_metrics(r, w.slo("i"))
+            m = run_summary.request_metrics(r, w.slo("i"))
             assert m.from_send.ttft_s is not None and m.from_send.tpot_s is not None
             ttft_err.append(m.from_send.ttft_s - truth["ttft_s"])
             tpot_rel.append(m.from_send.tpot_s / truth["tpot_s"] - 1)

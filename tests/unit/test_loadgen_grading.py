@@ -9,7 +9,7 @@ import pytest
 
 from core.errors import error_body
 from gateway.config import SloClass
-from loadgen import metrics, report
+from loadgen import report, run_summary
 from loadgen.client import Target
 from loadgen.results import RequestResult, answer_status, client_outcome
 from loadgen.runner import RunOutcome
@@ -83,7 +83,7 @@ def mixed() -> list[RequestResult]:
 
 
 def test_attainment_is_over_served_and_failed_requests_refusals_apart() -> None:
-    s, ms = metrics.summarize(mixed(), lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
+    s, ms = run_summary.summarize(mixed(), lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
     assert (s.requests, s.ok, s.refused, s.failed, s.cancelled) == (48, 4, 42, 1, 1)
     assert s.attainment == pytest.approx(3 / 5)  # not 3 / 48
     tenants = {g.name: g for g in s.per_tenant}
@@ -99,13 +99,13 @@ def test_attainment_is_over_served_and_failed_requests_refusals_apart() -> None:
 def test_a_group_with_nothing_served_or_failed_has_no_attainment() -> None:
     rs = [result(i, "initech", "http_429", http_status=429, code="budget_exceeded")
           for i in range(5)]
-    s, _ = metrics.summarize(rs, lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
+    s, _ = run_summary.summarize(rs, lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
     assert s.graded and s.attainment is None and s.per_tenant[0].attainment is None
     assert report.tenant_rows(outcome(rs))[0][8] == "n/a"
 
 
 def outcome(rs: list[RequestResult]) -> RunOutcome:
-    s, ms = metrics.summarize(rs, lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
+    s, ms = run_summary.summarize(rs, lambda _: SLO, requested_rate_rps=1.0, closed_loop=True)
     return RunOutcome("run", Target("http://127.0.0.1:1", "m"), s, ms, None, None, (), ())
 
 

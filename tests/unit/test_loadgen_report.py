@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import SloClass
-from loadgen import energy, metrics, report, report_html
+from loadgen import energy, report, report_html, run_summary
 from loadgen.client import Target
 from loadgen.prompts import WordPrompts
 from loadgen.results import RequestResult
@@ -30,7 +30,7 @@ def outcome(estimated: int, n: int = 5, prompt_note: str = "") -> RunOutcome:
                                         0.001, final=True, estimated=i < estimated)
             for i in range(n)}
     fetch = energy.EnergyFetch(rows, 0, 0, "")
-    summary, per_request = metrics.summarize(results, lambda _: SloClass("default"),
+    summary, per_request = run_summary.summarize(results, lambda _: SloClass("default"),
                                              requested_rate_rps=10.0, label="run")
     return RunOutcome("run", Target("http://127.0.0.1:1", "m"), summary, per_request, fetch,
                       energy.overall_energy(fetch, results),

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import SloClass
-from loadgen import metrics
+from loadgen import run_summary
 from loadgen.experiments import (
     SweepPoint,
     accuracy_condition,
@@ -33,15 +33,15 @@ def result(i: int, intended: float, sent: float, ttft: float, itl: float, n: int
                          f"r{i}")
 
 
-def summarize(rs: list[RequestResult], **kw: object) -> metrics.Summary:
-    s, _ = metrics.summarize(rs, SLOS.__getitem__, requested_rate_rps=10.0, **kw)  # type: ignore[arg-type]
+def summarize(rs: list[RequestResult], **kw: object) -> run_summary.Summary:
+    s, _ = run_summary.summarize(rs, SLOS.__getitem__, requested_rate_rps=10.0, **kw)  # type: ignore[arg-type]
     return s
 
 
 def test_percentile_interpolates_like_numpy() -> None:
-    assert metrics.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert metrics.percentile([0.0, 10.0], 99) == pytest.approx(9.9)
-    assert math.isnan(metrics.percentile([], 50))
+    assert run_summary.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert run_summary.percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    assert math.isnan(run_summary.percentile([], 50))
 
 
 def test_latency_from_send_and_from_intended_differ_by_the_lag() -> None:
@@ -91,8 +91,8 @@ def test_paired_delta_compares_the_same_requests_across_arms() -> None:
     base = [result(i, i, i, 0.10, 0.02) for i in range(5)]
     arm = [result(i, i, i, 0.07, 0.01) for i in range(5)]
     arm[4] = result(4, 4, 4, 0.0, 0.0, status="http_500")  # unpaired: dropped
-    _, mb = metrics.summarize(base, SLOS.__getitem__, requested_rate_rps=1)
-    _, ma = metrics.summarize(arm, SLOS.__getitem__, requested_rate_rps=1)
+    _, mb = run_summary.summarize(base, SLOS.__getitem__, requested_rate_rps=1)
+    _, ma = run_summary.summarize(arm, SLOS.__getitem__, requested_rate_rps=1)
     d = paired_delta("bf16", mb, "fp8", ma, None, None)
     assert d.pairs == 4
     assert d.ttft_median_delta_s == pytest.approx(-0.03)
@@ -138,7 +138,7 @@ def test_summary_invariants_hold_for_any_timelines(
     goodput x duration = the number of requests that met their SLO."""
     rs = [result(i, t, t + lag, ttft, itl, n, status="ok" if ok else "http_500")
           for i, (t, lag, ttft, itl, n, ok) in enumerate(rows)]
-    s, ms = metrics.summarize(rs, SLOS.__getitem__, requested_rate_rps=1.0, lag_threshold_s=1.0)
+    s, ms = run_summary.summarize(rs, SLOS.__getitem__, requested_rate_rps=1.0, lag_threshold_s=1.0)
     for m in ms:
         if m.result.ok:
             assert m.from_intended.ttft_s is not None and m.from_send.ttft_s is not None
