@@ -4,9 +4,8 @@ Against a zero-delay streaming engine (`wattgate loadgen selftest-engine`, 16-to
 16-token prompts), step the Poisson rate up and record, per rate: achieved rate, schedule lag
 p50/p99/max, errors, client CPU per request. A rate is *sustained* when every request succeeds,
 the achieved rate is within 3% of the requested one, and schedule lag p99 <= 1 ms.
-Configurations: one process on the raw transport (the default), one process on aiohttp, and
-several worker processes. When the machine has spare cores, the engine and the single client
-are pinned to different cores (one core each).
+Configurations: one process, and several worker processes. When the machine has spare cores,
+the engine and the single client are pinned to different cores (one core each).
 
     .venv/bin/python -m bench.loadgen_rate [--duration 3] [--repeats 3] [--workers 2]
 
@@ -100,12 +99,11 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime + ch.ru_utime + ch.ru_stime
 
 
-def one_rate(url: str, rate: float, duration_s: float, transport: str, workers: int
-             ) -> dict[str, Any]:
+def one_rate(url: str, rate: float, duration_s: float, workers: int) -> dict[str, Any]:
     w = workload(rate, duration_s)
     plan = build_plan(w)
     target = Target(url, "bench")
-    opts = ClientOptions(transport=transport)
+    opts = ClientOptions()
     c0 = cpu_s()
     if workers > 1:
         results, _ = run_workers(plan, target, workers, opts=opts)
@@ -132,14 +130,14 @@ def one_rate(url: str, rate: float, duration_s: float, transport: str, workers: 
     }
 
 
-def ladder(url: str, rates: list[float], duration_s: float, transport: str, workers: int,
-           label: str, repeats: int) -> dict[str, Any]:
+def ladder(url: str, rates: list[float], duration_s: float, workers: int, label: str,
+           repeats: int) -> dict[str, Any]:
     rows = []
     misses = 0
     for rate in rates:
         # Repeat and keep the run with the median lag p99: one preemption burst on a shared
         # machine should not decide a rate either way.
-        runs = sorted((one_rate(url, rate, duration_s, transport, workers)
+        runs = sorted((one_rate(url, rate, duration_s, workers)
                        for _ in range(repeats)), key=lambda r: r["lag_p99_ms"])
         row = runs[len(runs) // 2]
         row["lag_p99_ms_all_repeats"] = [r["lag_p99_ms"] for r in runs]
@@ -154,7 +152,7 @@ def ladder(url: str, rates: list[float], duration_s: float, transport: str, work
             break
     best = max((r["rate_rps"] for r in rows if r["sustained"]), default=None)
     relaxed = max((r["rate_rps"] for r in rows if r["sustained_lag_p99_10ms"]), default=None)
-    return {"label": label, "transport": transport, "workers": workers, "rows": rows,
+    return {"label": label, "workers": workers, "rows": rows,
             "max_sustained_rps": best, "max_sustained_rps_lag_p99_10ms": relaxed}
 
 
@@ -199,7 +197,6 @@ def main() -> None:
     ap.add_argument("--rates", default="500,1000,1500,2000,2500,3000,4000,5000,6000,8000")
     ap.add_argument("--repeats", type=int, default=3, help="runs per rate (median lag p99 kept)")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--skip-aiohttp", action="store_true")
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
     cpus = os.cpu_count() or 1
@@ -221,15 +218,11 @@ def main() -> None:
             os.sched_setaffinity(0, {0})
         floor = timer_floor(1000.0, args.duration)
         print(f"timer floor: {floor}", file=sys.stderr)
-        configs.append(ladder(url, rates, args.duration, "raw", 1, "1 process, raw",
-                              args.repeats))
-        if not args.skip_aiohttp:
-            configs.append(ladder(url, rates, args.duration, "aiohttp", 1, "1 process, aiohttp",
-                                  args.repeats))
+        configs.append(ladder(url, rates, args.duration, 1, "1 process", args.repeats))
         os.sched_setaffinity(0, all_cpus)
         if args.workers > 1:
-            configs.append(ladder(url, rates, args.duration, "raw", args.workers,
-                                  f"{args.workers} workers, raw", args.repeats))
+            configs.append(ladder(url, rates, args.duration, args.workers,
+                                  f"{args.workers} workers", args.repeats))
     machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     doc = {"benchmark": "loadgen_rate", "duration_s": args.duration, "repeats": args.repeats,
            "tokens": TOKENS,

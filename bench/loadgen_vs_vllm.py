@@ -6,14 +6,14 @@ request count, the same Poisson rate and seed, the same prompts (loadgen's seede
 vLLM as a ShareGPT-format file), the same output length (ignore_eos), /v1/completions, streaming
 with include_usage. Per run we keep TTFT, TPOT and E2E medians: vLLM's `median_ttft_ms`,
 `median_tpot_ms`, `median_e2el_ms`, and loadgen's *from-send* medians (vLLM measures from its
-send). Two references sit beside them, so a disagreement can be traced to the client that adds
-time: loadgen on its aiohttp transport (vLLM's HTTP client), and the engine's wire times for
-exactly the requests of that run (`GET /sim/requests/{id}`). `--repeats` interleaved rounds (the
+send). The engine's wire times for exactly the requests of each run (`GET /sim/requests/{id}`)
+sit beside them, so a disagreement can be traced to the client that adds time. `--repeats`
+interleaved rounds (the
 client order rotates each round); the medians over rounds are compared: ratio = loadgen / vLLM,
 agreement = within 5%. Exit status 1 when any metric misses.
 
     .venv/bin/python -m bench.loadgen_vs_vllm [--requests 100] [--rate 5] [--repeats 3]
-        [--modes roofline,fixed:50/10,fixed:200/20] [--no-aiohttp-arm]
+        [--modes roofline,fixed:50/10,fixed:200/20]
 
 Writes bench/results/loadgen_vs_vllm.json and .md; progress goes to stderr.
 
@@ -127,14 +127,14 @@ def vllm_cmd(url: str, spec: Spec, dataset: Path, result: Path, tokenizer: Path)
             "--result-filename", result.name]
 
 
-def loadgen_cmd(url: str, spec: Spec, out_dir: Path, transport: str = "raw") -> list[str]:
+def loadgen_cmd(url: str, spec: Spec, out_dir: Path) -> list[str]:
     return [sys.executable, "-m", "wattgate_cli", "loadgen", "run", "--target", url,
             "--model", MODEL, "--api", "completions", "--arrival", "poisson",
             "--rate", str(spec.rate_rps), "--requests", str(spec.requests),
             "--duration", str(run_duration_s(spec)), "--seed", str(spec.seed),
             "--prompt-tokens", str(spec.prompt_tokens),
             "--output-tokens", str(spec.output_tokens),
-            "--transport", transport, "--no-energy", "--quiet", "--out", str(out_dir)]
+            "--no-energy", "--quiet", "--out", str(out_dir)]
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None
@@ -199,11 +199,9 @@ def run_vllm(url: str, spec: Spec, dataset: Path, work: Path, tag: str, tokenize
     return parse_vllm(orjson.loads(result.read_bytes()), wall)
 
 
-def run_loadgen(url: str, spec: Spec, work: Path, tag: str, timeout_s: float,
-                transport: str = "raw") -> Medians:
-    out = work / f"loadgen-{transport}-{tag}"
-    wall = _run(loadgen_cmd(url, spec, out, transport), work / f"loadgen-{transport}-{tag}.log",
-                timeout_s)
+def run_loadgen(url: str, spec: Spec, work: Path, tag: str, timeout_s: float) -> Medians:
+    out = work / f"loadgen-{tag}"
+    wall = _run(loadgen_cmd(url, spec, out), work / f"loadgen-{tag}.log", timeout_s)
     return parse_loadgen(orjson.loads((out / "run.json").read_bytes()), wall)
 
 
@@ -236,9 +234,7 @@ def sim_engine(fixed: tuple[float, float] | None, log: Path) -> Iterator[str]:
         yield url
 
 
-# The compared pair, and a diagnostic arm: loadgen on the aiohttp transport, the HTTP stack
-# `vllm bench serve` uses, to show how much of a TTFT gap is the client's own transport.
-CLIENTS = ("vllm", "loadgen", "loadgen_aiohttp")
+CLIENTS = ("vllm", "loadgen")  # the compared pair
 
 
 def side_by_side(url: str, spec: Spec, repeats: int, work: Path, tokenizer: Path,
@@ -260,8 +256,7 @@ def side_by_side(url: str, spec: Spec, repeats: int, work: Path, tokenizer: Path
             if who == "vllm":
                 got[who] = run_vllm(url, spec, dataset, work, tag, tokenizer, timeout_s)
             else:
-                transport = "aiohttp" if who.endswith("aiohttp") else "raw"
-                got[who] = run_loadgen(url, spec, work, tag, timeout_s, transport)
+                got[who] = run_loadgen(url, spec, work, tag, timeout_s)
             got[f"truth_{who}"] = truth(url, before, sim_request_ids(url))
             m, t = got[who], got[f"truth_{who}"]
             print(f"[{label} {i + 1}/{repeats}] {who}: TTFT {m.ttft_ms:.2f} TPOT "
@@ -291,28 +286,23 @@ def markdown(doc: dict[str, Any]) -> str:
            "interleaved rounds per engine mode (the client order rotates each round); medians "
            "over the rounds. loadgen's numbers are from the send, as vLLM measures. Ratio = "
            f"loadgen / vLLM; agreement = within {TOLERANCE:.0%}. vLLM {doc['vllm_version']}. "
-           "`loadgen (aiohttp)` is a diagnostic arm: loadgen on the aiohttp transport, the HTTP "
-           "client `vllm bench serve` uses. Engine wire = the engine's own time from the "
+           "Engine wire = the engine's own time from the "
            "request reaching it to the token's socket write (`/sim/requests/{id}`), the floor "
            "any client measures.", "",
            f"Machine: {doc['machine']['cpus']} CPUs, load average "
            f"{doc['machine']['loadavg_start']} at start, {doc['machine']['loadavg_end']} at end "
            "(other work shares these cores).", "",
-           "| engine mode | metric | loadgen ms | vLLM ms | ratio | within 5% | loadgen "
-           "(aiohttp) ms | its ratio | engine wire ms (loadgen / vLLM runs) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| engine mode | metric | loadgen ms | vLLM ms | ratio | within 5% | engine wire ms "
+           "(loadgen / vLLM runs) |",
+           "|---|---|---|---|---|---|---|"]
     for mode in doc["modes"]:
         med, t = mode["median_ms"], mode["truth_median_ms"]
-        aio = "loadgen_aiohttp" in med
         for m in METRICS:
             wire = ("-" if m == "e2e" else f"{t['loadgen'][m]:.2f} / {t['vllm'][m]:.2f}")
             out.append(
                 f"| {mode['label']} | {m.upper()} | {med['loadgen'][m]:.2f} | "
                 f"{med['vllm'][m]:.2f} | {mode['ratio'][m]:.4f} | "
-                f"{'yes' if mode['within_5pct'][m] else '**no**'} | "
-                f"{med['loadgen_aiohttp'][m] if aio else math.nan:.2f} | "
-                f"{mode['ratio_to_vllm']['loadgen_aiohttp'][m] if aio else math.nan:.4f} | "
-                f"{wire} |")
+                f"{'yes' if mode['within_5pct'][m] else '**no**'} | {wire} |")
     out += ["", "Client TTFT over the engine's wire TTFT (median over rounds): " + "; ".join(
         f"{mode['label']}: " + ", ".join(f"{who} {v:+.2f} ms" for who, v in
                                          mode["ttft_over_engine_wire_ms"].items())
@@ -356,8 +346,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--modes", default="roofline,fixed:50/10,fixed:200/20",
                     help="comma-separated: roofline, fixed:TTFT_MS/ITL_MS")
-    ap.add_argument("--no-aiohttp-arm", action="store_true",
-                    help="skip the diagnostic loadgen run on the aiohttp transport")
     ap.add_argument("--tokenizer", type=Path, default=TOKENIZER_DIR,
                     help="local tokenizer directory for vLLM (no hub download)")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per client run")
@@ -375,12 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = []
     with tempfile.TemporaryDirectory(prefix="loadgen-vs-vllm-") as tmp:
         work = Path(tmp)
-        clients = CLIENTS[:2] if args.no_aiohttp_arm else CLIENTS
         for i, text in enumerate(m.strip() for m in args.modes.split(",") if m.strip()):
             label, fixed = parse_mode(text)
             with sim_engine(fixed, work / f"sim-{i}.log") as url:
                 modes.append(side_by_side(url, spec, args.repeats, work, args.tokenizer,
-                                          args.run_timeout, label, clients))
+                                          args.run_timeout, label))
     machine["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     doc = {"benchmark": "loadgen_vs_vllm", "spec": asdict(spec), "repeats": args.repeats,
            "tolerance": TOLERANCE, "vllm_version": vllm_version(), "machine": machine,

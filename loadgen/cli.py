@@ -98,9 +98,6 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
                      default=None, help="Write JSON, CSV and HTML here."),
         click.option("--quiet", is_flag=True, help="No live progress line."),
-        click.option("--transport", type=click.Choice(["raw", "aiohttp"]), default="raw",
-                     show_default=True, help="raw: lean HTTP/1.1 client (http:// only); "
-                     "aiohttp: the aiohttp session (also https)."),
         click.option("--energy-wait", "energy_wait_s", type=float, default=10.0,
                      show_default=True,
                      help="Seconds to wait, after the last response, for the gateway's records "
@@ -177,8 +174,7 @@ def run_options(p: dict[str, Any]) -> RunOptions:
                       admin_key=p["admin_key"], fetch_energy=not p["no_energy"],
                       energy_wait_s=p["energy_wait_s"],
                       energy_source=p["energy_source"], progress=not p["quiet"],
-                      client=ClientOptions(max_concurrency=p["max_concurrency"],
-                                           transport=p["transport"]))
+                      client=ClientOptions(max_concurrency=p["max_concurrency"]))
 
 
 def write_outputs(out_dir: Path | None, name: str, outcomes: Sequence[RunOutcome], **html: Any

@@ -21,8 +21,8 @@ import click
 import yaml
 
 from core.vocab import SloClass
-from loadgen import arrivals, demo_saving, lengths, report, search_report
-from loadgen.client import ClientOptions, Target, make_session
+from loadgen import arrivals, demo_saving, energy, lengths, report, search_report
+from loadgen.client import ClientOptions, Target
 from loadgen.demo_precision import RoutingRuns, ScaledStack
 from loadgen.experiments import PairedDelta, paired_delta
 from loadgen.procs import free_port, started, wait_http
@@ -147,7 +147,7 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
     tw = tenant_workload(duration_s / 2, seed)
     since = time.time()
     tenants = await run_workload(tw, Target(base_url, MODEL), opts, label="tenants")
-    session = make_session(ClientOptions())
+    session = energy.admin_session()
     try:  # after the run's energy is final, so its idle intervals are apportioned too
         idle = await demo_saving.idle_j(session, base_url, ADMIN_KEY, since, time.time())
     finally:

@@ -26,7 +26,7 @@ from core.vocab import SloClass
 from loadgen import arrivals, energy, lengths
 from loadgen.arms import Arm
 from loadgen.capacity import SearchConfig
-from loadgen.client import ClientOptions, Target, make_session
+from loadgen.client import ClientOptions, Target
 from loadgen.decide import below_floor, decide
 from loadgen.precision import slo_text
 from loadgen.procs import free_port, started, wait_http
@@ -140,7 +140,7 @@ async def with_energy(o: RunOutcome, admin_key: str, wait_s: float) -> RunOutcom
     """The run's per-request energy from its gateway's ledger (fetched after all runs, so the
     wait for final records is paid once)."""
     results = [m.result for m in o.requests]
-    session = make_session(ClientOptions())
+    session = energy.admin_session()
     try:
         fetch = await energy.fetch_energy(session, o.target.base_url, admin_key, results,
                                           wait_final_s=wait_s)
@@ -206,7 +206,7 @@ def paired_at_common_rate(r: SearchReport, outcomes: Sequence[RunOutcome]) -> li
 async def surplus_idle_j(base: str, admin_key: str) -> float:
     """The gateway's running total of the idle joules burnt by engines beyond what their
     pool's load needed (`surplus_idle_j` per endpoint in /admin/v1/endpoints)."""
-    session = make_session(ClientOptions())
+    session = energy.admin_session()
     try:
         async with session.get(f"{base}/admin/v1/endpoints",
                                headers={"Authorization": f"Bearer {admin_key}"}) as resp:

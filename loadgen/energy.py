@@ -19,6 +19,16 @@ import orjson
 
 from loadgen.results import RequestResult
 
+ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=60.0, sock_connect=5.0)
+
+
+def admin_session() -> aiohttp.ClientSession:
+    """A session for the few JSON reads after a run (the gateway's admin API, a simulated
+    engine's truth); the load itself goes through loadgen/client.py."""
+    # Auto-decompression and cookie handling add work per response and are never needed here.
+    return aiohttp.ClientSession(timeout=ADMIN_TIMEOUT, auto_decompress=False,
+                                 cookie_jar=aiohttp.DummyCookieJar())
+
 
 @dataclass(frozen=True, slots=True)
 class EnergyRow:

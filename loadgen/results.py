@@ -27,7 +27,9 @@ class RequestResult:
     reads: tuple[tuple[float, int], ...]  # (time, token-bearing events completed by that read)
     prompt_tokens: int
     completion_tokens: int
-    status: str  # "ok", "http_<code>", "connect_error", "timeout", "stream_error", "cancelled"
+    # "ok", "http_<code>", "connect_error" (no answer), "timeout", "stream_error" (an error
+    # event, no token, or the answer cut off), "cancelled"
+    status: str
     http_status: int
     request_id: str
     usage_reported: bool = True

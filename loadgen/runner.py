@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from loadgen import energy, run_summary
-from loadgen.client import ClientOptions, Target, make_session, run_plan
+from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.results import Progress, RequestResult
 from loadgen.schedule import progress_reporter
 from loadgen.workers import run_workers
@@ -106,7 +106,7 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
 
 async def _energy(target: Target, results: Sequence[RequestResult], opts: RunOptions
                   ) -> energy.EnergyFetch:
-    session = make_session(opts.client)
+    session = energy.admin_session()
     try:
         via_gateway = any(r.request_id for r in results)
         if opts.energy_source == "gateway" or (opts.energy_source == "auto" and via_gateway):

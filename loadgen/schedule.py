@@ -18,7 +18,7 @@ from loadgen.results import Progress, RequestResult
 from loadgen.workload import PlannedRequest
 
 SPIN_S = 0.0015  # below this, wait by yielding to the loop instead of arming a timer
-# sends one request: (planned request, its prepared bytes, intended offset) -> its result
+# sends one request: (planned request, its encoded bytes, intended offset) -> its result
 Send = Callable[[PlannedRequest, bytes, float], Coroutine[Any, Any, RequestResult]]
 
 
@@ -44,11 +44,11 @@ def _cancelled(req: PlannedRequest, intended_s: float, now_s: float) -> RequestR
 def young_gc_only() -> Iterator[None]:
     """Only young-generation collections while the schedule runs.
 
-    A full collection walks every tracked object (the plan, the bodies, the results so far)
-    and stops the loop for tens of milliseconds, which shows up as schedule lag. The heap at the
-    start is frozen out of collection (O(1); no collection now, which could itself take longer
-    than the caller's lead time before t0) and full collections wait for the end of the run,
-    which is bounded in count and time; young collections (sub-millisecond) keep running.
+    A full collection walks every tracked object (the plan, the encoded requests, the results
+    so far) and stops the loop for tens of milliseconds, which shows up as schedule lag. The heap
+    at the start is frozen out of collection (O(1); no collection now, which could itself take
+    longer than the caller's lead time before t0) and full collections wait for the end of the
+    run, which is bounded in count and time; young collections (sub-millisecond) keep running.
     """
     gc.freeze()
     threshold = gc.get_threshold()
@@ -60,7 +60,7 @@ def young_gc_only() -> Iterator[None]:
         gc.unfreeze()
 
 
-async def open_loop(send: Send, t0: float, plan: Sequence[PlannedRequest], bodies: list[bytes],
+async def open_loop(send: Send, t0: float, plan: Sequence[PlannedRequest], requests: list[bytes],
                     grace_s: float) -> list[RequestResult]:
     """Each request sent at its due instant; those still out `grace_s` after the last one was
     due are cancelled and recorded as "cancelled"."""
@@ -79,11 +79,11 @@ async def open_loop(send: Send, t0: float, plan: Sequence[PlannedRequest], bodie
         if dispatched and outstanding == 0:
             finished.set()
 
-    for req, body in zip(plan, bodies, strict=True):
+    for req, request in zip(plan, requests, strict=True):
         due = t0 + req.intended_s
         if time.monotonic() < due:
             await sleep_until(due)
-        task = loop.create_task(send(req, body, req.intended_s))
+        task = loop.create_task(send(req, request, req.intended_s))
         task.add_done_callback(on_done)
         outstanding += 1
         tasks.append(task)
@@ -95,15 +95,15 @@ async def open_loop(send: Send, t0: float, plan: Sequence[PlannedRequest], bodie
 
 
 async def closed_loop(send: Send, t0: float, plan: Sequence[PlannedRequest],
-                      bodies: list[bytes], concurrency: int) -> list[RequestResult]:
+                      requests: list[bytes], concurrency: int) -> list[RequestResult]:
     """`concurrency` requests in flight, each sent as soon as a slot frees up."""
     results: dict[int, RequestResult] = {}
-    it = iter(zip(plan, bodies, strict=True))
+    it = iter(zip(plan, requests, strict=True))
 
     async def slot() -> None:
-        for req, body in it:
+        for req, request in it:
             # Closed loop: a request is intended the moment its slot frees up.
-            results[req.index] = await send(req, body, time.monotonic() - t0)
+            results[req.index] = await send(req, request, time.monotonic() - t0)
 
     # Bounded in count by the plan and in time by each request's own total timeout.
     await asyncio.gather(*(slot() for _ in range(concurrency)))

@@ -1,12 +1,14 @@
 """A minimal OpenAI-compatible streaming endpoint with exact, fixed timing, for testing and
 benchmarking the load generator itself (`wattgate loadgen selftest-engine`).
 
-It is a raw asyncio protocol (no web framework) so that it costs far less per request than the
-client it measures: it answers `POST /v1/chat/completions` and `/v1/completions` with an SSE
+It is a raw asyncio protocol (no web framework), reading requests and writing answers through
+`wire` as the gateway's front does, so that it costs far less per request than the client it
+measures: it answers `POST /v1/chat/completions` and `/v1/completions` with an SSE
 stream of exactly `max_tokens` token events, the first after `ttft_s` and the others `itl_s`
 apart (all in one write when both are 0), then a usage chunk and `[DONE]`. Header
 `x-sim-fault: stall-ms:N` delays that request's first token by N ms more, as the simulated engine
-does.
+does. `GET /health`, `/v1/models` and `/readyz` answer `{}`; a body that is not a completion
+request gets a JSON 400, anything else a JSON 404, and the connection closes after either.
 
 Its usage reports prompt tokens as the simulated engine counts them (words, plus 4 per chat
 message), or, given a tokenizer (`--tokenizer`), as that tokenizer encodes them: a completion's
@@ -24,10 +26,12 @@ from typing import Any, cast
 
 import orjson
 
-_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-         b"Transfer-Encoding: chunked\r\n\r\n")
-_404 = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
-_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+from wire.request_head import Handoff, Refusal, RequestHead, parse_head
+from wire.response_encoder import LAST_CHUNK, chunk, encode_response, encode_stream_head
+
+_ROUTES = frozenset((b"/v1/chat/completions", b"/v1/completions"))  # POST
+_GET_ROUTES = frozenset((b"/health", b"/v1/models", b"/readyz"))  # answered with {}
+MAX_BODY_BYTES = 64 * 1024 * 1024  # far past any prompt a load test sends
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +64,6 @@ def prompt_tokens(req: dict[str, Any], chat: bool, count: PromptCounter) -> int:
     return sum(count(str(m.get("content", "")), True) for m in messages) + template
 
 
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
 def _token_event(chat: bool) -> bytes:
     if chat:
         return (b'data: {"object":"chat.completion.chunk",'
@@ -78,10 +78,20 @@ def _tail(prompt_tokens: int, completion_tokens: int) -> bytes:
     return b"data: " + usage + b"\n\ndata: [DONE]\n\n"
 
 
+def _error(status: int, message: str) -> bytes:
+    return encode_response(status, orjson.dumps({"error": {
+        "message": message, "type": "invalid_request_error", "param": None,
+        "code": "not_found" if status == 404 else "bad_request"}}), "application/json", {},
+        keep_alive=False)
+
+
 class _Conn(asyncio.Protocol):
+    """One client connection: heads parsed by wire.request_head, answers encoded by
+    wire.response_encoder."""
+
     def __init__(self, server: SelftestEngine):
         self.server = server
-        self.buf = b""
+        self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,63 +105,84 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while True:
-            head_end = self.buf.find(b"\r\n\r\n")
-            if head_end < 0:
+        while self.transport is not None:
+            head = parse_head(self.buf, _ROUTES, MAX_BODY_BYTES, _GET_ROUTES)
+            if head is None:
                 return
-            head = self.buf[:head_end].decode("latin-1")
-            lines = head.split("\r\n")
-            headers = {}
-            for line in lines[1:]:
-                k, _, v = line.partition(":")
-                headers[k.strip().lower()] = v.strip()
-            length = int(headers.get("content-length", "0"))
-            if len(self.buf) < head_end + 4 + length:
+            if not isinstance(head, RequestHead):
+                self._refuse(head)
                 return
-            body = self.buf[head_end + 4: head_end + 4 + length]
-            self.buf = self.buf[head_end + 4 + length:]
-            self.handle(lines[0], headers, body)
+            end = head.body_start + head.content_length
+            if len(self.buf) < end:
+                return
+            body = bytes(self.buf[head.body_start:end])
+            del self.buf[:end]
+            self.handle(head, body)
 
-    def handle(self, request_line: str, headers: dict[str, str], body: bytes) -> None:
-        tr = self.transport
-        if tr is None:
+    def _refuse(self, head: Refusal | Handoff) -> None:
+        """What is not served here (another route or method, a body coding, HTTP/1.0) is a
+        404, a head no server should take its own status; the connection closes either way."""
+        assert self.transport is not None
+        self.buf.clear()
+        if isinstance(head, Refusal):
+            self.transport.write(_error(head.status, head.reason))
+        else:
+            self.transport.write(_error(404, "the self-test engine serves POST "
+                                        "/v1/chat/completions and /v1/completions"))
+        self.transport.close()
+
+    def _finish(self, data: bytes, keep_alive: bool) -> None:
+        """Write the answer's last bytes; close when the client asked to."""
+        if self.transport is not None:
+            self.transport.write(data)
+            if not keep_alive:
+                self.transport.close()
+
+    def handle(self, head: RequestHead, body: bytes) -> None:
+        if head.method == b"GET":
+            self._finish(encode_response(200, b"{}", "application/json", {}, head.keep_alive),
+                         head.keep_alive)
             return
-        method, path = request_line.split(" ")[:2]
-        if method == "GET":
-            tr.write(_OK if path in ("/health", "/v1/models", "/readyz") else _404)
+        chat = head.path == "/v1/chat/completions"
+        try:
+            req = orjson.loads(body)
+            n = int(req.get("max_tokens") or 16)
+            if n < 1:
+                raise ValueError(n)
+            p_tokens = prompt_tokens(req, chat, self.server.count_prompt)
+            fault = head.headers.get(b"x-sim-fault", b"").decode("latin-1")
+            stall_s = (float(fault.split(":", 1)[1]) / 1000.0 if fault.startswith("stall-ms:")
+                       else 0.0)
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            self._finish(_error(400, f"not a completion request: {type(exc).__name__}"), False)
             return
-        chat = path == "/v1/chat/completions"
-        if not chat and path != "/v1/completions":
-            tr.write(_404)
-            return
-        req = orjson.loads(body)
-        n = int(req.get("max_tokens") or 16)
-        p_tokens = prompt_tokens(req, chat, self.server.count_prompt)
-        stall_s = 0.0
-        fault = headers.get("x-sim-fault", "")
-        if fault.startswith("stall-ms:"):
-            stall_s = float(fault.split(":", 1)[1]) / 1000.0
         self.server.requests += 1
-        tr.write(_HEAD)
+        self._stream(chat, n, p_tokens, stall_s, head.keep_alive)
+
+    def _stream(self, chat: bool, n: int, p_tokens: int, stall_s: float, keep_alive: bool
+                ) -> None:
+        assert self.transport is not None
+        head = encode_stream_head({}, keep_alive)
         timing = self.server.timing
         event = _token_event(chat)
-        tail = _chunk(_tail(p_tokens, n)) + b"0\r\n\r\n"
+        tail = chunk(_tail(p_tokens, n)) + LAST_CHUNK
         if timing.ttft_s == 0 and timing.itl_s == 0 and stall_s == 0:
-            tr.write(_chunk(event * n) + tail)
+            self._finish(head + chunk(event * n) + tail, keep_alive)
             return
+        self.transport.write(head)
         loop = asyncio.get_running_loop()
         start = loop.time()
 
         def emit(i: int) -> None:
             if self.transport is None:
                 return
-            self.transport.write(_chunk(event))
             if i + 1 < n:
+                self.transport.write(chunk(event))
                 # Absolute times from the start, so timer slack does not accumulate.
                 loop.call_at(start + stall_s + timing.ttft_s + (i + 1) * timing.itl_s, emit,
                              i + 1)
             else:
-                self.transport.write(tail)
+                self._finish(chunk(event) + tail, keep_alive)
 
         loop.call_at(start + stall_s + timing.ttft_s, emit, 0)
 

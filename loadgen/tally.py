@@ -24,7 +24,8 @@ ERROR_CHARS = 300  # of an error body or event, kept for the report
 
 
 def usage_of(block: bytes) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from the SSE line holding a usage object."""
+    """(prompt_tokens, completion_tokens) from the SSE line holding a usage object, or from a
+    whole JSON answer."""
     idx = block.rfind(b'"usage":{')
     if idx < 0:
         idx = block.rfind(b'"usage": {')
@@ -32,7 +33,8 @@ def usage_of(block: bytes) -> tuple[int, int] | None:
         return None
     start = block.rfind(b"data:", 0, idx)
     end = block.find(b"\n", idx)
-    line = block[start + 5: end if end >= 0 else len(block)]
+    # no event before it: a whole JSON answer (an engine that does not stream)
+    line = block[start + 5: end if end >= 0 else len(block)] if start >= 0 else block
     try:
         usage = orjson.loads(line)["usage"]
         return int(usage["prompt_tokens"]), int(usage["completion_tokens"])

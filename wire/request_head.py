@@ -1,10 +1,13 @@
-"""Parsing an HTTP/1.1 request head for a lean server (pure; the gateway's front uses it).
+"""Parsing an HTTP/1.1 request head for a lean server (pure; the gateway's front and the load
+generator's self-test engine use it).
 
-It accepts only the plain, common shape of a request: `POST` to one of the given routes,
-HTTP/1.1, a `Content-Length` body within the limit, no `Transfer-Encoding`, `Expect` or
-`Upgrade`, well-formed header lines. Anything else is `HANDOFF`: the caller passes the
-connection to a complete server (the gateway: aiohttp), which answers it fully (including its
-errors), so this parser never has to be complete; it only has to be sure.
+It accepts only the plain, common shape of a request: `POST` to one of the given routes with a
+`Content-Length` body within the limit (or `GET` to one of the given GET routes, with no body
+unless one is declared), HTTP/1.1, no `Transfer-Encoding`, `Expect` or `Upgrade`, well-formed
+header lines. Anything else is `HANDOFF`: the caller passes the connection to a complete
+server (the gateway: aiohttp), which answers it fully (including its errors), or answers it as
+not served (the self-test engine), so this parser never has to be complete; it only has to be
+sure.
 
 The faults it answers itself, as a `Refusal` (status and a bounded reason), because no
 server should take them: a bare LF in the head (a request-smuggling vector; waiting for a
@@ -77,11 +80,13 @@ def _version_of(request_line: list[bytes]) -> tuple[int, int] | None:
 
 
 class RequestHead:
-    __slots__ = ("body_start", "content_length", "headers", "keep_alive", "path", "raw_headers")
+    __slots__ = ("body_start", "content_length", "headers", "keep_alive", "method", "path",
+                 "raw_headers")
 
-    def __init__(self, path: str, headers: dict[bytes, bytes],
+    def __init__(self, method: bytes, path: str, headers: dict[bytes, bytes],
                  raw_headers: list[tuple[bytes, bytes]], content_length: int,
                  keep_alive: bool, body_start: int):
+        self.method = method  # b"POST" or b"GET"
         self.path = path
         self.headers = headers  # lower-case name -> value
         self.raw_headers = raw_headers
@@ -90,10 +95,11 @@ class RequestHead:
         self.body_start = body_start
 
 
-def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes: int
-               ) -> RequestHead | Handoff | Refusal | None:
+def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes: int,
+               get_routes: frozenset[bytes] = frozenset()) -> RequestHead | Handoff | Refusal | None:
     """The head at the start of `buf`: None while it is incomplete, HANDOFF if not ours, a
-    Refusal if no server should take it."""
+    Refusal if no server should take it. `routes` are served for POST, `get_routes` for
+    GET."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         # Only a head split over reads gets here, so the whole-head fast path scans no more.
@@ -111,8 +117,10 @@ def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes:
     if head.count(b"\r") != len(lines) - 1 or b"\x00" in head:
         return HANDOFF
     request_line = lines[0].split(b" ")
-    if (len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1"
-            or request_line[1] not in routes):
+    method = request_line[0]
+    if (len(request_line) != 3 or request_line[2] != b"HTTP/1.1"
+            or (request_line[1] not in routes if method == b"POST"
+                else method != b"GET" or request_line[1] not in get_routes)):
         if 2 <= len(request_line) <= 3:
             te = next((ln.partition(b":")[2] for ln in lines[1:]
                        if ln[:18].lower() == b"transfer-encoding:"), None)
@@ -139,6 +147,8 @@ def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes:
     if te is not None and (refusal := shape_refusal((1, 1), te)) is not None:
         return refusal
     length = headers.get(b"content-length")
+    if length is None and method == b"GET":
+        length = b"0"
     if (length is None or not length.isdigit() or len(length) > 15
             or not _REFUSED.isdisjoint(headers)):
         return HANDOFF
@@ -147,8 +157,8 @@ def parse_head(buf: bytes | bytearray, routes: frozenset[bytes], max_body_bytes:
         return HANDOFF
     connection = headers.get(b"connection")
     keep_alive = connection is None or b"close" not in connection.lower()
-    return RequestHead(request_line[1].decode(), headers, raw, content_length, keep_alive,
-                       end + 4)
+    return RequestHead(method, request_line[1].decode(), headers, raw, content_length,
+                       keep_alive, end + 4)
 
 
 def _oversized(buf: bytes | bytearray) -> Refusal:

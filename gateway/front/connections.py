@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, cast
 
-from gateway.front.exchange import STATUS_LINES
 from gateway.front.settings import FrontSettings
+from wire.response_encoder import encode_response
 
 
 class FrontConnection(Protocol):
@@ -127,9 +127,8 @@ class HandedConnection(asyncio.Protocol):
         if self.head_since is not None and now - self.head_since > limits.header_timeout_s:
             if self.settings.on_reject is not None:
                 self.settings.on_reject("header_timeout")
-            self.transport.write(
-                STATUS_LINES[408] + b"Content-Type: application/json\r\nConnection: close\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(_TIMEOUT_BODY) + _TIMEOUT_BODY)
+            self.transport.write(encode_response(408, _TIMEOUT_BODY, "application/json", {},
+                                                 keep_alive=False))
             self.close()
             return 1
         if self.head_since is None and now - self.last_active > limits.keepalive_s:

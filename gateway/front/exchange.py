@@ -1,45 +1,14 @@
-"""One request on a front connection, answered with raw HTTP/1.1 bytes: a whole answer in one
-`transport.write`, a stream as chunked pieces (its head rides with the first piece)."""
+"""One request on a front connection, answered with raw HTTP/1.1 bytes encoded by
+wire/response_encoder.py: a whole answer in one `transport.write`, a stream as chunked pieces
+(its head rides with the first piece)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Protocol
 
 from wire.request_head import RequestHead
-
-STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
-_STREAM_HEAD = (b"Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                b"Transfer-Encoding: chunked\r\n")
-_END = b"0\r\n\r\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    """One piece in chunked transfer coding."""
-    return b"%x\r\n%b\r\n" % (len(data), data)
-
-
-class _DateHeader:
-    """`Date: ...\r\n`, formatted once a second."""
-
-    __slots__ = ("_line", "_second")
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._line = b""
-
-    def __call__(self) -> bytes:
-        now = int(time.time())
-        if now != self._second:
-            self._second = now
-            self._line = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
-        return self._line
-
-
-date_header = _DateHeader()
+from wire.response_encoder import LAST_CHUNK, chunk, encode_response, encode_stream_head
 
 
 class Connection(Protocol):
@@ -79,16 +48,6 @@ class FrontExchange:
     async def read_body(self, limit: int) -> bytes:
         return self._body  # the head parser handed over anything beyond the limit
 
-    def _head_bytes(self, status: int, fixed: bytes, headers: Mapping[str, str]) -> list[bytes]:
-        parts = [STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode(), fixed,
-                 date_header()]
-        for name, value in headers.items():
-            parts.append(f"{name}: {value}\r\n".encode("latin-1"))
-        if not self._head.keep_alive:
-            parts.append(b"Connection: close\r\n")
-        parts.append(b"\r\n")
-        return parts
-
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
         if self.started:
@@ -98,27 +57,25 @@ class FrontExchange:
                 # a stream already went out (a request deadline cut it): the error is its last
                 # event, and the stream ends properly, as a stall's does
                 self.finished = True
-                self._conn.send(_chunk(b"data: " + body + b"\n\n") + _END)
+                self._conn.send(chunk(b"data: " + body + b"\n\n") + LAST_CHUNK)
                 return
             # the stream's head is still held back: nothing went out, answer plainly
             self._pending_head = b""
         self.started = self.finished = True
-        fixed = f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n".encode()
-        parts = self._head_bytes(status, fixed, headers)
-        parts.append(body)
-        self._conn.send(b"".join(parts))
+        self._conn.send(encode_response(status, body, content_type, headers,
+                                        self._head.keep_alive))
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         # sent with the first piece: one write instead of two, and the client learns nothing
         # from a head alone
         self.started = True
-        self._pending_head = b"".join(self._head_bytes(200, _STREAM_HEAD, headers))
+        self._pending_head = encode_stream_head(headers, self._head.keep_alive)
 
     def write_now(self, data: bytes) -> bool:
         conn = self._conn
         if conn.lost:
             return False
-        frame = _chunk(data)
+        frame = chunk(data)
         if self._pending_head:
             frame = self._pending_head + frame
             self._pending_head = b""
@@ -142,6 +99,6 @@ class FrontExchange:
 
     async def end_stream(self, last: bytes = b"") -> None:
         self.finished = True
-        frame = _chunk(last) + _END if last else _END
+        frame = chunk(last) + LAST_CHUNK if last else LAST_CHUNK
         self._conn.send(self._pending_head + frame)
         self._pending_head = b""

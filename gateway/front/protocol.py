@@ -21,15 +21,17 @@ from collections.abc import Callable
 from typing import cast
 
 from gateway.front.connections import FrontConnections, HandedConnection
-from gateway.front.exchange import STATUS_LINES, FrontExchange, date_header
+from gateway.front.exchange import FrontExchange
 from gateway.front.refusals import EDGE_ERRORS
 from gateway.front.settings import FrontSettings
 from wire.request_head import Refusal, RequestHead, parse_head
+from wire.response_encoder import encode_response
 
 MAX_BUFFER_BYTES = 1024 * 1024  # bytes queued behind a request in flight before reading pauses
 # After refusing a head, what the client still sends is read and dropped this long before the
 # close: closing on unread bytes sends a RST, which can destroy the answer before it is read.
 REFUSAL_LINGER_S = 1.0
+_RETRY_AFTER = {"Retry-After": "1"}
 
 
 class FrontProtocol(asyncio.Protocol):
@@ -115,15 +117,12 @@ class FrontProtocol(asyncio.Protocol):
         kind = b"server_error" if status >= 500 else b"invalid_request_error"
         body = (b'{"error":{"message":"' + message + b'","type":"' + kind + b'",'
                 b'"param":null,"code":"' + code + b'"}}')
-        head = [STATUS_LINES[status], b"Content-Type: application/json\r\n",
-                b"Content-Length: %d\r\n" % len(body), b"Connection: close\r\n", date_header()]
-        if retry_after:
-            head.append(b"Retry-After: 1\r\n")
-        head.append(b"\r\n")
         if self.settings.on_reject is not None:
             self.settings.on_reject(reason or code.decode())
         assert self.transport is not None
-        self.transport.write(b"".join(head) + body)
+        self.transport.write(encode_response(status, body, "application/json",
+                                             _RETRY_AFTER if retry_after else {},
+                                             keep_alive=False))
         if linger and self.transport.can_write_eof():
             self.transport.write_eof()
             self._loop.call_later(REFUSAL_LINGER_S, self.close)

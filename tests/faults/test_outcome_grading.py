@@ -74,9 +74,8 @@ def without_the_cancelled(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if 'outcome="cancelled"' not in line)
 
 
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
 async def test_refusals_are_graded_apart_by_the_loadgen_and_the_gateways_metrics(
-        tmp_path: Path, transport: str) -> None:
+        tmp_path: Path) -> None:
     async with fault_engine(FaultEngine(tokens=4)) as eng:
         tenants = raw_config([])["tenants"]
         tenants[0]["limits"] = {"requests_per_minute": 2}  # tenant-a
@@ -87,7 +86,7 @@ async def test_refusals_are_graded_apart_by_the_loadgen_and_the_gateways_metrics
         with gateway_process(config, port, tmp_path / "gateway.log") as gw:
             results = await run_plan(plan(), Target(gw, "m", api="completions"),
                                      t0=time.monotonic(), concurrency=1,
-                                     opts=ClientOptions(transport=transport))
+                                     opts=ClientOptions())
             async with aiohttp.ClientSession() as s:
                 await leave_mid_stream(s, gw)
                 text = await wait_for(lambda: cancelled_in(metrics_text(s, gw)), 30,

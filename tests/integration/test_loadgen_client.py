@@ -28,8 +28,7 @@ def workload(arrival: object, tenants: tuple[TenantSpec, ...] | None = None, n_o
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-async def test_measured_ttft_and_tpot_agree_with_the_engine_truth(transport: str) -> None:
+async def test_measured_ttft_and_tpot_agree_with_the_engine_truth() -> None:
     """Engine: TTFT 60 ms, 10 ms between tokens, 16 tokens -> TTFT ~60 ms, TPOT ~10 ms,
     E2E ~210 ms (within a few ms of timer slack)."""
     engine = SelftestEngine(EngineTiming(ttft_s=0.060, itl_s=0.010))
@@ -39,13 +38,12 @@ async def test_measured_ttft_and_tpot_agree_with_the_engine_truth(transport: str
         plan = build_plan(w)
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}", "m"),
                                  t0=time.monotonic() + 0.05,
-                                 opts=ClientOptions(transport=transport))
+                                 opts=ClientOptions())
     finally:
         await engine.close()
     # This test is about timing truth, not schedule keeping: a busy machine may lag, and may
     # delay the engine's writes (never advance them), so the bounds only open upwards.
-    summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=20.0,
-                                       lag_threshold_s=10.0)
+    summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=20.0, lag_threshold_s=10.0)
     assert summary.ok == len(plan) == 20
     assert all(r.completion_tokens == 16 and r.usage_reported for r in results)
     s = summary.from_send
@@ -58,9 +56,7 @@ async def test_measured_ttft_and_tpot_agree_with_the_engine_truth(transport: str
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hides(
-        transport: str) -> None:
+async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hides() -> None:
     """With at most one request in flight, a 600 ms engine stall holds back the requests due
     behind it. From send they look fast; from intended arrival they are slow, the schedule lag
     shows it, and the run refuses to grade SLOs."""
@@ -77,7 +73,7 @@ async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hide
     try:
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}", "m"),
                                  t0=time.monotonic() + 0.05,
-                                 opts=ClientOptions(max_concurrency=1, transport=transport))
+                                 opts=ClientOptions(max_concurrency=1))
     finally:
         await engine.close()
     summary, _ = run_summary.summarize(results, w.slo, requested_rate_rps=51.0)
@@ -93,7 +89,7 @@ async def test_latency_from_intended_exposes_a_stall_that_latency_from_send_hide
 async def test_closed_loop_keeps_the_set_concurrency_and_sends_every_request() -> None:
     engine = SelftestEngine(EngineTiming(ttft_s=0.02, itl_s=0.0))
     port = await engine.start()
-    w = workload(Closed(concurrency=4, count=24))  # raw transport (the default)
+    w = workload(Closed(concurrency=4, count=24))
     plan = build_plan(w)
     try:
         t0 = time.monotonic()
@@ -110,9 +106,7 @@ async def test_closed_loop_keeps_the_set_concurrency_and_sends_every_request() -
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_class(
-        transport: str) -> None:
+async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_class() -> None:
     """An engine's 404 (the request itself is wrong) is a refusal: not a miss, so with
     nothing served or failed there is no attainment to report (not 0 %)."""
     engine = SelftestEngine()
@@ -122,7 +116,7 @@ async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_cl
     try:
         # /v2/... is not served: every request gets a 404.
         results = await run_plan(plan, Target(f"http://127.0.0.1:{port}/v2", "m"),
-                                 t0=time.monotonic(), opts=ClientOptions(transport=transport))
+                                 t0=time.monotonic(), opts=ClientOptions())
     finally:
         await engine.close()
     assert {r.status for r in results} == {"http_404"}
@@ -133,10 +127,9 @@ async def test_http_errors_are_recorded_with_their_status_and_graded_by_their_cl
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("transport", ["raw", "aiohttp"])
-async def test_unreachable_target_gives_connect_errors_not_an_exception(transport: str) -> None:
+async def test_unreachable_target_gives_connect_errors_not_an_exception() -> None:
     w = workload(Constant(20.0), duration_s=0.2)
     plan = build_plan(w)
     results = await run_plan(plan, Target(f"http://127.0.0.1:{free_port()}", "m"),
-                             t0=time.monotonic(), opts=ClientOptions(transport=transport))
+                             t0=time.monotonic(), opts=ClientOptions())
     assert {r.status for r in results} == {"connect_error"}

@@ -12,7 +12,6 @@ import pytest
 from aiohttp import web
 
 from loadgen import energy
-from loadgen.client import ClientOptions, make_session
 from loadgen.results import RequestResult
 
 
@@ -65,7 +64,7 @@ async def test_energy_is_fetched_per_request_and_aggregated_per_tenant_and_preci
     results = [rr(0, "acme", "g1"), rr(1, "acme", "g2"), rr(2, "globex", "g3"),
                rr(3, "globex", "")]
     async with fake_admin() as (url, _):
-        session = make_session(ClientOptions())
+        session = energy.admin_session()
         try:
             fetch = await energy.fetch_energy(session, url, "sk-admin", results)
         finally:
@@ -87,7 +86,7 @@ async def test_energy_is_fetched_per_request_and_aggregated_per_tenant_and_preci
 @pytest.mark.timeout(20)
 async def test_records_not_final_yet_are_polled_again() -> None:
     async with fake_admin(final_after=1) as (url, seen):
-        session = make_session(ClientOptions())
+        session = energy.admin_session()
         try:
             fetch = await energy.fetch_energy(session, url, "sk-admin", [rr(0, "acme", "g1")],
                                               wait_final_s=5.0)
@@ -99,7 +98,7 @@ async def test_records_not_final_yet_are_polled_again() -> None:
 @pytest.mark.timeout(20)
 async def test_energy_is_na_with_the_reason_when_there_is_no_accounting() -> None:
     async with fake_admin() as (url, _):
-        session = make_session(ClientOptions())
+        session = energy.admin_session()
         try:
             unknown = await energy.fetch_energy(session, url, "sk-admin", [rr(0, "a", "zz")])
             refused = await energy.fetch_energy(session, url, "wrong", [rr(0, "a", "g1")])
@@ -142,7 +141,7 @@ async def test_simulator_truth_is_found_on_whichever_engine_served_the_request()
     labelled as simulator ground truth with no carbon or cost."""
     results = [rr(0, "acme", "g1"), rr(1, "acme", "g2"), rr(2, "acme", "g9")]
     async with fake_sim({"g1": 3.0}) as a, fake_sim({"g2": 5.0}) as b:
-        session = make_session(ClientOptions())
+        session = energy.admin_session()
         try:
             fetch = await energy.fetch_sim_energy(session, [a, b], results, by_gateway_id=True)
         finally:

@@ -34,8 +34,7 @@ def result(i: int, intended: float, sent: float, ttft: float, itl: float, n: int
 
 
 def summarize(rs: list[RequestResult], **kw: object) -> run_summary.Summary:
-    s, _ = run_summary.summarize(rs, SLOS.__getitem__, requested_rate_rps=10.0,
-                                 **kw)  # type: ignore[arg-type]
+    s, _ = run_summary.summarize(rs, SLOS.__getitem__, requested_rate_rps=10.0, **kw)  # type: ignore[arg-type]
     return s
 
 

@@ -136,3 +136,27 @@ def test_the_shape_rules_aiohttp_asks_too() -> None:
     assert shape_refusal(None, None) is NO_VERSION
     assert shape_refusal((2, 0), None) is VERSION_NOT_SUPPORTED
     assert shape_refusal((1, 1), b"chunked, gzip") is CODING_NOT_IMPLEMENTED
+
+
+GET_ROUTES = frozenset({b"/health"})
+
+
+def test_a_get_to_a_get_route_is_parsed_with_no_body() -> None:
+    request_bytes = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nPOST /next"
+    head = parse_head(request_bytes, ROUTES, 1024, GET_ROUTES)
+    assert isinstance(head, RequestHead)
+    assert (head.method, head.path, head.content_length) == (b"GET", "/health", 0)
+    assert request_bytes[head.body_start:] == b"POST /next"  # the next request starts there
+    post = parse_head(GOOD, ROUTES, 1024, GET_ROUTES)
+    assert isinstance(post, RequestHead) and post.method == b"POST"
+
+
+@pytest.mark.parametrize(("request_bytes", "get_routes"), [
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", frozenset()),  # the front's case
+    (b"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", GET_ROUTES),  # a POST route, by GET
+    (b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", GET_ROUTES),
+    (b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n", GET_ROUTES),
+])
+def test_a_method_its_route_is_not_served_for_is_handed_off(
+        request_bytes: bytes, get_routes: frozenset[bytes]) -> None:
+    assert parse_head(request_bytes, ROUTES, 1024, get_routes) is HANDOFF
