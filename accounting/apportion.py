@@ -19,10 +19,12 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
   are the most tokens any request decoded and their energy goes by decode tokens. Each step
   carries decode/steps tokens, and one per request prefilling in the interval also carries
-  that prompt. A request that
-  did no token work gets no dynamic share. An interval with residency but no token work sends
-  its dynamic energy to the idle account, and an interval with no request sends all of dE
-  there.
+  that prompt. A request that did no token work gets no dynamic share. An interval with
+  residency but no token work sends its dynamic energy to the idle account, and an interval
+  with no request sends all of dE there.
+- with `step_s` (what the service uses), the busy static energy follows the Shapley rule of
+  the steps: static power x step_s x (the interval's steps' joules / delta) is the steps'
+  fixed part, shared by the steps each request was in; the rest by its token work.
 Sums use math.fsum over values that do not depend on the order of the rows, so neither does
 the result, and sum(shares) + idle == dE up to one rounding per share.
 """
