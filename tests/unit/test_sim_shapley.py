@@ -36,13 +36,13 @@ def step_total_j(g: StepGame, dialect: str, precision: str, work: list[SeqWork])
     return e.static_w * e.duration_s + math.fsum(e.seq_dynamic_j)
 
 
-def brute_shapley(g: StepGame, work: list[SeqWork]) -> list[float]:
+def brute_shapley(g: StepGame, which: tuple[str, str], work: list[SeqWork]) -> list[float]:
     """The textbook formula over explicit coalitions, each priced by perf.py and power.py."""
     n = len(work)
     prof_total: dict[tuple[int, ...], float] = {(): 0.0}
     for k in range(1, n + 1):
         for c in combinations(range(n), k):
-            prof_total[c] = float(g.energy_j(*_sums(g, [work[i] for i in c])))
+            prof_total[c] = step_total_j(g, *which, [work[i] for i in c])
     out = []
     for i in range(n):
         others = [j for j in range(n) if j != i]
@@ -80,7 +80,7 @@ def test_small_batches_match_the_textbook_formula_and_sum_to_the_step(
     total = step_total_j(g, *which, work)
     split = shapley(g, g.players(work), total, np.random.default_rng(0))
     assert split.method in (AFFINE, EXACT)
-    assert split.shares_j == pytest.approx(brute_shapley(g, work), rel=1e-9, abs=1e-12)
+    assert split.shares_j == pytest.approx(brute_shapley(g, which, work), rel=1e-9, abs=1e-12)
     assert math.fsum(split.shares_j) == pytest.approx(total, rel=1e-15)
 
 
