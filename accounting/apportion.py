@@ -19,10 +19,12 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
   are the most tokens any request decoded and their energy goes by decode tokens. Each step
   carries decode/steps tokens, and one per request prefilling in the interval also carries
-  that prompt. A request that
-  did no token work gets no dynamic share. An interval with residency but no token work sends
-  its dynamic energy to the idle account, and an interval with no request sends all of dE
-  there.
+  that prompt. A request that did no token work gets no dynamic share. An interval with
+  residency but no token work sends its dynamic energy to the idle account, and an interval
+  with no request sends all of dE there.
+- with `step_s` (what the service uses), the busy static energy follows the Shapley rule of
+  the steps: static power x step_s x (the interval's steps' joules / delta) is the steps'
+  fixed part, shared by the steps each request was in; the rest by its token work.
 Sums use math.fsum over values that do not depend on the order of the rows, so neither does
 the result, and sum(shares) + idle == dE up to one rounding per share.
 """
@@ -175,7 +177,8 @@ def step_joules(delta: float, delta_1: float | None, half_tokens: float,
 def apportion(energy_j: float, interval_s: float, idle_power_w: float,
               rows: Sequence[Work], alpha: float, beta: float, gamma: float = 0.0,
               delta: float = 0.0, *, delta_1: float | None = None,
-              delta_half_tokens: float = 0.0, instant: bool = False) -> Apportionment:
+              delta_half_tokens: float = 0.0, instant: bool = False,
+              step_s: float = 0.0) -> Apportionment:
     """Split `energy_j` (>= 0) measured over one interval among `rows` (one per request)."""
     if energy_j < 0.0 or not math.isfinite(energy_j):
         raise ValueError(f"interval energy must be finite and >= 0, got {energy_j}")
@@ -209,6 +212,7 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
             steps = own_steps
         else:
             part = []
+    in_steps = part  # each sequence's steps (empty: not known)
     step_j = 0.0
     if steps > 0.0 and delta > 0.0:
         # Decode steps carry `batch` tokens; the prompts ride in one step per chunk (at
@@ -262,15 +266,22 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         top = max(work)
         work = [x / top for x in work]
         dyn_per_work = dynamic / math.fsum(work)
+    statics = [w * static_per_w for w in weights]
+    if step_s > 0.0 and step_j > 0.0 and in_steps:
+        # Token work stamped outside the request's span (clock skew) was in no step the
+        # span saw: it pays dynamic energy only, as without the split.
+        resident_own = [o if r > 0.0 else 0.0 for o, r in zip(own, res, strict=True)]
+        statics = _shapley_static(math.fsum(statics), static / interval_s * step_j * step_s / delta,
+                                  in_steps, resident_own) or statics
     if 0.0 in weights:  # a request with neither weight nor work gets no share
         keep = [w > 0.0 or x > 0.0 for w, x in zip(weights, work, strict=True)]
         if not all(keep):
             rids = tuple(compress(rids, keep))
             weights = list(compress(weights, keep))
             work = list(compress(work, keep))
+            statics = list(compress(statics, keep))
     # Column by column, in C-level passes where it can (no tuple per share).
-    sp, dp, bp = static_per_w, dyn_per_work, busy_per_w
-    statics = [w * sp for w in weights]
+    dp, bp = dyn_per_work, busy_per_w
     dynamics = [x * dp for x in work]
     columns = ShareColumns(rids, list(map(add, statics, dynamics)), statics, dynamics,
                            [w * bp for w in weights])
@@ -278,9 +289,26 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
                          idle_s=interval_s - busy, columns=columns)
 
 
+def _shapley_static(busy_j: float, fixed_j: float, in_steps: Sequence[float],
+                    own: Sequence[float]) -> list[float] | None:
+    """The busy static energy split as the Shapley value of the engine's steps splits it:
+    the static power over the steps' fixed part (`fixed_j`, at most `busy_j`) by the steps
+    each sequence was in, the rest by its token work. None when there is no token work to
+    weigh the rest by (the caller keeps the residency split)."""
+    steps_total, own_total = math.fsum(in_steps), math.fsum(own)
+    fixed_j = min(fixed_j, busy_j)
+    if steps_total <= 0.0 or own_total <= 0.0 or not math.isfinite(fixed_j):
+        return None
+    per_step, per_work = fixed_j / steps_total, (busy_j - fixed_j) / own_total
+    if math.isinf(per_step) or math.isinf(per_work):
+        return None
+    return [q * per_step + o * per_work for q, o in zip(in_steps, own, strict=True)]
+
+
 def apportion_by(energy_j: float, interval_s: float, idle_power_w: float,
                  rows: Sequence[Work], c: Coefficients) -> Apportionment:
-    """The service's apportioning: coefficients of one engine/precision, instant sharing."""
+    """The service's apportioning: coefficients of one engine/precision, instant sharing,
+    the static power of the steps' fixed part by steps and the rest by work."""
     return apportion(energy_j, interval_s, idle_power_w, rows, c.alpha, c.beta, c.gamma,
                      c.delta, delta_1=c.delta_1, delta_half_tokens=c.delta_half_tokens,
-                     instant=True)
+                     instant=True, step_s=c.step_s)

@@ -17,6 +17,8 @@ weights of each kind of work. Per precision:
 - beta, a decoded token: the same GEMM FLOPs plus the per-sequence sampling kernels;
 - gamma, one context token read by one decoded token: the KV bytes (always 16-bit) over
   HBM, plus its attention FLOPs;
+- step_s, the seconds of a step's fixed part: its weights streamed at many tokens per step
+  plus the host overhead;
 - delta, one decode step's weight streaming and host gaps at many tokens per step, and
   delta_1 at one token per step: vLLM's FP8 and INT8 kernels stream weights poorly at small
   batch (ML.ENERGY v3: FP8 +30 % energy at batch 8-16, -11 % at 65-256), AWQ INT4 the other
@@ -41,14 +43,19 @@ class Coefficients:
     delta: float = 0.0  # one decode step (weights streamed once, shared by the batch)
     delta_1: float | None = None  # one step at one token per step (None: delta throughout)
     delta_half_tokens: float = 0.0  # tokens per step (beyond one) halfway from delta_1 to delta
+    # Seconds of one step's fixed part (weights streamed once, host work) at many tokens per
+    # step, scaled by delta(T) / delta like the step's joules: the static power over it is
+    # shared by the sequences in the step, the rest of the static power by work (0: all of
+    # it by residency, the rule before the Shapley split; see apportion.py).
+    step_s: float = 0.0
 
 
 DEFAULTS: dict[str, Coefficients] = {
-    "bf16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444),
-    "fp16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444),
-    "fp8": Coefficients(0.0086, 0.0250, 3.0e-5, 1.07, 2.566, 38.0),
-    "int8": Coefficients(0.0086, 0.0228, 3.0e-5, 0.92, 1.362, 21.4),
-    "int4": Coefficients(0.0306, 0.0447, 3.0e-5, 0.735, 0.644, 18.8),
+    "bf16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444, step_s=6.87e-3),
+    "fp16": Coefficients(0.0135, 0.0275, 3.0e-5, 1.444, step_s=6.87e-3),
+    "fp8": Coefficients(0.0086, 0.0250, 3.0e-5, 1.07, 2.566, 38.0, 4.51e-3),
+    "int8": Coefficients(0.0086, 0.0228, 3.0e-5, 0.92, 1.362, 21.4, 4.62e-3),
+    "int4": Coefficients(0.0306, 0.0447, 3.0e-5, 0.735, 0.644, 18.8, 4.03e-3),
 }
 # TensorRT-LLM (trtllm-serve) on the same GPU and model: its kernels stream weights well at
 # small batch (no FP8/INT8 penalty at one token per step) and its host gaps are shorter, so a
@@ -57,11 +64,11 @@ DEFAULTS: dict[str, Coefficients] = {
 # trtllm FP8 engine billed decoders 25 % too much beside long prefills, and prompts 24 % too
 # little.
 TRTLLM_DEFAULTS: dict[str, Coefficients] = {
-    "bf16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374),
-    "fp16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374),
-    "fp8": Coefficients(0.0079, 0.0100, 3.0e-5, 0.781, 0.804, 16.0),
-    "int8": Coefficients(0.0093, 0.0115, 3.0e-5, 0.812, 0.862, 16.0),
-    "int4": Coefficients(0.0239, 0.0263, 3.0e-5, 0.569, 0.526, 16.0),
+    "bf16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
+    "fp16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
+    "fp8": Coefficients(0.0079, 0.0100, 3.0e-5, 0.781, 0.804, 16.0, 3.66e-3),
+    "int8": Coefficients(0.0093, 0.0115, 3.0e-5, 0.812, 0.862, 16.0, 3.82e-3),
+    "int4": Coefficients(0.0239, 0.0263, 3.0e-5, 0.569, 0.526, 16.0, 3.09e-3),
 }
 FALLBACK = DEFAULTS["bf16"]
 

@@ -10,13 +10,18 @@ charged to the idle account.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from engines.sim.catalog import KV_BLOCK_TOKENS, Deployment
 from engines.sim.energy import EnergyLedger
+from engines.sim.game import StepGame
 from engines.sim.perf import DECODE, PREFILL, KernelProfile, SeqWork, step_cost
 from engines.sim.power import StepEnergy, idle_power_w, step_energy
+from engines.sim.shapley import shapley
 from engines.sim.state import (
     ABORTED,
     FINISHED,
@@ -44,7 +49,7 @@ class _Step:
     start_s: float
     end_s: float
     seqs: tuple[tuple[SimRequest, int], ...]  # (request, tokens computed this step)
-    phases: tuple[str, ...]
+    work: tuple[SeqWork, ...]
     energy: StepEnergy
 
 
@@ -53,7 +58,7 @@ class BatchingCore(CoreRecords):
 
     def __init__(self, deployment: Deployment, profile: KernelProfile, *, max_batch: int = 256,
                  token_budget: int = DEFAULT_TOKEN_BUDGET, start_s: float = 0.0,
-                 ledger: EnergyLedger | None = None) -> None:
+                 ledger: EnergyLedger | None = None, seed: int = 0) -> None:
         self.deployment = deployment
         self.profile = profile
         self.max_batch = max_batch
@@ -63,6 +68,8 @@ class BatchingCore(CoreRecords):
         self.ledger = ledger or EnergyLedger(deployment.tp)
         self.now_s = start_s
         self.idle_w = idle_power_w(deployment)
+        self.game = StepGame.of(deployment, profile)
+        self.rng = np.random.default_rng(seed)  # the sampled Shapley shares of big batches
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.requests: dict[str, SimRequest] = {}
@@ -147,8 +154,8 @@ class BatchingCore(CoreRecords):
         work = [_seq_work(req, n) for req, n in seqs]
         cost = step_cost(self.deployment, self.profile, work)
         energy = step_energy(self.deployment, self.profile, cost)
-        phases = tuple(w.phase for w in work)
-        self._step = _Step(self.now_s, self.now_s + cost.duration_s, tuple(seqs), phases, energy)
+        self._step = _Step(self.now_s, self.now_s + cost.duration_s, tuple(seqs), tuple(work),
+                           energy)
 
     def _schedule(self) -> list[tuple[SimRequest, int]]:
         budget = self.token_budget
@@ -214,11 +221,15 @@ class BatchingCore(CoreRecords):
     def _finish_step(self, step: _Step) -> None:
         residents = [req.request_id for req, _ in step.seqs]
         dynamic = [
-            (req.request_id, phase, joules)
-            for (req, _), phase, joules in zip(step.seqs, step.phases, step.energy.seq_dynamic_j,
-                                               strict=True)
+            (req.request_id, w.phase, joules)
+            for (req, _), w, joules in zip(step.seqs, step.work, step.energy.seq_dynamic_j,
+                                           strict=True)
         ]
-        self.ledger.accrue(step.energy.duration_s, step.energy.static_w, residents, dynamic)
+        e = step.energy
+        split = shapley(self.game, self.game.players(step.work),
+                        e.static_w * e.duration_s + math.fsum(e.seq_dynamic_j), self.rng)
+        self.ledger.accrue(e.duration_s, e.static_w, residents, dynamic,
+                           list(zip(split.shares_j, split.variance_j2, strict=True)))
         self.iterations += 1
         for req, n in step.seqs:
             if req.status == ABORTED:

@@ -331,6 +331,7 @@ async def sim_stats(request: web.Request) -> web.Response:
         "time_scale": rt.time_scale,
         "idle_energy_j": ledger.idle_j,
         "requests_energy_j": ledger.charged_j,
+        "requests_shapley_energy_j": ledger.shapley_charged_j,
         "counter_committed_j": ledger.counter_j - ledger.start_j,
         "counter_j": rt.core.counter_j(now_s),
         "requests_served": rt.served,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -83,6 +84,8 @@ class RequestTruth:
     first_token_s: float | None
     finished_s: float | None
     preemptions: int
+    shapley_energy_j: float = 0.0  # the Shapley view (energy_j is the residency view)
+    shapley_stderr_j: float = 0.0  # standard error of shapley_energy_j (0 where exact)
 
     @property
     def ttft_s(self) -> float | None:
@@ -101,6 +104,9 @@ class RequestTruth:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "energy_j": self.energy_j,
+            "truth_residency_j": self.energy_j,
+            "truth_shapley_j": self.shapley_energy_j,
+            "truth_shapley_stderr_j": self.shapley_stderr_j,
             "prefill_energy_j": self.prefill_energy_j,
             "decode_energy_j": self.decode_energy_j,
             "static_energy_j": self.static_energy_j,
@@ -118,7 +124,7 @@ def truth_of(req: SimRequest, ledger: EnergyLedger) -> RequestTruth:
     return RequestTruth(
         req.request_id, req.status, req.prompt_tokens, req.generated, acct.energy_j,
         acct.prefill_j, acct.decode_j, acct.static_j, req.arrived_s, req.first_token_s,
-        req.finished_s, req.preemptions,
+        req.finished_s, req.preemptions, acct.shapley_j, math.sqrt(acct.shapley_var_j2),
     )
 
 

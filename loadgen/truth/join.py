@@ -1,6 +1,7 @@
 """Join every request sent to the gateway's bill (GET /admin/v1/requests/{id}, once final)
 and to the simulator's truth (GET /sim/requests/{id} on the engine that served it; the
-gateway sends its request id upstream as x-request-id). Conservation is read from the
+gateway sends its request id upstream as x-request-id): its Shapley view, against which the
+bill is judged, and its residency view, reported beside. Conservation is read from the
 ledger: per engine, shares + idle account against the metered energy of its intervals."""
 
 from __future__ import annotations
@@ -28,15 +29,23 @@ class Joined:
     status: str  # the gateway's outcome
     final: bool
     bill_j: float
-    truth_j: float
+    truth_j: float  # the simulator's Shapley truth (the reference the bill follows)
     prompt_tokens: int  # as billed
     completion_tokens: int  # as billed
     truth_completion_tokens: int
+    residency_j: float = 0.0  # the simulator's residency view, reported beside
+    truth_stderr_j: float = 0.0  # standard error of truth_j (0 where exact)
 
     @property
     def error(self) -> float:
         """Signed relative error of the bill (bill - truth) / truth; nan without truth."""
         return (self.bill_j - self.truth_j) / self.truth_j if self.truth_j > 0 else math.nan
+
+    @property
+    def residency_error(self) -> float:
+        """The same against the residency view."""
+        return ((self.bill_j - self.residency_j) / self.residency_j if self.residency_j > 0
+                else math.nan)
 
 
 async def _get_json(http: aiohttp.ClientSession, url: str,
@@ -107,9 +116,11 @@ async def join(gateway_url: str, engine_urls: dict[str, str], sent: Sequence[Sen
         t = truth.get(s.request_id, {})
         out.append(Joined(s, str(b.get("engine", "")), str(b.get("status", "")),
                           bool(b.get("final")), float(b.get("energy_j", 0.0)),
-                          float(t.get("energy_j", 0.0)), int(b.get("prompt_tokens", 0)),
+                          float(t.get("truth_shapley_j", 0.0)), int(b.get("prompt_tokens", 0)),
                           int(b.get("completion_tokens", 0)),
-                          int(t.get("completion_tokens", 0))))
+                          int(t.get("completion_tokens", 0)),
+                          float(t.get("truth_residency_j", 0.0)),
+                          float(t.get("truth_shapley_stderr_j", 0.0))))
     return out
 
 

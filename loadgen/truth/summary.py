@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,8 @@ class Group:
     median_signed: float
     p05_signed: float
     p95_signed: float
+    residency_j: float  # the residency view, beside
+    p95_abs_residency: float
 
     @property
     def total_error(self) -> float:
@@ -45,10 +47,12 @@ class Group:
 
 def group(name: str, rows: Sequence[Joined]) -> Group:
     errs = [r.error for r in rows if r.truth_j > 0]
+    res = [abs(r.residency_error) for r in rows if r.residency_j > 0]
     return Group(name, len(rows), math.fsum(r.bill_j for r in rows),
                  math.fsum(r.truth_j for r in rows), quantile([abs(e) for e in errs], 0.5),
                  quantile([abs(e) for e in errs], 0.95), quantile(errs, 0.5),
-                 quantile(errs, 0.05), quantile(errs, 0.95))
+                 quantile(errs, 0.05), quantile(errs, 0.95),
+                 math.fsum(r.residency_j for r in rows), quantile(res, 0.95))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +64,11 @@ class Target:
 
 
 def run_summary(label: str, sent: int, rows: Sequence[Joined],
-                engines: Sequence[EngineBalance]) -> dict[str, Any]:
-    """The numbers of one run: overall, per class, per tenant, conservation and targets."""
+                engines: Sequence[EngineBalance],
+                extra: Callable[[Sequence[Joined]], list[Target]] | None = None
+                ) -> dict[str, Any]:
+    """The numbers of one run: overall, per class, per tenant, conservation and targets
+    (`extra` adds targets of its own over the final rows)."""
     final = [r for r in rows if r.final]
     overall = group("all", [r for r in final if r.truth_j > 0])
     classes = sorted({r.sent.shape.cls for r in final})
@@ -72,23 +79,35 @@ def run_summary(label: str, sent: int, rows: Sequence[Joined],
                       overall.median_abs <= MEDIAN_MAX),
                Target("per-request |error| p95", overall.p95_abs, P95_MAX,
                       overall.p95_abs <= P95_MAX)]
+    for g in by_class:
+        if not math.isnan(g.p95_abs):
+            targets.append(Target(f"class {g.name} |error| p95", g.p95_abs, P95_MAX,
+                                  g.p95_abs <= P95_MAX))
     for g in by_tenant:
         name = f"tenant {g.name}" + (" (adversarial)" if g.name == ADVERSARY else "")
         targets.append(Target(name, abs(g.total_error), TENANT_MAX,
                               abs(g.total_error) <= TENANT_MAX))
+    if extra is not None:
+        targets += extra(final)
     for e in engines:
         targets.append(Target(f"conservation {e.engine} (|shares + idle - metered| J)",
                               abs(e.residual_j), 1e-9 * max(e.metered_j, 1.0), e.exact))
     return {"label": label, "sent": sent, "joined": len(rows), "final": len(final),
             "statuses": _count(r.status for r in final),
             "overall": asdict(overall), "classes": [asdict(g) for g in by_class],
-            "tenants": [asdict(g) | {"total_error": g.total_error} for g in by_tenant],
+            "tenants": [asdict(g) | {"total_error": g.total_error,
+                                     "residency_error": _rel(g.bill_j, g.residency_j)}
+                        for g in by_tenant],
             "engines": [asdict(e) | {"residual_j": e.residual_j} for e in engines],
             "targets": [asdict(t) for t in targets],
             "errors_by_class": {c: [r.error for r in final if r.sent.shape.cls == c
                                     and r.truth_j > 0] for c in classes},
             "worst": [_row(r) for r in sorted(final, key=lambda r: -abs(r.error)
                                               if r.truth_j > 0 else 0.0)[:10]]}
+
+
+def _rel(bill_j: float, truth_j: float) -> float:
+    return (bill_j - truth_j) / truth_j if truth_j > 0 else math.nan
 
 
 def _count(items: Any) -> dict[str, int]:
@@ -105,7 +124,8 @@ def _row(r: Joined) -> dict[str, Any]:
             "tokens_seen": r.sent.tokens_seen, "billed_prompt": r.prompt_tokens,
             "billed_completion": r.completion_tokens,
             "truth_completion": r.truth_completion_tokens,
-            "bill_j": r.bill_j, "truth_j": r.truth_j, "error": r.error}
+            "bill_j": r.bill_j, "truth_j": r.truth_j, "error": r.error,
+            "residency_j": r.residency_j, "residency_error": r.residency_error}
 
 
 def _pct(x: float) -> str:
@@ -129,18 +149,23 @@ def markdown_run(s: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"| {t['name']} | {_apct(t['value'])} | {t['limit']:.0%} | "
                          f"{'met' if t['met'] else 'NOT MET'} |")
-    lines += ["", "| class | n | billed J | truth J | total error | median abs | p95 abs | "
-              "signed p5 / median / p95 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines += ["", "Against the Shapley truth; the residency view beside (last three columns).", "",
+              "| class | n | billed J | truth J | total error | median abs | p95 abs | "
+              "signed p5 / median / p95 | residency J | error | p95 abs |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for g in [*s["classes"], o]:
-        tot = (g["bill_j"] - g["truth_j"]) / g["truth_j"] if g["truth_j"] > 0 else math.nan
         lines.append(f"| {g['name']} | {g['n']} | {g['bill_j']:.0f} | {g['truth_j']:.0f} | "
-                     f"{_pct(tot)} | {_apct(g['median_abs'])} | {_apct(g['p95_abs'])} | "
-                     f"{_pct(g['p05_signed'])} / {_pct(g['median_signed'])} / "
-                     f"{_pct(g['p95_signed'])} |")
-    lines += ["", "| tenant | n | billed J | truth J | error |", "| --- | ---: | ---: | ---: | ---: |"]
+                     f"{_pct(_rel(g['bill_j'], g['truth_j']))} | {_apct(g['median_abs'])} | "
+                     f"{_apct(g['p95_abs'])} | {_pct(g['p05_signed'])} / "
+                     f"{_pct(g['median_signed'])} / {_pct(g['p95_signed'])} | "
+                     f"{g['residency_j']:.0f} | {_pct(_rel(g['bill_j'], g['residency_j']))} | "
+                     f"{_apct(g['p95_abs_residency'])} |")
+    lines += ["", "| tenant | n | billed J | truth J | error | residency J | error |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for g in s["tenants"]:
         lines.append(f"| {g['name']} | {g['n']} | {g['bill_j']:.0f} | {g['truth_j']:.0f} | "
-                     f"{_pct(g['total_error'])} |")
+                     f"{_pct(g['total_error'])} | {g['residency_j']:.0f} | "
+                     f"{_pct(g['residency_error'])} |")
     lines += ["", "| engine | intervals | metered J | shares J | idle J | shares + idle - metered |",
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for e in s["engines"]:

@@ -25,7 +25,8 @@ energies = st.sampled_from([0.0]) | st.floats(0.0, 5000.0) | st.floats(1e-6, 1e-
 idle_powers = st.floats(0.0, 1500.0)
 coefficients = st.sampled_from(sorted(DEFAULTS.values(), key=repr)) | st.builds(
     Coefficients, st.floats(0.0, 0.1), st.floats(0.0, 0.1), st.floats(0.0, 1e-4),
-    st.floats(0.0, 3.0), st.none() | st.floats(0.0, 3.0), st.floats(0.0, 100.0))
+    st.floats(0.0, 3.0), st.none() | st.floats(0.0, 3.0), st.floats(0.0, 100.0),
+    st.floats(0.0, 0.02))  # step_s: the Shapley split of the static power
 
 
 @settings(max_examples=100, deadline=None)

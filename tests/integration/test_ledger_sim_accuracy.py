@@ -4,8 +4,8 @@ Two simulated H100 engines (BF16 and FP8) serve a mixed workload: short and long
 three tenants, closed-loop concurrency 1, 16 and 64 (batch sizes 1-64). Requests are streamed
 by a small client that timestamps each read like the gateway does and hands RequestRecords to
 the accounting service, which meters the engines through their `sim` counters and writes a
-SQLite ledger. Each request's apportioned energy is compared with the simulator's own
-causal split (GET /sim/requests/{id}).
+SQLite ledger. Each request's apportioned energy is compared with the simulator's Shapley
+truth (GET /sim/requests/{id}, `truth_shapley_j`), the rule the bill follows.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def run_accuracy(tmp_path: Path, urls: dict[str, tuple[str, str]]) -> dict
     async with aiohttp.ClientSession() as http:
         for rid, (engine, _) in sent.items():
             async with http.get(f"{urls[engine][0]}/sim/requests/{rid}") as resp:
-                truth[rid] = orjson.loads(await resp.read())["energy_j"]
+                truth[rid] = orjson.loads(await resp.read())["truth_shapley_j"]
     await svc.stop()
     return {"sent": sent, "rows": rows, "truth": truth}
 

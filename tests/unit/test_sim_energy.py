@@ -1,4 +1,5 @@
-"""Energy counter and ground truth: conservation (requests + idle == counter) and monotonicity."""
+"""Energy counter and ground truth: conservation (requests + idle == counter, in the residency
+and the Shapley view) and monotonicity."""
 
 from __future__ import annotations
 
@@ -125,6 +126,9 @@ def test_ground_truth_plus_idle_equals_counter_growth_and_counter_is_monotonic(
     growth = core.ledger.counter_j - start_j
     assert charged + core.ledger.idle_j == pytest.approx(growth, rel=1e-9)
     assert core.ledger.charged_j == pytest.approx(charged, rel=1e-9)
+    shapley = math.fsum(t.shapley_energy_j for t in truths)  # the other view conserves too
+    assert shapley + core.ledger.idle_j == pytest.approx(growth, rel=1e-9)
+    assert core.ledger.shapley_charged_j == pytest.approx(shapley, rel=1e-9)
     for truth in truths:
         parts = truth.static_energy_j + truth.prefill_energy_j + truth.decode_energy_j
         assert truth.energy_j == pytest.approx(parts, rel=1e-12)
