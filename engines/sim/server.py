@@ -1,7 +1,8 @@
 """The simulated engine's HTTP server: the OpenAI API of a dialect plus /sim/* ground truth.
 
 Handlers are thin: validation and response shapes live in protocol.py, metrics rendering
-in metrics.py, the engine in a pure core driven by runtime.py.
+in engine_metrics.py, the /sim/* routes in truth_api.py, the engine in a pure core driven by
+runtime.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from engines.sim.embeddings import embedding_body, parse_embedding_request
 from engines.sim.engine_metrics import render_trtllm, render_vllm
 from engines.sim.fixed import FixedTimingCore
 from engines.sim.perf import kernel_profile
-from engines.sim.power import idle_power_w
 from engines.sim.protocol import (
     CHAT,
     COMPLETION,
@@ -37,6 +37,7 @@ from engines.sim.protocol import (
 from engines.sim.runtime import Channel, SimRuntime
 from engines.sim.scheduler import BatchingCore
 from engines.sim.state import DuplicateRequestError, EngineCore
+from engines.sim.truth_api import STATE, SimState, add_truth_routes
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError",
                429: "RateLimitError", 500: "InternalServerError", 502: "BadGatewayError",
@@ -44,19 +45,6 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 409: "ConflictError
 OWNED_BY = {"vllm": "vllm", "trtllm": "tensorrt_llm"}
 
 
-@dataclass(slots=True)
-class SimState:
-    cfg: SimConfig
-    deployment: Deployment
-    runtime: SimRuntime
-    rng: random.Random
-    created: int
-    # Subtracted from the counter /sim/energy publishes: POST /sim/reset-counter restarts it
-    # at 0, as a driver reload or GPU reset restarts NVML's (the engine's energy goes on)
-    counter_base_j: float = 0.0
-
-
-STATE = web.AppKey("sim_state", SimState)
 
 
 def build_core(cfg: SimConfig, d: Deployment) -> EngineCore:
@@ -278,76 +266,6 @@ def _abort(request: web.Request, resp: web.StreamResponse | None = None) -> web.
     return resp
 
 
-async def sim_energy(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    rt = st.runtime
-    rt.sync()
-    now_s = rt.engine_now()
-    total_j = rt.core.counter_j(now_s) - st.counter_base_j
-    gpus = st.deployment.tp
-    return _json({
-        "timestamp_s": time.time(),
-        "engine_time_s": now_s,
-        "gpus": [{"index": i, "energy_j": total_j / gpus} for i in range(gpus)],
-        "idle_power_w": idle_power_w(st.deployment),
-        "idle_power_w_per_gpu": st.deployment.gpu.idle_w,
-        "time_scale": rt.time_scale,
-    })
-
-
-async def sim_reset_counter(request: web.Request) -> web.Response:
-    """Restart the published energy counter at 0 (a simulated GPU reset); the energy spent
-    so far stays in /sim/stats' `counter_j`."""
-    st = request.app[STATE]
-    rt = st.runtime
-    rt.sync()
-    st.counter_base_j = rt.core.counter_j(rt.engine_now())
-    return _json({"counter_base_j": st.counter_base_j})
-
-
-async def sim_request(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    truth = st.runtime.truth(request.match_info["request_id"])
-    if truth is None:
-        return _error(ApiError(404, "unknown request id", "NotFoundError"))
-    return _json({**truth.to_json(), **st.runtime.wire_timing(truth)})
-
-
-async def sim_requests(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    return _json({"requests": [t.to_json() for t in st.runtime.all_truth()]})
-
-
-async def sim_stats(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    rt = st.runtime
-    rt.sync()
-    ledger = rt.ledger
-    running, waiting, kv = rt.core.load()
-    now_s = rt.engine_now()
-    return _json({
-        "engine_time_s": now_s,
-        "engine_start_unix_s": rt.start_unix_s,
-        "time_scale": rt.time_scale,
-        "idle_energy_j": ledger.idle_j,
-        "requests_energy_j": ledger.charged_j,
-        "requests_shapley_energy_j": ledger.shapley_charged_j,
-        "counter_committed_j": ledger.counter_j - ledger.start_j,
-        "counter_j": rt.core.counter_j(now_s),
-        "requests_served": rt.served,
-        "requests_aborted": rt.aborted,
-        "running": running,
-        "waiting": waiting,
-        "kv_cache_usage": kv,
-        "gpu": st.deployment.gpu.key,
-        "model": st.deployment.model.key,
-        "precision": st.deployment.precision.key,
-        "tp": st.deployment.tp,
-        "dialect": st.cfg.dialect,
-        "kv_cache_tokens": st.deployment.kv_tokens,
-    })
-
-
 def build_app(cfg: SimConfig) -> web.Application:
     """The aiohttp application of one simulated engine (the driver starts with the app)."""
     d = cfg.resolve()
@@ -373,11 +291,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     if cfg.dialect == "vllm":  # trtllm-serve has neither embeddings nor /tokenize
         app.router.add_post("/v1/embeddings", embeddings)
         app.router.add_post("/tokenize", tokenize)
-    app.router.add_get("/sim/energy", sim_energy)
-    app.router.add_get("/sim/requests", sim_requests)
-    app.router.add_get("/sim/requests/{request_id}", sim_request)
-    app.router.add_get("/sim/stats", sim_stats)
-    app.router.add_post("/sim/reset-counter", sim_reset_counter)
+    add_truth_routes(app)
     return app
 
 
