@@ -27,43 +27,39 @@ def fixture_records() -> list[RequestRecord]:
     """The records in the fixture: a stream, a non-streamed answer, a refusal that reached no
     engine, a cut-off stream counted by the gateway's tokenizer, and a timed-out request whose
     tokens were estimated; non-ASCII in a tenant and a model name."""
-    base = dict(model="m", engine="e0", precision="bf16", slo_class="interactive",
-                http_status=200, stream=True, attempts=1, slo_met=True)
+    stream = RequestRecord(
+        request_id="r-stream", tenant="acme", model="m", engine="e0", precision="bf16",
+        slo_class="interactive", status="ok", http_status=200, stream=True, arrived_wall_s=T0,
+        arrived_s=100.0, dispatched_s=100.001, first_byte_s=100.05, first_token_s=100.06,
+        finished_s=100.5, read_times=(100.06, 100.1, 100.3), read_events=(1, 2, 1),
+        prompt_tokens=812, completion_tokens=7, attempts=1,
+        latency=Latency(0.06, 0.0733, 0.5, (0.04, 0.2), (0.02, 0.1)), slo_met=True)
+    replace = dataclasses.replace
     return [
-        RequestRecord(
-            request_id="r-stream", tenant="acme", arrived_wall_s=T0, arrived_s=100.0,
-            dispatched_s=100.001, first_byte_s=100.05, first_token_s=100.06, finished_s=100.5,
-            read_times=(100.06, 100.1, 100.3), read_events=(1, 2, 1), prompt_tokens=812,
-            completion_tokens=7, status="ok",
-            latency=Latency(0.06, 0.0733, 0.5, (0.04, 0.2), (0.02, 0.1)), **base),
-        RequestRecord(
-            request_id="r-plain", tenant="Ünïcode \"t\"", model="m/ß", engine="e1",
-            precision="fp8", slo_class="batch", status="ok", http_status=200, stream=False,
-            arrived_wall_s=T0 + 1.25, arrived_s=101.25, dispatched_s=101.26,
-            first_byte_s=102.0, first_token_s=None, finished_s=102.01, read_times=(),
-            read_events=(), prompt_tokens=40, completion_tokens=300, attempts=2,
-            latency=Latency(None, None, 0.76, (), ()), slo_met=False, engine_done_s=102.0),
-        RequestRecord(
-            request_id="r-refused", tenant="acme", model="m", engine="", precision="",
-            slo_class="interactive", status="rate_limited", http_status=429, stream=True,
-            arrived_wall_s=T0 + 2.0, arrived_s=102.0, dispatched_s=None, first_byte_s=None,
-            first_token_s=None, finished_s=102.0005, read_times=(), read_events=(),
-            prompt_tokens=0, completion_tokens=0, attempts=0,
-            latency=Latency(None, None, None, (), ()), slo_met=False),
-        RequestRecord(
-            request_id="r-cut", tenant="beta", arrived_wall_s=T0 + 3.0, arrived_s=103.0,
-            dispatched_s=103.01, first_byte_s=103.2, first_token_s=103.21, finished_s=104.0,
-            read_times=(103.21, 103.5), read_events=(1, 1), prompt_tokens=9,
-            completion_tokens=2, status="client_disconnected", prompt_source="gateway",
-            latency=Latency(0.21, 0.29, None, (0.29,), (0.29,)),
-            **{**base, "http_status": 499, "slo_met": False}),
-        RequestRecord(
-            request_id="r-timeout", tenant="beta", arrived_wall_s=T0 + 4.0, arrived_s=104.0,
-            dispatched_s=104.0, first_byte_s=None, first_token_s=None, finished_s=134.0,
-            read_times=(), read_events=(), prompt_tokens=1500, completion_tokens=0,
-            status="upstream_timeout", prompt_source="estimate",
-            latency=Latency(None, None, None, (), ()),
-            **{**base, "http_status": 504, "slo_met": False, "attempts": 3}),
+        stream,
+        replace(stream, request_id="r-plain", tenant="Ünïcode \"t\"", model="m/ß", engine="e1",
+                precision="fp8", slo_class="batch", stream=False, arrived_wall_s=T0 + 1.25,
+                arrived_s=101.25, dispatched_s=101.26, first_byte_s=102.0, first_token_s=None,
+                finished_s=102.01, read_times=(), read_events=(), prompt_tokens=40,
+                completion_tokens=300, attempts=2, latency=Latency(None, None, 0.76, (), ()),
+                slo_met=False, engine_done_s=102.0),
+        replace(stream, request_id="r-refused", engine="", precision="", status="rate_limited",
+                http_status=429, arrived_wall_s=T0 + 2.0, arrived_s=102.0, dispatched_s=None,
+                first_byte_s=None, first_token_s=None, finished_s=102.0005, read_times=(),
+                read_events=(), prompt_tokens=0, completion_tokens=0, attempts=0,
+                latency=Latency(None, None, None, (), ()), slo_met=False),
+        replace(stream, request_id="r-cut", tenant="beta", status="client_disconnected",
+                http_status=499, arrived_wall_s=T0 + 3.0, arrived_s=103.0, dispatched_s=103.01,
+                first_byte_s=103.2, first_token_s=103.21, finished_s=104.0,
+                read_times=(103.21, 103.5), read_events=(1, 1), prompt_tokens=9,
+                completion_tokens=2, slo_met=False, prompt_source="gateway",
+                latency=Latency(0.21, 0.29, None, (0.29,), (0.29,))),
+        replace(stream, request_id="r-timeout", tenant="beta", status="upstream_timeout",
+                http_status=504, arrived_wall_s=T0 + 4.0, arrived_s=104.0, dispatched_s=104.0,
+                first_byte_s=None, first_token_s=None, finished_s=134.0, read_times=(),
+                read_events=(), prompt_tokens=1500, completion_tokens=0, attempts=3,
+                slo_met=False, prompt_source="estimate",
+                latency=Latency(None, None, None, (), ())),
     ]
 
 

@@ -1,0 +1,178 @@
+"""The one wire format of finished requests, named and versioned: a journal line (the
+write-ahead journal, accounting/journal.py) and a record in a frame of the gateway's link to
+its accounting child (accounting/link.py) are the same bytes.
+
+A line is a JSON array whose first element is the format's version, then the record's
+fields in `RecordLine`'s order, newline-terminated:
+`[2, "r1", "acme", "m", "e0", "bf16", "interactive", "ok", 200, true, 1780000000.0, ...]`.
+msgspec's array-like Structs give the fields names in the code and positions on the wire:
+encoding and decoding are each one C call that checks every field's type (a precision or
+prompt source outside its vocabulary is not a record), with no per-field Python.
+
+Versions:
+- 1: the same fields without the leading version (lines written before the format had
+  one); read, never written.
+- 2: the version first.
+A change of fields is a new version; the old ones stay readable as long as a journal written
+by a release that wrote them may be replayed.
+
+The latency's ITL samples and the trace ids are not carried: the ledger keeps neither, and
+the samples would make a line kilobytes long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from core.records import RequestRecord
+from core.timing import Latency
+from core.vocab import Precision, PromptSource
+
+VERSION: Final = 2
+# A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
+Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+
+
+class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
+    """A finished request as a line carries it (version 1 on the wire: no version field)."""
+
+    request_id: str
+    tenant: str
+    model: str
+    engine: str
+    precision: Precision | Literal[""]
+    slo_class: str
+    status: str
+    http_status: Count
+    stream: bool
+    arrived_wall_s: float
+    arrived_s: float
+    dispatched_s: float | None
+    first_byte_s: float | None
+    first_token_s: float | None
+    finished_s: float
+    read_times: tuple[float, ...]
+    read_events: tuple[Count, ...]
+    prompt_tokens: Count
+    completion_tokens: Count
+    attempts: Count
+    slo_met: bool
+    prompt_source: PromptSource
+    engine_done_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+
+
+class RecordLine(UnversionedLine, tag=VERSION):
+    """The current version: the fields of version 1 behind the version number."""
+
+
+class FrameHead(msgspec.Struct, array_like=True, gc=False, tag=VERSION):
+    """A link frame's first line: the gateway's oldest open request (wall clock; None: none)
+    and the wall-clock time it sent the frame."""
+
+    open_since_s: float | None
+    sent_wall_s: float
+
+
+_encoder = msgspec.json.Encoder()
+_line = msgspec.json.Decoder(RecordLine)
+_unversioned = msgspec.json.Decoder(UnversionedLine)
+_lines = msgspec.json.Decoder(list[RecordLine])
+_head = msgspec.json.Decoder(FrameHead)
+DecodeError = msgspec.DecodeError  # a line or frame that is torn, not JSON, or not a record
+EncodeError = msgspec.EncodeError  # a value no line can hold (TypeError: one of no JSON type)
+
+
+def line_of(rec: RequestRecord) -> RecordLine:
+    lat = rec.latency
+    return RecordLine(
+        request_id=rec.request_id, tenant=rec.tenant, model=rec.model, engine=rec.engine,
+        precision=rec.precision, slo_class=rec.slo_class, status=rec.status,
+        http_status=rec.http_status, stream=rec.stream, arrived_wall_s=rec.arrived_wall_s,
+        arrived_s=rec.arrived_s, dispatched_s=rec.dispatched_s, first_byte_s=rec.first_byte_s,
+        first_token_s=rec.first_token_s, finished_s=rec.finished_s, read_times=rec.read_times,
+        read_events=rec.read_events, prompt_tokens=rec.prompt_tokens,
+        completion_tokens=rec.completion_tokens, attempts=rec.attempts, slo_met=rec.slo_met,
+        prompt_source=rec.prompt_source, engine_done_s=rec.engine_done_s, ttft_s=lat.ttft_s,
+        tpot_s=lat.tpot_s, e2e_s=lat.e2e_s)
+
+
+def record_of(line: UnversionedLine) -> RequestRecord:
+    """The record a line carries (any version), its latency without ITL samples."""
+    return RequestRecord(
+        request_id=line.request_id, tenant=line.tenant, model=line.model, engine=line.engine,
+        precision=line.precision, slo_class=line.slo_class, status=line.status,
+        http_status=line.http_status, stream=line.stream, arrived_wall_s=line.arrived_wall_s,
+        arrived_s=line.arrived_s, dispatched_s=line.dispatched_s,
+        first_byte_s=line.first_byte_s, first_token_s=line.first_token_s,
+        finished_s=line.finished_s, read_times=line.read_times, read_events=line.read_events,
+        prompt_tokens=line.prompt_tokens, completion_tokens=line.completion_tokens,
+        attempts=line.attempts, latency=Latency(line.ttft_s, line.tpot_s, line.e2e_s, (), ()),
+        slo_met=line.slo_met, prompt_source=line.prompt_source,
+        engine_done_s=line.engine_done_s)
+
+
+def encode(rec: RequestRecord) -> bytes:
+    """One line (newline-terminated) for `rec`. Raises msgspec.EncodeError or TypeError for a
+    value no line can hold."""
+    buf = bytearray()
+    _encoder.encode_into(line_of(rec), buf, -1)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def encode_lines(recs: Sequence[RequestRecord]) -> bytes:
+    """The lines of `recs`, concatenated."""
+    buf = bytearray()
+    for rec in recs:
+        _encoder.encode_into(line_of(rec), buf, -1)
+        buf += b"\n"
+    return bytes(buf)
+
+
+def decode(line: bytes) -> RequestRecord | None:
+    """The record of one line of any version; None for a line that is torn or not a record."""
+    try:
+        return record_of(_line.decode(line))
+    except msgspec.DecodeError:
+        pass
+    try:
+        return record_of(_unversioned.decode(line))
+    except msgspec.DecodeError:
+        return None
+
+
+def decode_lines(lines: bytes) -> tuple[list[RequestRecord], int]:
+    """The records of newline-terminated lines, and the count of lines that are not one.
+    The usual case, every line of the current version, is one decoder call."""
+    if not lines:
+        return [], 0
+    try:
+        # the lines as one JSON array (a line holds no raw newline: JSON escapes them)
+        got = _lines.decode(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+    except msgspec.DecodeError:
+        out: list[RequestRecord] = []
+        bad = 0
+        for line in lines.split(b"\n"):
+            if line:
+                rec = decode(line)
+                if rec is None:
+                    bad += 1
+                else:
+                    out.append(rec)
+        return out, bad
+    return [record_of(line) for line in got], 0
+
+
+def encode_head(head: FrameHead) -> bytes:
+    return _encoder.encode(head) + b"\n"
+
+
+def decode_head(line: bytes) -> FrameHead:
+    """A frame's head line; raises DecodeError where it is not one."""
+    return _head.decode(line)
