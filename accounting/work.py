@@ -76,7 +76,7 @@ def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
     """(first, last) interval of one request's rows; None when it has none."""
     if not rows:
         return None
-    ks = WorkColumns.of(rows).interval_idx
+    ks = [k for _rid, k, _prefill, _decode, _residency, _start, _kv in rows]
     return min(ks), max(ks)
 
 # One prompt token attending over one context token in prefill, in units of one decoded
