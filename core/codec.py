@@ -90,18 +90,16 @@ DecodeError = msgspec.DecodeError  # a line or frame that is torn, not JSON, or 
 EncodeError = msgspec.EncodeError  # a value no line can hold (TypeError: one of no JSON type)
 
 
+# A line's values read from a record by name, in the line's order (the latency's three by
+# their dotted path), in one C call: positional construction of the line, half the time of
+# keywords (a record is encoded on the gateway's event loop)
+_LATENCY_ON_LINE = ("ttft_s", "tpot_s", "e2e_s")
+_line_values = attrgetter(*(f"latency.{name}" if name in _LATENCY_ON_LINE else name
+                            for name in UnversionedLine.__struct_fields__))
+
+
 def line_of(rec: RequestRecord) -> RecordLine:
-    lat = rec.latency
-    return RecordLine(
-        request_id=rec.request_id, tenant=rec.tenant, model=rec.model, engine=rec.engine,
-        precision=rec.precision, slo_class=rec.slo_class, status=rec.status,
-        http_status=rec.http_status, stream=rec.stream, arrived_wall_s=rec.arrived_wall_s,
-        arrived_s=rec.arrived_s, dispatched_s=rec.dispatched_s, first_byte_s=rec.first_byte_s,
-        first_token_s=rec.first_token_s, finished_s=rec.finished_s, read_times=rec.read_times,
-        read_events=rec.read_events, prompt_tokens=rec.prompt_tokens,
-        completion_tokens=rec.completion_tokens, attempts=rec.attempts, slo_met=rec.slo_met,
-        prompt_source=rec.prompt_source, engine_done_s=rec.engine_done_s, ttft_s=lat.ttft_s,
-        tpot_s=lat.tpot_s, e2e_s=lat.e2e_s)
+    return RecordLine(*_line_values(rec))
 
 
 # RequestRecord's fields before and after its latency, in its order, each read from a line by
