@@ -104,16 +104,16 @@ def line_of(rec: RequestRecord) -> RecordLine:
 
 # RequestRecord's fields before and after its latency, in its order, each read from a line by
 # name (one C call per side): a record is built positionally, a third of the time of keywords
-# (it is most of a line's decoding after msgspec's), and a field the line lacks fails here,
-# at import. The trace is never carried.
-_NOT_ON_LINE = ("latency", "trace")
+# (it is most of a line's decoding after msgspec's). A field the line lacks, or one after the
+# trace (which is never carried, and is last so it may be left to its default), fails here.
 _RECORD_FIELDS = [f.name for f in dataclasses.fields(RequestRecord)]
 _AT_LATENCY = _RECORD_FIELDS.index("latency")
 _before_latency = attrgetter(*_RECORD_FIELDS[:_AT_LATENCY])
-_after_latency = attrgetter(*(n for n in _RECORD_FIELDS[_AT_LATENCY:] if n not in _NOT_ON_LINE))
-for _name in _RECORD_FIELDS:
-    if _name not in _NOT_ON_LINE and _name not in UnversionedLine.__struct_fields__:
-        raise ImportError(f"RequestRecord.{_name} is not on the record line (core/codec.py)")
+_after_latency = attrgetter(*_RECORD_FIELDS[_AT_LATENCY + 1:-1])
+_missing = set(_RECORD_FIELDS) - {"latency", "trace"} - set(UnversionedLine.__struct_fields__)
+if _missing or _RECORD_FIELDS[-1] != "trace":
+    raise TypeError(f"RequestRecord's fields {sorted(_missing)} are not on the record line, or "
+                    "its trace is not its last field (core/codec.py)")
 
 
 def record_of(line: UnversionedLine) -> RequestRecord:
