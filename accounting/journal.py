@@ -3,10 +3,10 @@ milliseconds of them instead of its last ledger flush window.
 
 The event loop only appends the record to a deque (`Journal.append`, tens of ns). A writer
 thread wakes when records come (it sleeps while none do), waits `fsync_s` for more, encodes
-what is queued as JSON lines, writes them with one `write` and makes them durable with one
-`fsync` (group commit). A SIGKILL loses only what was not yet written (records finished in
-the last window, at most about `fsync_s` plus one write); a power loss, what was not yet
-fsynced.
+what is queued as lines (core/codec.py: one JSON array per record, its version first),
+writes them with one `write` and makes them durable with one `fsync` (group commit). A
+SIGKILL loses only what was not yet written (records finished in the last window, at most
+about `fsync_s` plus one write); a power loss, what was not yet fsynced.
 
 Files, in the journal directory (one per ledger, shared by the processes on a host):
 `<owner>.lock` held with an exclusive `flock` for as long as the owner lives, and
@@ -28,87 +28,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
-from operator import attrgetter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from core.codec import decode_lines, encode
 from core.records import RequestRecord
-from core.timing import Latency
 
 log = logging.getLogger("wattgate.accounting.journal")
 
 SUFFIX = ".jsonl"
 LOCK_SUFFIX = ".lock"
-# Every field the ledger's rows are built from, in line order. The latency's ITL samples are
-# left out: the ledger does not keep them and they would make a line kilobytes long.
-_FIELDS = ("request_id", "tenant", "model", "engine", "precision", "slo_class", "status",
-           "http_status", "stream", "arrived_wall_s", "arrived_s", "dispatched_s",
-           "first_byte_s", "first_token_s", "finished_s", "read_times", "read_events",
-           "prompt_tokens", "completion_tokens", "attempts", "slo_met", "prompt_source",
-           "engine_done_s")
-_LATENCY = ("ttft_s", "tpot_s", "e2e_s")
-# A line's values in one C call (dotted names reach into the latency).
-line_values = attrgetter(*_FIELDS, *(f"latency.{f}" for f in _LATENCY))
-_LINE_LEN = len(_FIELDS) + len(_LATENCY)
-_READ_TIMES = _FIELDS.index("read_times")
-_READ_EVENTS = _FIELDS.index("read_events")
-_AT_LATENCY = [f.name for f in fields(RequestRecord)].index("latency")
-# A line's fields are the record's in its order (the latency aside; fields after them, which
-# a line does not carry, keep their defaults): built positionally, a third of the time of
-# keywords; a record whose fields move falls back to keywords
-_POSITIONAL = [f.name for f in fields(RequestRecord)][:len(_FIELDS) + 1] == [
-    *_FIELDS[:_AT_LATENCY], "latency", *_FIELDS[_AT_LATENCY:]]
-_by_position: Any = RequestRecord  # its fields as a list, which mypy cannot check by count
-
-
-def encode(rec: RequestRecord) -> bytes:
-    """One journal line (JSON array, newline-terminated) for `rec`."""
-    return orjson.dumps(line_values(rec), option=orjson.OPT_APPEND_NEWLINE)
-
-
-def decode(line: bytes) -> RequestRecord | None:
-    """The record of one line; None for a line that is torn or not a record."""
-    try:
-        v = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    return decode_values(v)
-
-
-def decode_values(v: object) -> RequestRecord | None:
-    """The record of one line's values (`line_values`); None where they are not a record."""
-    if not isinstance(v, list) or len(v) != _LINE_LEN:
-        return None
-    v[_READ_TIMES] = tuple(v[_READ_TIMES])
-    v[_READ_EVENTS] = tuple(v[_READ_EVENTS])
-    latency = Latency(v[-3], v[-2], v[-1], (), ())
-    try:
-        if _POSITIONAL:
-            rec: RequestRecord = _by_position(*v[:_AT_LATENCY], latency,
-                                              *v[_AT_LATENCY:len(_FIELDS)])
-            return rec
-        return RequestRecord(**dict(zip(_FIELDS, v, strict=False)), latency=latency)
-    except TypeError:
-        return None
 
 
 def read_segment(path: Path) -> tuple[list[RequestRecord], int]:
     """The records of one segment file and the count of lines skipped (a line torn by a
     crash mid-write is the usual one: it is the last and has no newline)."""
-    records: list[RequestRecord] = []
-    skipped = 0
-    for line in path.read_bytes().split(b"\n"):
-        if not line:
-            continue
-        rec = decode(line)
-        if rec is None:
-            skipped += 1
-        else:
-            records.append(rec)
-    return records, skipped
+    data = path.read_bytes()
+    return decode_lines(data if data.endswith(b"\n") else data + b"\n")
 
 
 def _segment_name(owner: str, segment: int) -> str:

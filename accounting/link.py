@@ -16,17 +16,18 @@ shipped until a successor is attached. The spill's segments are released once th
 acknowledged them; a gateway that stops first leaves them, and the next accounting child
 (after a restart) replays them as it replays any dead owner's journal.
 
-Child side (`RecordIntake`): reads frames, hands their records to the child's
-`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges
-each frame once the records it carried were written.
+Child side (`RecordIntake`, intake.py): reads frames, hands their records to the child's
+`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges each
+frame once the records it carried were written.
 
 The watermark travels too: every frame carries the gateway's oldest open request and the
 wall-clock time it was sent; the child publishes the earlier of the two, since a request may
 have arrived at the gateway after its last frame.
 
 Frame, gateway to child: 4-byte body length, 8-byte sequence number (big-endian), then the
-body: the line `[open_since | null, sent_wall_s]`, then one journal line per record
-(journal.py's `encode`), which the child's journal writes as they are.
+body: its head line (core/codec.py `FrameHead`: the version, open_since | null, sent_wall_s),
+then one record line per record (core/codec.py, the journal's lines), which the child's
+journal writes as they are.
 Acknowledgement, child to gateway: the 8-byte sequence number of the last frame written.
 """
 
@@ -35,19 +36,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import socket
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, cast
+from typing import NamedTuple
 
-import orjson
-
-from accounting.journal import Journal, decode_values, encode
-from accounting.priority import Background
-from accounting.recorder import LedgerRecorder
+from accounting.journal import Journal
+from core.codec import EncodeError, FrameHead, encode, encode_head, encode_lines
 from core.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -58,9 +55,25 @@ HEARTBEAT_S = 0.25  # with nothing to send, the watermark is sent this often
 # are forgotten, logged and counted
 MAX_HELD_RECORDS = 300_000
 SOCKET_BUFFER = 4 << 20
-_HEAD = struct.Struct(">IQ")
-_ACK = struct.Struct(">Q")
+FRAME_HEAD = struct.Struct(">IQ")  # body length, sequence number
+ACK = struct.Struct(">Q")  # the sequence number of the last frame written
 MAX_FRAME = 256 << 20
+
+
+class HeldFrame(NamedTuple):
+    """A frame sent (or to be sent) and not acknowledged, with the records it carries."""
+
+    seq: int
+    records: list[RequestRecord]
+    frame: bytes
+
+
+class SpillRelease(NamedTuple):
+    """The spill's segments below `segment` may go once the frames through `through_seq`
+    are acknowledged."""
+
+    segment: int
+    through_seq: int
 
 
 def _nothing_open() -> float | None:
@@ -75,7 +88,7 @@ def _encodable(recs: list[RequestRecord]) -> tuple[list[RequestRecord], bytes]:
     for rec in recs:
         try:
             lines.append(encode(rec))
-        except (orjson.JSONEncodeError, TypeError) as exc:
+        except (EncodeError, TypeError, ValueError) as exc:
             log.error("request %s cannot be recorded (%s): dropped", rec.request_id, exc)
         else:
             kept.append(rec)
@@ -88,7 +101,7 @@ class RecordLink:
     def __init__(self, *, clock: Callable[[], float] = time.time):
         self._clock = clock
         self._pending: list[RequestRecord] = []
-        self._held: deque[tuple[int, list[RequestRecord], bytes]] = deque()
+        self._held: deque[HeldFrame] = deque()
         self._held_records = 0
         self._seq = 0
         self._acked = 0
@@ -103,7 +116,7 @@ class RecordLink:
         self.forgotten = 0  # records dropped past MAX_HELD_RECORDS (the child may have them)
         self._spill: Journal | None = None
         self._spilled_seq = 0  # frames through this one are in the spill journal
-        self._release_at: tuple[int, int] | None = None  # (spill segment, seq) to release at
+        self._release_at: SpillRelease | None = None
         self.spilled = 0  # records written to the spill journal
         # Spilled records were forgotten here (past MAX_HELD_RECORDS): no successor gets them
         # from memory, so the spill is kept for the next start to replay
@@ -138,12 +151,12 @@ class RecordLink:
         self._sock = sock
         self._in.clear()
         self._out.clear()
-        for _seq, _recs, frame in self._held:
-            self._out += frame
+        for held in self._held:
+            self._out += held.frame
         if self._spill is not None and self._spilled_seq > self._acked and not self._keep_spill:
             # what was spilled goes to the new child first: once it is acknowledged, its
             # segments (all before this cut) may go
-            self._release_at = (self._spill.cut(), self._spilled_seq)
+            self._release_at = SpillRelease(self._spill.cut(), self._spilled_seq)
         loop.add_reader(sock.fileno(), self._read_acks)
         self._flush_out()
 
@@ -152,9 +165,9 @@ class RecordLink:
         sock, self._sock = self._sock, None
         if sock is None:
             return
-        for seq, recs, frame in self._held:
-            if seq > self._spilled_seq:
-                self._spill_frame(seq, recs, frame)
+        for held in self._held:
+            if held.seq > self._spilled_seq:
+                self._spill_frame(held)
         loop = self._loop
         if loop is not None:
             loop.remove_reader(sock.fileno())
@@ -191,29 +204,29 @@ class RecordLink:
             self.detach()  # the child is gone: the supervisor attaches its successor
             return
         self._in += data
-        n = len(self._in) - len(self._in) % _ACK.size
+        n = len(self._in) - len(self._in) % ACK.size
         if n:
-            last = _ACK.unpack_from(self._in, n - _ACK.size)[0]
+            (last,) = ACK.unpack_from(self._in, n - ACK.size)
             del self._in[:n]
             self._acknowledged(last)
 
-    def _spill_frame(self, seq: int, recs: list[RequestRecord], frame: bytes) -> None:
-        if self._spill is None or not recs:
+    def _spill_frame(self, held: HeldFrame) -> None:
+        if self._spill is None or not held.records:
             return
-        cut = frame.index(b"\n", _HEAD.size) + 1  # after the watermark line: the records
-        self._spill.append_encoded(frame[cut:], len(recs))
-        self._spilled_seq = seq
-        self.spilled += len(recs)
+        cut = held.frame.index(b"\n", FRAME_HEAD.size) + 1  # after the head line: the records
+        self._spill.append_encoded(held.frame[cut:], len(held.records))
+        self._spilled_seq = held.seq
+        self.spilled += len(held.records)
 
     def _acknowledged(self, seq: int) -> None:
         self._acked = max(self._acked, seq)
         release = self._release_at
-        if release is not None and seq >= release[1] and self._spill is not None:
-            self._spill.release(release[0])
+        if release is not None and seq >= release.through_seq and self._spill is not None:
+            self._spill.release(release.segment)
             self._release_at = None
         held = self._held
-        while held and held[0][0] <= seq:
-            self._held_records -= len(held.popleft()[1])
+        while held and held[0].seq <= seq:
+            self._held_records -= len(held.popleft().records)
         self._acked_event.set()
 
     # --- shipping -----------------------------------------------------------------------------
@@ -223,32 +236,32 @@ class RecordLink:
         recs, self._pending = self._pending, []
         now = self._clock()
         self._seq += 1
-        body = orjson.dumps([self._open_since(), now], option=orjson.OPT_APPEND_NEWLINE)
+        body = encode_head(FrameHead(self._open_since(), now))
         if recs:
             try:
-                body += b"".join([encode(r) for r in recs])
-            except (orjson.JSONEncodeError, TypeError):
+                body += encode_lines(recs)
+            except (EncodeError, TypeError, ValueError):
                 recs, lines = _encodable(recs)
                 body += lines
-        frame = _HEAD.pack(len(body), self._seq) + body
+        frame = HeldFrame(self._seq, recs, FRAME_HEAD.pack(len(body), self._seq) + body)
         self._sent_at = now
-        self._held.append((self._seq, recs, frame))
+        self._held.append(frame)
         self._held_records += len(recs)
         while self._held_records > MAX_HELD_RECORDS and len(self._held) > 1:
-            old_seq, old, _frame = self._held.popleft()
-            self._held_records -= len(old)
-            self.forgotten += len(old)
-            spilled = self._spill is not None and old_seq <= self._spilled_seq
+            old = self._held.popleft()
+            self._held_records -= len(old.records)
+            self.forgotten += len(old.records)
+            spilled = self._spill is not None and old.seq <= self._spilled_seq
             self._keep_spill |= spilled
             log.error("accounting child has not acknowledged %d records: the oldest %d are "
-                      "no longer held for it%s", MAX_HELD_RECORDS, len(old),
+                      "no longer held for it%s", MAX_HELD_RECORDS, len(old.records),
                       " (they are in the spill journal, which the next start replays)"
                       if spilled else "")
         if self._sock is not None:
-            self._out += frame
+            self._out += frame.frame
             self._flush_out()
         else:
-            self._spill_frame(self._seq, recs, frame)
+            self._spill_frame(frame)
 
     def _flush_out(self) -> None:
         sock = self._sock
@@ -282,7 +295,7 @@ class RecordLink:
             self._timer.cancel()
         self._ship()
         deadline = time.monotonic() + timeout_s
-        while self._held and self._held[-1][0] > self._acked:
+        while self._held and self._held[-1].seq > self._acked:
             left = deadline - time.monotonic()
             if left <= 0:
                 break  # (a child down meanwhile may be restarted and attached before this)
@@ -306,129 +319,6 @@ class RecordLink:
 
     def unwritten_records(self) -> list[RequestRecord]:
         out = list(self._pending)
-        for _seq, recs, _frame in self._held:
-            out += recs
+        for held in self._held:
+            out += held.records
         return out
-
-
-class RecordIntake:
-    """The child's end: frames in, records to the recorder, acknowledgements out."""
-
-    def __init__(self, recorder: LedgerRecorder, priority: Background | None = None, *,
-                 floor: float | None = None):
-        """`floor`: the gateway's `RecordLink.floor()` when it started this child, the
-        watermark until its first frame (the default, the time of this call, suits a
-        gateway that had nothing open)."""
-        self.recorder = recorder
-        self.priority = priority or Background(False, behind_s=math.inf)
-        self.closed = asyncio.Event()
-        self._buf = bytearray()
-        # (records received through it, seq, the gateway's wall-clock time at sending)
-        self._frames: deque[tuple[int, int, float]] = deque()
-        self._received = 0
-        self._open_since: float | None = None
-        # Until the first frame: requests may be open at the gateway since its floor
-        self._sent_wall: float | None = time.time() if floor is None else floor
-        self._transport: asyncio.Transport | None = None
-        self._base = 0
-        recorder.watch(self.open_since)
-        recorder.on_written = self._written
-
-    def open_since(self) -> float | None:
-        """The gateway's oldest open request, or its last frame's time if earlier: requests
-        arriving after that are not known here yet."""
-        a, b = self._open_since, self._sent_wall
-        if a is None:
-            return b
-        return a if b is None else min(a, b)
-
-    async def start(self, fd: int) -> None:
-        sock = socket.socket(fileno=fd)
-        sock.setblocking(False)
-        # Records already in the recorder (a journal replay whose write failed) are written
-        # before any of the link's, so they are not counted as the link's
-        self._base = self.recorder.records_written + self.recorder.queued
-        self.priority.start()
-        loop = asyncio.get_running_loop()
-        await loop.connect_accepted_socket(lambda: _IntakeProtocol(self), sock)
-
-    def _frame(self, seq: int, body: bytes) -> None:
-        try:
-            cut = body.index(b"\n") + 1
-            open_since, sent = orjson.loads(body[:cut])
-            lines = body[cut:]
-            # the lines as one JSON array: one parse (orjson escapes newlines inside strings)
-            values: Any = orjson.loads(b"[" + lines[:-1].replace(b"\n", b",") + b"]"
-                                       ) if lines else []
-        except (orjson.JSONDecodeError, TypeError, ValueError):
-            log.error("accounting child: a frame from the gateway could not be read: closing")
-            if self._transport is not None:
-                self._transport.close()
-            return
-        recs = [rec for rec in map(decode_values, values) if rec is not None]
-        if len(recs) != len(values):
-            log.error("accounting child: %d records from the gateway could not be read",
-                      len(values) - len(recs))
-        if recs:
-            self.recorder.record_encoded(recs, lines)
-        self._received += len(recs)
-        self._open_since, self._sent_wall = open_since, sent
-        self._frames.append((self._received, seq, sent))
-        if not recs:
-            self._written(self.recorder.records_written)
-        self._judge_lag()
-
-    def _data(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        while len(buf) >= _HEAD.size:
-            size, seq = _HEAD.unpack_from(buf)
-            if size > MAX_FRAME:
-                log.error("accounting child: a frame of %d bytes from the gateway: closing", size)
-                if self._transport is not None:
-                    self._transport.close()
-                return
-            end = _HEAD.size + size
-            if len(buf) < end:
-                break
-            self._frame(seq, bytes(buf[_HEAD.size:end]))
-            del buf[:end]
-            if self._transport is None or self._transport.is_closing():
-                return
-
-    def _written(self, records_written: int) -> None:
-        """The recorder wrote its records through `records_written`: acknowledge the frames
-        whose records all are among them."""
-        done = records_written - self._base
-        last = None
-        frames = self._frames
-        while frames and frames[0][0] <= done:
-            last = frames.popleft()[1]
-        if last is not None and self._transport is not None and not self._transport.is_closing():
-            self._transport.write(_ACK.pack(last))
-        self._judge_lag()
-
-    def _judge_lag(self) -> None:
-        """How far behind the oldest record not yet written is, past the flush period."""
-        if self._frames:
-            age = time.time() - self._frames[0][2] - self.recorder.config.flush_s
-            self.priority.lag(age)
-
-
-class _IntakeProtocol(asyncio.Protocol):
-    def __init__(self, intake: RecordIntake):
-        self.intake = intake
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses; they implement it
-        self.intake._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.intake._data(data)
-
-    def eof_received(self) -> bool | None:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.intake._transport = None
-        self.intake.closed.set()

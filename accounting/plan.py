@@ -28,7 +28,6 @@ from accounting.pricing import Pricing
 from core.vocab import FailedEnergy
 
 BUSY_ROWS = 1024  # an interval with more rows yields to the loop between apportioning and booking
-_new_tuple = tuple.__new__  # a NamedTuple row without its Python-level __new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +246,8 @@ def _interval(inp: PlanInput, plan: Plan, k: int, energy_j: float,
         # Column-wise: carbon and cost priced once per interval, rows built by zip.
         gpu_s = [b * gpus for b in cols.busy_s]
         carbon, cost = pricing.charges(cols.energy_j, gpu_s, t0)
-        plan.shares.extend(map(_new_tuple, repeat(ShareRow), zip(
+        # the columns in ShareRow's field order (its `_make` builds each row in C)
+        plan.shares.extend(map(ShareRow._make, zip(
             cols.request_ids, repeat(info.name), repeat(k), repeat(t0), repeat(hour_of(t0)),
             cols.energy_j, cols.static_j, cols.dynamic_j, gpu_s, carbon, cost,
             repeat(1 if inp.estimated else 0), failed_col or repeat(0.0))))

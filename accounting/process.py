@@ -30,7 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from accounting.config import AccountingConfig
-from accounting.link import RecordIntake
+from accounting.intake import RecordIntake
 from accounting.metrics import ApportionerMetrics
 from accounting.mode import AccountingMode
 from accounting.priority import Background

@@ -26,7 +26,6 @@ import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
-from operator import itemgetter
 from typing import NamedTuple
 
 from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
@@ -50,8 +49,6 @@ class WorkRow(NamedTuple):
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
 Work = tuple[str, int, float, float, float, float, float]
 
-_INTERVAL = itemgetter(WorkRow._fields.index("interval_idx"))
-
 
 class WorkColumns(NamedTuple):
     """Work rows column by column, named (one C-level transpose of the rows): what the
@@ -69,7 +66,7 @@ class WorkColumns(NamedTuple):
     def of(cls, rows: Sequence[Work]) -> WorkColumns:
         if not rows:
             return EMPTY_COLUMNS
-        return tuple.__new__(cls, zip(*rows, strict=True))
+        return cls._make(zip(*rows, strict=True))
 
 
 EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
@@ -79,7 +76,7 @@ def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
     """(first, last) interval of one request's rows; None when it has none."""
     if not rows:
         return None
-    ks = list(map(_INTERVAL, rows))
+    ks = [k for _rid, k, _prefill, _decode, _residency, _start, _kv in rows]
     return min(ks), max(ks)
 
 # One prompt token attending over one context token in prefill, in units of one decoded

@@ -25,11 +25,12 @@ from typing import Any
 import orjson
 
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig
-from accounting.journal import Journal, encode
+from accounting.journal import Journal
 from accounting.recorder import LedgerRecorder
 from accounting.service import AccountingService, EngineInfo
 from bench.apportion_workload import make_records
 from bench.provenance import commit
+from core.codec import encode
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -6,11 +6,11 @@ for the ledger and the interval grid: wall(t) = arrived_wall_s + (t - arrived_s)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from core.outcomes import outcome_class
 from core.timing import Latency
-from core.vocab import OutcomeClass, value_type
+from core.vocab import OutcomeClass, Precision, PromptSource, value_type
 
 if TYPE_CHECKING:
     from core.trace_context import RequestTrace
@@ -22,7 +22,7 @@ class RequestRecord:
     tenant: str
     model: str
     engine: str  # endpoint name; "" when no endpoint was chosen
-    precision: str  # "" when no endpoint was chosen
+    precision: Precision | Literal[""]  # "" when no endpoint was chosen
     slo_class: str
     status: str  # how it ended (core/outcomes.py): "ok", or e.g. "upstream_timeout"
     http_status: int
@@ -46,7 +46,7 @@ class RequestRecord:
     slo_met: bool
     # How prompt_tokens was counted: "engine" (its usage), "gateway" (the model's tokenizer, for
     # a request that ended before the engine's usage came) or "estimate" (no tokenizer: bytes/4)
-    prompt_source: str = "engine"
+    prompt_source: PromptSource = "engine"
     # The engine said it had finished (monotonic): a non-streamed response's head, which the
     # engine sends once the whole body is ready. None for streams (their last token event
     # marks it) and for requests that never got an answer.

@@ -18,9 +18,10 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-PromptSource = Literal["engine", "engine_tokenize", "gateway", "estimate"]
+from core.vocab import PromptSource
+
 BYTES_PER_TOKEN = 4.0  # the usual English average for BPE vocabularies of 32k-128k tokens
 
 

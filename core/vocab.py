@@ -30,6 +30,9 @@ Outcome = Literal["ok", "client_disconnected", "internal_error", "upstream_error
 # said no: 4xx), failed (an engine or the gateway broke: 5xx, an engine's 429, timeouts,
 # protocol errors), cancelled (the client left first)
 OutcomeClass = Literal["served", "refused", "failed", "cancelled"]
+# How a record's prompt_tokens was counted (core/tokenizer.py): the engine's usage, its
+# /tokenize, the gateway's tokenizer for the model, or an estimate from the prompt's bytes
+PromptSource = Literal["engine", "engine_tokenize", "gateway", "estimate"]
 # Who pays for the energy of a failed request (accounting/failed.py): the engine's
 # `failed` account, beside its idle account, or the tenant as for any other request
 FailedEnergy = Literal["failed_account", "tenant"]

@@ -16,7 +16,6 @@ from core.errors import WattgateError
 from core.records import RequestRecord
 
 HOUR_S = 3600.0
-_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__
 
 
 class LedgerError(WattgateError):
@@ -73,12 +72,15 @@ class RequestRow(NamedTuple):
             first, hi = span
             if last is None or hi > last:
                 last = hi  # work stamped after the finish (clock skew) still has shares
-        return _new_tuple(cls, (
-            rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
-            rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
-            math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
-            1 if rec.slo_met else 0, first, last, replica, rec.prompt_source, rec.http_status,
-            rec.outcome, rec.wall(rec.read_times[-1]) if rec.read_times else None))
+        return cls(
+            request_id=rec.request_id, tenant=rec.tenant, model=rec.model, engine=rec.engine,
+            precision=rec.precision, slo_class=rec.slo_class, status=rec.status,
+            stream=1 if rec.stream else 0, arrived_s=rec.arrived_wall_s, finished_s=finished,
+            finished_hour=math.floor(finished / HOUR_S), prompt_tokens=rec.prompt_tokens,
+            completion_tokens=rec.completion_tokens, slo_met=1 if rec.slo_met else 0,
+            first_interval=first, last_interval=last, replica=replica,
+            prompt_source=rec.prompt_source, http_status=rec.http_status, outcome=rec.outcome,
+            delivered_s=rec.wall(rec.read_times[-1]) if rec.read_times else None)
 
 
 class EngineWork(NamedTuple):
@@ -96,9 +98,9 @@ class EngineWork(NamedTuple):
 
 
 def engine_work(engine: str, rows: Sequence[Work]) -> list[EngineWork]:
-    """The ledger's work rows of one request on `engine` (one concatenation per row, typed
-    without its NamedTuple's Python-level __new__)."""
-    return list(map(_new_tuple, repeat(EngineWork), map(add, rows, repeat((engine,)))))
+    """The ledger's work rows of one request on `engine`: each a WorkRow's fields (`Work`, in
+    its order) and the engine, which EngineWork's fields extend them with."""
+    return list(map(EngineWork._make, map(add, rows, repeat((engine,)))))
 
 
 @dataclass(frozen=True, slots=True)

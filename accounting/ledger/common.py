@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -34,7 +34,27 @@ Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
-_new = tuple.__new__  # a NamedTuple without its Python-level __new__
+# The columns of the rows read back, named as the SELECTs name them
+STATE_FIELDS = tuple(sql.STATE_COLUMNS.split(", "))
+INTERVAL_FIELDS = tuple(sql.INTERVAL_COLUMNS.split(", "))  # an IntervalRow's fields
+
+
+class IntervalAccounts(NamedTuple):
+    """A row of sql.USAGE_IDLE: an engine's idle and failed accounts in one hour."""
+
+    engine: str
+    model: str
+    precision: str
+    hour_idx: int
+    idle_j: float
+    idle_carbon_g: float
+    idle_cost_usd: float
+    estimated: int
+    first_start_s: float
+    last_end_s: float
+    failed_j: float
+    failed_carbon_g: float
+    failed_cost_usd: float
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -58,14 +78,31 @@ def state_params(st: EngineState) -> tuple[Any, ...]:
 
 def state_of(r: Sequence[Any]) -> EngineState:
     """An engine_state row (sql.STATE_COLUMNS) as an EngineState."""
+    c = dict(zip(STATE_FIELDS, r, strict=True))
     counter = None
-    if r[5] is not None and r[6] is not None and r[7] is not None:
+    seen, raw, offset = c["counter_seen_s"], c["counter_raw_j"], c["counter_offset_j"]
+    if seen is not None and raw is not None and offset is not None:
         # orjson writes the shortest repr of each float and reads it back to the same bits.
-        counter = CounterState(float(r[5]), tuple(map(float, orjson.loads(r[6]))),
-                               tuple(map(float, orjson.loads(r[7]))), int(r[8] or 0),
-                               None if r[9] is None else float(r[9]))
-    return EngineState(r[0], int(r[1]), float(r[2]), float(r[3]), int(r[4]), counter,
-                       None if r[10] is None else float(r[10]))
+        metered = c["metered_j"]
+        counter = CounterState(
+            seen_s=float(seen), raw_j=tuple(map(float, orjson.loads(raw))),
+            offset_j=tuple(map(float, orjson.loads(offset))),
+            resets=int(c["counter_resets"] or 0),
+            metered_j=None if metered is None else float(metered))
+    apportioned = c["apportioned_j"]
+    return EngineState(
+        engine=c["engine"], next_interval=int(c["next_interval"]),
+        boundary_s=float(c["boundary_s"]), boundary_j=float(c["boundary_j"]),
+        resets=int(c["resets"]), counter=counter,
+        apportioned_j=None if apportioned is None else float(apportioned))
+
+
+def interval_of(r: Sequence[Any]) -> IntervalRow:
+    """An intervals row (sql.INTERVAL_COLUMNS, which are IntervalRow's fields)."""
+    c = dict(zip(INTERVAL_FIELDS, r, strict=True))
+    c.update(interval_idx=int(c["interval_idx"]), gpus=int(c["gpus"]),
+             estimated=bool(c["estimated"]))
+    return IntervalRow(**c)
 
 
 def _num(v: Any) -> Any:
@@ -124,7 +161,8 @@ class SqlLedger(ABC):
     async def tenant_hours(self, tenant: str, since_hour: int
                            ) -> list[tuple[int, float, float, float]]:
         rows = await self._fetch(sql.SELECT_TENANT_HOURS, (tenant, since_hour))
-        return [(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in rows]
+        return [(int(hour), float(energy), float(carbon), float(cost))
+                for hour, energy, carbon, cost in rows]
 
     async def reservations_held(self, tenant: str, young_s: float, live_s: float,
                                 expired_s: float) -> tuple[float, float, float, int]:
@@ -169,7 +207,7 @@ class SqlLedger(ABC):
 
     async def states(self) -> dict[str, EngineState]:
         rows = await self._fetch(sql.SELECT_STATES, ())
-        return {r[0]: state_of(r) for r in rows}
+        return {st.engine: st for st in map(state_of, rows)}
 
     async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
         queries = [(q, (engine, first, last)) for first, last in ranges
@@ -180,13 +218,14 @@ class SqlLedger(ABC):
         return WorkSnapshot(await self._with_tenants(rows), versions)
 
     async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
-        tenant_of = (await self._tenants({r[0] for r in rows})).get
+        tenant_of = (await self._tenants({rid for rid, *_ in rows})).get
         cut_of = self._cut_cache.get
         out: list[PendingWork] = []
+        make = PendingWork._make
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
-            out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r),
-                                       cut_of(r[0], BILL_ALL)))
-                    for r in part]
+            work = list(map(WorkRow._make, part))  # sql.SELECT_WORK's columns: a WorkRow's
+            out += [make((tenant_of(w.request_id, ""), w, cut_of(w.request_id, BILL_ALL)))
+                    for w in work]
         return out
 
     async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
@@ -214,20 +253,18 @@ class SqlLedger(ABC):
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
         rows = await self._fetch(sql.SELECT_TENANT_SHARES, (engine, first, last))
-        return [(int(r[0]), r[1], float(r[2]), float(r[3]), float(r[4])) for r in rows]
+        return [(int(k), tenant, float(energy), float(carbon), float(cost))
+                for k, tenant, energy, carbon, cost in rows]
 
     async def dirty(self, engine: str, before: int) -> list[int]:
-        return [int(r[0]) for r in await self._fetch(sql.SELECT_DIRTY, (engine, before))]
+        return [int(k) for (k,) in await self._fetch(sql.SELECT_DIRTY, (engine, before))]
 
     async def intervals(self, engine: str, idxs: Sequence[int]) -> list[IntervalRow]:
         if not idxs:
             return []
         wanted = set(idxs)
         rows = await self._fetch(sql.SELECT_INTERVALS, (engine, min(idxs), max(idxs)))
-        return [IntervalRow(r[0], int(r[1]), r[2], r[3], r[4], r[5], int(r[6]), r[7], r[8], r[9],
-                            r[10], r[11], r[12], r[13], bool(r[14]), r[15], r[16], r[17],
-                            r[18], r[19], r[20])
-                for r in rows if int(r[1]) in wanted]
+        return [i for i in map(interval_of, rows) if i.interval_idx in wanted]
 
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
                      shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
@@ -282,10 +319,15 @@ class SqlLedger(ABC):
                                    (since_s, until_s, *extra))
         reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
                                  (since_s, until_s, *extra))
-        accounts = [] if tenant else _plain(await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))
+        accounts = [] if tenant else list(map(IntervalAccounts._make, _plain(
+            await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))))
         # one read of the intervals for both engine accounts: idle, and failed where it holds any
-        idle = [r[:10] for r in accounts]
-        failed = [(*r[:4], *r[10:13], r[7]) for r in accounts if r[10]]
+        idle: list[tuple[Any, ...]] = [
+            (a.engine, a.model, a.precision, a.hour_idx, a.idle_j, a.idle_carbon_g,
+             a.idle_cost_usd, a.estimated, a.first_start_s, a.last_end_s) for a in accounts]
+        failed: list[tuple[Any, ...]] = [
+            (a.engine, a.model, a.precision, a.hour_idx, a.failed_j, a.failed_carbon_g,
+             a.failed_cost_usd, a.estimated) for a in accounts if a.failed_j]
         return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=idle, failed=failed)
 
 

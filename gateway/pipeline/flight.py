@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from core.outcomes import OUTCOMES, Outcome, engine_outcome, error_outcome
+from core.vocab import PromptSource
 
 if TYPE_CHECKING:
     from core.errors import WattgateError
@@ -57,7 +58,7 @@ class Flight:
         self.read_events: list[int] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.prompt_source = "engine"
+        self.prompt_source: PromptSource = "engine"
         self.usage_known = False  # the engine's usage arrived
         self.body: dict[str, Any] | None = None  # the parsed request, to count its prompt
         self.upstream_status: int | None = None

@@ -22,6 +22,7 @@ from accounting.energy import EnergyTrack
 from accounting.work import WorkRow, interval_index, work_rows
 from core.records import RequestRecord
 from core.timing import latency, split_reads
+from core.vocab import Precision
 
 T0_WALL = 1_700_000_000.0  # wall clock of monotonic 0
 
@@ -51,7 +52,7 @@ class EngineRun:
     total_j: float
 
 
-def make_record(r: _Req, engine: str, precision: str, coalesce: int) -> RequestRecord:
+def make_record(r: _Req, engine: str, precision: Precision, coalesce: int) -> RequestRecord:
     assert r.done_s is not None
     events = r.events
     reads = []
@@ -73,7 +74,7 @@ def make_record(r: _Req, engine: str, precision: str, coalesce: int) -> RequestR
 def run_engine(seed: int, *, duration_s: float = 60.0, rate: float = 6.0, max_batch: int = 64,
                idle_w: float = 90.0, e_prefill: float = 0.004, e_decode: float = 0.12,
                step_s: float = 0.025, poll_s: float = 0.25, tenants: int = 3,
-               engine: str = "e0", precision: str = "bf16", coalesce: int = 2) -> EngineRun:
+               engine: str = "e0", precision: Precision = "bf16", coalesce: int = 2) -> EngineRun:
     rnd = random.Random(seed)
     arrivals: list[_Req] = []
     t = 0.5

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig, parse_accounting
-from accounting.journal import Journal, encode, read_segment, recover
+from accounting.journal import Journal, read_segment, recover
 from accounting.service import AccountingService, EngineInfo
+from core.codec import encode
 from core.records import RequestRecord
 from tests.accounting.test_accounting_accuracy import run_engine
 

@@ -26,6 +26,7 @@ from accounting.config import AccountingConfig, EngineMeterConfig, LedgerConfig
 from accounting.service import AccountingService, EngineInfo
 from core.records import RequestRecord
 from core.timing import latency, split_reads
+from core.vocab import Precision
 from engines.meters.registry import MeterSpec
 from tests.support.procs import free_port, running, wattgate_cmd
 
@@ -33,7 +34,7 @@ MODEL = "llama-3.1-8b"
 PHASES = ((1, 4.0), (16, 5.0), (64, 6.0))  # (concurrency per engine, seconds)
 
 
-async def stream_one(http: aiohttp.ClientSession, url: str, engine: str, precision: str,
+async def stream_one(http: aiohttp.ClientSession, url: str, engine: str, precision: Precision,
                      rid: str, tenant: str, prompt: int, output: int) -> RequestRecord:
     body = {"model": MODEL, "prompt": [1] * prompt, "max_tokens": output, "min_tokens": output,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -79,14 +80,14 @@ async def stream_one(http: aiohttp.ClientSession, url: str, engine: str, precisi
         latency=latency(arrived_s, reads, completion, finished), slo_met=True)
 
 
-async def load(svc: AccountingService, engines: dict[str, tuple[str, str]],
+async def load(svc: AccountingService, engines: dict[str, tuple[str, Precision]],
                seed: int) -> dict[str, tuple[str, str]]:
     """Closed-loop phases on every engine; returns request id -> (engine, tenant)."""
     rnd = random.Random(seed)
     sent: dict[str, tuple[str, str]] = {}
     counter = iter(range(1_000_000))
 
-    async def worker(http: aiohttp.ClientSession, name: str, url: str, precision: str,
+    async def worker(http: aiohttp.ClientSession, name: str, url: str, precision: Precision,
                      until: float) -> None:
         while time.monotonic() < until:
             n = next(counter)
@@ -108,7 +109,7 @@ async def load(svc: AccountingService, engines: dict[str, tuple[str, str]],
     return sent
 
 
-async def run_accuracy(tmp_path: Path, urls: dict[str, tuple[str, str]]) -> dict[str, Any]:
+async def run_accuracy(tmp_path: Path, urls: dict[str, tuple[str, Precision]]) -> dict[str, Any]:
     meters = tuple((name, EngineMeterConfig(MeterSpec(kind="sim", url=url)))
                    for name, (url, _) in urls.items())
     cfg = AccountingConfig(interval_s=1.0, flush_s=0.5, settle_s=2.0, poll_s=0.2,
@@ -169,8 +170,9 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_apportioning_matches_simulator_ground_truth(tmp_path: Path) -> None:
-    urls: dict[str, tuple[str, str]] = {}
-    ports = {"h100-bf16": ("bf16", free_port()), "h100-fp8": ("fp8", free_port())}
+    urls: dict[str, tuple[str, Precision]] = {}
+    ports: dict[str, tuple[Precision, int]] = {"h100-bf16": ("bf16", free_port()),
+                                               "h100-fp8": ("fp8", free_port())}
     cmds = [wattgate_cmd("sim", "--gpu", "h100", "--model", MODEL, "--precision", p,
                          "--port", str(port), "--max-batch", "64")
             for p, port in ports.values()]

@@ -17,8 +17,9 @@ import pytest
 
 from accounting import link as link_mod
 from accounting.config import JournalConfig
+from accounting.intake import RecordIntake
 from accounting.ledger.base import LedgerError
-from accounting.link import RecordIntake, RecordLink
+from accounting.link import RecordLink
 from accounting.recorder import LedgerRecorder
 from core.records import RequestRecord
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
@@ -207,7 +208,7 @@ async def test_a_frame_the_child_cannot_read_closes_the_link_and_loses_nothing_h
     recs = records(3)
     intake, ours, gw = await sent_to_child(recs)
     await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
-    ours.send(link_mod._HEAD.pack(5, 99) + b"nope!")  # not a frame of ours
+    ours.send(link_mod.FRAME_HEAD.pack(5, 99) + b"nope!")  # not a frame of ours
     await until(lambda: intake.closed.is_set(), "the child closing its end")
     await until(lambda: not gw.attached, "the gateway noticing")
     assert gw.unwritten == 3  # held for the next child

@@ -1,0 +1,185 @@
+"""The one wire format of finished requests, named and versioned: a journal line (the
+write-ahead journal, accounting/journal.py) and a record in a frame of the gateway's link to
+its accounting child (accounting/link.py) are the same bytes.
+
+A line is a JSON array whose first element is the format's version, then the record's
+fields in `RecordLine`'s order, newline-terminated:
+`[2, "r1", "acme", "m", "e0", "bf16", "interactive", "ok", 200, true, 1780000000.0, ...]`.
+msgspec's array-like Structs give the fields names in the code and positions on the wire:
+encoding and decoding are each one C call that checks every field's type (a precision or
+prompt source outside its vocabulary is not a record), with no per-field Python.
+
+Versions:
+- 1: the same fields without the leading version (lines written before the format had
+  one); read, never written.
+- 2: the version first.
+A change of fields is a new version; the old ones stay readable as long as a journal written
+by a release that wrote them may be replayed.
+
+The latency's ITL samples and the trace ids are not carried: the ledger keeps neither, and
+the samples would make a line kilobytes long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from core.records import RequestRecord
+from core.timing import Latency
+from core.vocab import Precision, PromptSource
+
+VERSION: Final = 2
+# A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
+Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+
+
+class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
+    """A finished request as a line carries it (version 1 on the wire: no version field)."""
+
+    request_id: str
+    tenant: str
+    model: str
+    engine: str
+    precision: Precision | Literal[""]
+    slo_class: str
+    status: str
+    http_status: Count
+    stream: bool
+    arrived_wall_s: float
+    arrived_s: float
+    dispatched_s: float | None
+    first_byte_s: float | None
+    first_token_s: float | None
+    finished_s: float
+    read_times: tuple[float, ...]
+    read_events: tuple[Count, ...]
+    prompt_tokens: Count
+    completion_tokens: Count
+    attempts: Count
+    slo_met: bool
+    prompt_source: PromptSource
+    engine_done_s: float | None
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+
+
+class RecordLine(UnversionedLine, tag=VERSION):
+    """The current version: the fields of version 1 behind the version number."""
+
+
+class FrameHead(msgspec.Struct, array_like=True, gc=False, tag=VERSION):
+    """A link frame's first line: the gateway's oldest open request (wall clock; None: none)
+    and the wall-clock time it sent the frame."""
+
+    open_since_s: float | None
+    sent_wall_s: float
+
+
+_encoder = msgspec.json.Encoder()
+_line = msgspec.json.Decoder(RecordLine)
+_unversioned = msgspec.json.Decoder(UnversionedLine)
+_lines = msgspec.json.Decoder(list[RecordLine])
+_head = msgspec.json.Decoder(FrameHead)
+DecodeError = msgspec.DecodeError  # a line or frame that is torn, not JSON, or not a record
+EncodeError = msgspec.EncodeError  # a value no line can hold (TypeError: one of no JSON type)
+
+
+# A line's values read from a record by name, in the line's order (the latency's three by
+# their dotted path), in one C call: positional construction of the line, half the time of
+# keywords (a record is encoded on the gateway's event loop)
+_LATENCY_ON_LINE = ("ttft_s", "tpot_s", "e2e_s")
+_line_values = attrgetter(*(f"latency.{name}" if name in _LATENCY_ON_LINE else name
+                            for name in UnversionedLine.__struct_fields__))
+
+
+def line_of(rec: RequestRecord) -> RecordLine:
+    return RecordLine(*_line_values(rec))
+
+
+# RequestRecord's fields before and after its latency, in its order, each read from a line by
+# name (one C call per side): a record is built positionally, a third of the time of keywords
+# (it is most of a line's decoding after msgspec's). A field the line lacks, or one after the
+# trace (which is never carried, and is last so it may be left to its default), fails here.
+_RECORD_FIELDS = [f.name for f in dataclasses.fields(RequestRecord)]
+_AT_LATENCY = _RECORD_FIELDS.index("latency")
+_before_latency = attrgetter(*_RECORD_FIELDS[:_AT_LATENCY])
+_after_latency = attrgetter(*_RECORD_FIELDS[_AT_LATENCY + 1:-1])
+_missing = set(_RECORD_FIELDS) - {"latency", "trace"} - set(UnversionedLine.__struct_fields__)
+if _missing or _RECORD_FIELDS[-1] != "trace":
+    raise TypeError(f"RequestRecord's fields {sorted(_missing)} are not on the record line, or "
+                    "its trace is not its last field (core/codec.py)")
+
+
+def record_of(line: UnversionedLine) -> RequestRecord:
+    """The record a line carries (any version), its latency without ITL samples."""
+    values: tuple[Any, ...] = (*_before_latency(line),
+                               Latency(line.ttft_s, line.tpot_s, line.e2e_s, (), ()),
+                               *_after_latency(line))
+    return RequestRecord(*values)
+
+
+def encode(rec: RequestRecord) -> bytes:
+    """One line (newline-terminated) for `rec`. Raises msgspec.EncodeError or TypeError for a
+    value no line can hold."""
+    buf = bytearray()
+    _encoder.encode_into(line_of(rec), buf, -1)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def encode_lines(recs: Sequence[RequestRecord]) -> bytes:
+    """The lines of `recs`, concatenated."""
+    buf = bytearray()
+    for rec in recs:
+        _encoder.encode_into(line_of(rec), buf, -1)
+        buf += b"\n"
+    return bytes(buf)
+
+
+def decode(line: bytes) -> RequestRecord | None:
+    """The record of one line of any version; None for a line that is torn or not a record."""
+    try:
+        return record_of(_line.decode(line))
+    except msgspec.DecodeError:
+        pass
+    try:
+        return record_of(_unversioned.decode(line))
+    except msgspec.DecodeError:
+        return None
+
+
+def decode_lines(lines: bytes) -> tuple[list[RequestRecord], int]:
+    """The records of newline-terminated lines, and the count of lines that are not one.
+    The usual case, every line of the current version, is one decoder call."""
+    if not lines:
+        return [], 0
+    try:
+        # the lines as one JSON array (a line holds no raw newline: JSON escapes them)
+        got = _lines.decode(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+    except msgspec.DecodeError:
+        out: list[RequestRecord] = []
+        bad = 0
+        for line in lines.split(b"\n"):
+            if line:
+                rec = decode(line)
+                if rec is None:
+                    bad += 1
+                else:
+                    out.append(rec)
+        return out, bad
+    return [record_of(line) for line in got], 0
+
+
+def encode_head(head: FrameHead) -> bytes:
+    return _encoder.encode(head) + b"\n"
+
+
+def decode_head(line: bytes) -> FrameHead:
+    """A frame's head line; raises DecodeError where it is not one."""
+    return _head.decode(line)

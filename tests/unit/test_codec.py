@@ -1,0 +1,69 @@
+"""The records' wire format (core/codec.py): named fields, the version first, the types of
+the vocabularies checked on the way in, one bad line costing only itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+
+from core.codec import VERSION, RecordLine, decode, decode_lines, encode, encode_lines, line_of
+from core.records import RequestRecord
+from core.timing import Latency
+from tests.accounting.test_journal_compat import fixture_records
+
+
+def _as_journalled(rec: RequestRecord) -> RequestRecord:
+    lat = rec.latency
+    return dataclasses.replace(rec, latency=Latency(lat.ttft_s, lat.tpot_s, lat.e2e_s, (), ()))
+
+
+def test_a_line_is_the_version_then_the_fields_in_the_structs_order() -> None:
+    rec = fixture_records()[0]
+    values = orjson.loads(encode(rec))
+    assert values[0] == VERSION
+    named = dict(zip(RecordLine.__struct_fields__, values[1:], strict=True))
+    assert named["request_id"] == rec.request_id
+    assert named["read_events"] == list(rec.read_events)
+    assert named["prompt_source"] == rec.prompt_source
+    assert named["tpot_s"] == rec.latency.tpot_s
+
+
+def test_every_field_but_the_itl_samples_round_trips() -> None:
+    recs = fixture_records()
+    assert [decode(encode(r)) for r in recs] == [_as_journalled(r) for r in recs]
+    assert decode_lines(encode_lines(recs)) == ([_as_journalled(r) for r in recs], 0)
+
+
+def test_a_value_outside_its_vocabulary_or_range_is_not_a_record() -> None:
+    rec = fixture_records()[0]
+    for bad in (dataclasses.replace(rec, precision="fp7"),  # type: ignore[arg-type]
+                dataclasses.replace(rec, prompt_source="guess"),  # type: ignore[arg-type]
+                dataclasses.replace(rec, completion_tokens=1 << 70),
+                dataclasses.replace(rec, read_events=(1, -2, 1))):
+        assert decode(encode(bad)) is None
+
+
+def test_one_bad_line_among_good_ones_costs_only_itself() -> None:
+    recs = fixture_records()
+    bad = dataclasses.replace(recs[1], precision="fp7")  # type: ignore[arg-type]
+    lines = encode(recs[0]) + encode(bad) + b'{"not": "a record"}\n' + encode(recs[2])
+    got, skipped = decode_lines(lines)
+    assert [r.request_id for r in got] == [recs[0].request_id, recs[2].request_id]
+    assert skipped == 2
+
+
+def test_a_line_of_an_unknown_version_is_not_read() -> None:
+    values = orjson.loads(encode(fixture_records()[0]))
+    values[0] = VERSION + 1
+    assert decode(orjson.dumps(values)) is None
+
+
+def test_the_struct_carries_every_record_field_the_ledger_reads() -> None:
+    """A field added to the record and not to the line would be lost between the gateway and
+    the ledger: every record field is on the line, but the latency (its three values are)
+    and the trace (never carried)."""
+    fields = {f.name for f in dataclasses.fields(RequestRecord)} - {"latency", "trace"}
+    assert fields <= set(RecordLine.__struct_fields__)
+    assert {"ttft_s", "tpot_s", "e2e_s"} <= set(RecordLine.__struct_fields__)
+    assert line_of(fixture_records()[0]).request_id == "r-stream"
