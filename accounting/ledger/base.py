@@ -262,4 +262,8 @@ class Ledger(Protocol):
         """One request with its energy, carbon and cost totals and finality."""
         ...
 
-    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData: ...
+    async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
+                    per_request: bool = False) -> UsageData:
+        """Usage of [since, until): whole hours from the hourly rollups, the rest (all of it
+        with `per_request`) from the per-request rows."""
+        ...

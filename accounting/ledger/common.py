@@ -12,7 +12,7 @@ import orjson
 from accounting.chunks import in_chunks
 from accounting.counters import CounterState
 from accounting.failed import BILL_ALL, bill_until
-from accounting.ledger import sql
+from accounting.ledger import rollups, sql
 from accounting.ledger.base import (
     EngineState,
     EngineWork,
@@ -232,15 +232,15 @@ class SqlLedger(ABC):
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
                      shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
                      state: EngineState | None) -> None:
-        # The tenants' hourly charges move with the shares, in one transaction.
-        minus = [(-1.0, -1.0, -1.0, engine, i.interval_idx) for i in intervals]
-        plus = [(1.0, 1.0, 1.0, engine, i.interval_idx) for i in intervals]
+        # The hourly rollups move with the intervals and shares, in one transaction.
         batches: list[Batch] = [
+            (rollups.ENGINE_HOURS_ADD, rollups.engine_hours_params(-1, engine, intervals)),
             (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
-            (sql.TENANT_HOURS_ADD, minus),
+            (rollups.ENGINE_HOURS_ADD, rollups.engine_hours_params(1, engine, intervals)),
+            (rollups.SHARE_HOURS_ADD, rollups.share_hours_params(-1, engine, intervals)),
             (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
             (sql.INSERT_SHARE, shares),
-            (sql.TENANT_HOURS_ADD, plus),
+            (rollups.SHARE_HOURS_ADD, rollups.share_hours_params(1, engine, intervals)),
             (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
         ]
         if state is not None:
@@ -276,17 +276,10 @@ class SqlLedger(ABC):
                    estimated=bool(est), failed_energy_j=_num(failed))
         return out
 
-    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData:
-        extra: tuple[Any, ...] = (tenant,) if tenant else ()
-        energy = await self._fetch(sql.usage_sql(sql.USAGE_ENERGY, bool(tenant), "r.tenant"),
-                                   (since_s, until_s, *extra))
-        reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
-                                 (since_s, until_s, *extra))
-        accounts = [] if tenant else _plain(await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))
-        # one read of the intervals for both engine accounts: idle, and failed where it holds any
-        idle = [r[:10] for r in accounts]
-        failed = [(*r[:4], *r[10:13], r[7]) for r in accounts if r[10]]
-        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=idle, failed=failed)
+    async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
+                    per_request: bool = False) -> UsageData:
+        return await rollups.read_usage(self._fetch, since_s, until_s, tenant,
+                                        per_request=per_request)
 
 
 def _cut(outcome: str, delivered_s: float | None) -> float:
@@ -294,7 +287,3 @@ def _cut(outcome: str, delivered_s: float | None) -> float:
     applies the config's switch)."""
     return bill_until(outcome, None if delivered_s is None else float(delivered_s),
                       "failed_account")
-
-
-def _plain(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    return [tuple(_num(v) for v in r) for r in rows]

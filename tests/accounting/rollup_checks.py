@@ -1,0 +1,113 @@
+"""Checks both ledger stores share: the hourly rollups against the per-request rows, and a
+ledger written by schema version 9 (tests/accounting/fixtures) migrated in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from accounting.ledger.base import HOUR_S, Ledger
+from accounting.ledger.common import SqlLedger
+from accounting.report import GROUP_KEYS, build_report
+from accounting.service import AccountingService, EngineInfo
+from tests.accounting.fixtures.make_ledger_v9 import HOUR, SHIFT_S, shifted_run, windows
+from tests.accounting.test_accounting_accuracy import T0_WALL
+from tests.accounting.test_ledger_sqlite import Clock, ReplayMeter, drive, make_config
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REL = 1e-9
+
+
+def expected_bills() -> dict[str, Any]:
+    """The bills schema version 9's code read from fixtures/ledger_v9.db."""
+    out: dict[str, Any] = orjson.loads((FIXTURES / "ledger_v9.json").read_bytes())
+    return out
+
+
+def same(got: Any, want: Any, where: str) -> None:
+    """Equal, numbers to REL relative (and 1e-12 J, g, USD absolute, for sums that are 0)."""
+    if isinstance(want, float) or (isinstance(got, float) and isinstance(want, int)):
+        assert got == pytest.approx(want, rel=REL, abs=1e-12), where
+    elif isinstance(want, dict):
+        assert set(got) == set(want), where
+        for k in want:
+            same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+async def report(ledger: Ledger, since: float, until: float, tenant: str | None, *,
+                 per_request: bool = False) -> dict[str, Any]:
+    data = await ledger.usage(since, until, tenant, per_request=per_request)
+    got = build_report(data, GROUP_KEYS, since, until)
+    # the JSON the fixture was written with: tuples become lists, as they were read back
+    out: dict[str, Any] = orjson.loads(orjson.dumps({"rows": got.rows, "total": got.total}))
+    return out
+
+
+async def served_with_revisions(ledger: SqlLedger) -> AccountingService:
+    """The fixture's run (two hours, every outcome class) through a service on `ledger`,
+    with its longest request recorded late, so its intervals are apportioned twice."""
+    run, _ = shifted_run()
+    late = max(run.records, key=lambda r: r.finished_s - r.arrived_s)
+    clock = Clock(T0_WALL + SHIFT_S)
+    svc = AccountingService(make_config(), [EngineInfo("e0", "m", "bf16", 1)], ledger=ledger,
+                            meters={"e0": ReplayMeter(run.readings, clock)}, clock=clock)
+    await ledger.open()
+    await drive(svc, run, clock, run.readings[-1][0], hold=frozenset({late.request_id}))
+    svc.record(late)
+    for _ in range(3):
+        await svc.step()
+        await svc.flush()
+    clock.t += 4.0
+    await svc.step()
+    revised = await ledger._fetch("SELECT MAX(version) FROM work_versions", ())
+    assert int(revised[0][0]) > 1  # the late record's intervals were apportioned again
+    return svc
+
+
+async def check_rollups_equal_rows(ledger: Any) -> None:
+    """Every window's report from the rollups equals the one from the per-request rows, and
+    what budgets read (tenant_hours) equals the shares' sums."""
+    wins = {**windows(), "first hour": ((HOUR - 1) * HOUR_S, HOUR * HOUR_S)}
+    for name, (since, until) in wins.items():
+        for tenant in (None, "t1"):
+            got = await report(ledger, since, until, tenant)
+            want = await report(ledger, since, until, tenant, per_request=True)
+            assert want["total"]["requests"] > 0 or name == "across"
+            same(got, want, f"{name}:{tenant}")
+    rows = await ledger._fetch(
+        "SELECT r.tenant, s.hour_idx, SUM(s.energy_j), SUM(s.carbon_g), SUM(s.cost_usd) "
+        "FROM shares s JOIN requests r ON r.request_id = s.request_id "
+        "GROUP BY r.tenant, s.hour_idx", ())
+    assert len(rows) == 6  # three tenants, two hours
+    for tenant, hour, energy, carbon, cost in rows:
+        got = {h: v for h, *v in await ledger.tenant_hours(tenant, 0)}[int(hour)]
+        same(got, [float(energy), float(carbon), float(cost)], f"{tenant}@{hour}")
+
+
+async def check_migrated_bills(ledger: Any) -> None:
+    """A ledger written by schema 9 (the fixture's data), opened by this code: migrated in
+    place, every bill as schema 9's code read it."""
+    want = expected_bills()
+    version = await ledger._fetch("SELECT MAX(version) FROM schema_version", ())
+    assert int(version[0][0]) == 10
+    for name, (since, until) in windows().items():
+        for tenant in (None, "t1"):
+            key = f"{name}:{tenant or '*'}"
+            same(await report(ledger, since, until, tenant), want["reports"][key], key)
+            same(await report(ledger, since, until, tenant, per_request=True),
+                 want["reports"][key], f"{key} per request")
+    for rid, detail in want["requests"].items():
+        same(await ledger.request(rid), detail, rid)
+    for tenant, hours in want["tenant_hours"].items():
+        same(await ledger.tenant_hours(tenant, 0), hours, tenant)
+    hour_rows = await ledger._fetch("SELECT COUNT(*) FROM request_hours", ())
+    assert int(hour_rows[0][0]) >= 3
