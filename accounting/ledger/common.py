@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ import orjson
 from accounting.chunks import in_chunks
 from accounting.counters import CounterState
 from accounting.failed import BILL_ALL, bill_until
-from accounting.ledger import rollups, sql
+from accounting.ledger import retention, rollups, sql
 from accounting.ledger.base import (
     EngineState,
     EngineWork,
@@ -35,6 +36,7 @@ TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound p
 TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__
+ROLLUP_KEY = attrgetter("tenant", "finished_hour", "engine", "model", "precision", "slo_class")
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -154,7 +156,10 @@ class SqlLedger(ABC):
         # The rows are their statements' parameters already: nothing is rebuilt here. The
         # watermark moves with the rows it accounts for, never ahead of them.
         versions = sorted({(w.engine, w.interval_idx) for w in work})  # written to
-        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+        # Requests in the order of their rollup rows: two replicas' appends lock those rows
+        # (rollup_schema.py's trigger) in the same order.
+        await self._transaction([(sql.INSERT_REQUEST, sorted(requests, key=ROLLUP_KEY)),
+                                 (sql.INSERT_WORK, work),
                                  (sql.UPSERT_VERSION, versions),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
@@ -275,6 +280,11 @@ class SqlLedger(ABC):
                    energy_kwh=_num(energy) / 3.6e6, intervals=int(n), final=final,
                    estimated=bool(est), failed_energy_j=_num(failed))
         return out
+
+    async def prune(self, before_s: float, interval_s: float,
+                    batch_rows: int = retention.PRUNE_BATCH_ROWS) -> bool:
+        return await retention.prune(self._fetch, self._transaction, before_s, interval_s,
+                                     batch_rows)
 
     async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
                     per_request: bool = False) -> UsageData:

@@ -111,3 +111,58 @@ async def check_migrated_bills(ledger: Any) -> None:
         same(await ledger.tenant_hours(tenant, 0), hours, tenant)
     hour_rows = await ledger._fetch("SELECT COUNT(*) FROM request_hours", ())
     assert int(hour_rows[0][0]) >= 3
+
+
+async def count(ledger: SqlLedger, table: str, *params: Any) -> int:
+    rows = await ledger._fetch(f"SELECT COUNT(*) FROM {table}", params)
+    return int(rows[0][0])
+
+
+async def check_pruned_bills_unchanged(ledger: SqlLedger) -> None:
+    """Pruning every final row (in batches of 50) leaves the whole hours' bills and what
+    budgets read as they were; a request's own row is gone with its shares."""
+    hours = {"first hour": ((HOUR - 1) * HOUR_S, HOUR * HOUR_S),
+             "hour": (HOUR * HOUR_S, (HOUR + 1) * HOUR_S),
+             "all": (0.0, 1e12)}
+    before = {(name, t): await report(ledger, *win, t) for name, win in hours.items()
+              for t in (None, "t1")}
+    budgets = {t: await ledger.tenant_hours(t, 0) for t in ("t0", "t1", "t2")}
+    rid = (await ledger._fetch("SELECT request_id FROM requests LIMIT 1", ()))[0][0]
+    assert await count(ledger, "requests") > 100
+    batches = 1
+    while await ledger.prune((HOUR + 2) * HOUR_S, 1.0, 50):
+        batches += 1
+    assert batches > 5  # in small batches
+    # what is left: the last interval apportioned, whose requests are not final yet (the
+    # interval after it is not apportioned), and the intervals after it, not apportioned
+    (nxt,), = await ledger._fetch("SELECT next_interval FROM engine_state", ())
+    for table in ("work", "shares", "intervals", "work_versions"):
+        old = await ledger._fetch(f"SELECT COUNT(*) FROM {table} WHERE interval_idx < ?",
+                                  (int(nxt) - 1,))
+        assert int(old[0][0]) == 0, table
+    assert await count(ledger, "intervals") == 1
+    assert await count(ledger, "requests") == await count(ledger, "requests r WHERE "
+                                                          "r.last_interval >= ?", int(nxt) - 1)
+    for (name, tenant), want in before.items():
+        same(await report(ledger, *hours[name], tenant), want, f"{name}:{tenant}")
+    same({t: await ledger.tenant_hours(t, 0) for t in budgets}, budgets, "tenant_hours")
+    assert await ledger.request(rid) is None
+
+
+async def check_unfinal_rows_kept(ledger: SqlLedger) -> None:
+    """An interval waiting for late work keeps itself, every later interval, and every
+    request whose work reaches it."""
+    (lo, hi), = await ledger._fetch("SELECT MIN(interval_idx), MAX(interval_idx) FROM work",
+                                    ())
+    waiting = (int(lo) + int(hi)) // 2
+    await ledger._transaction([("UPDATE work_versions SET dirty = 1 WHERE interval_idx = ?",
+                                [(waiting,)])])
+    reaching = await ledger._fetch(
+        "SELECT COUNT(*) FROM requests WHERE last_interval >= ?", (waiting,))
+    while await ledger.prune((HOUR + 2) * HOUR_S, 1.0, 50):
+        pass
+    left = await ledger._fetch("SELECT MIN(interval_idx) FROM intervals", ())
+    assert int(left[0][0]) == waiting
+    assert await count(ledger, "requests") == int(reaching[0][0]) > 0
+    pruned = await ledger._fetch("SELECT COUNT(*) FROM work WHERE interval_idx < ?", (waiting,))
+    assert int(pruned[0][0]) == 0

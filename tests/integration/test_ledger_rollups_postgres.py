@@ -1,12 +1,14 @@
 """Hourly rollups on a real PostgreSQL server: equal to the per-request rows they cover,
-through revisions; and a ledger written by schema version 9 (the SQLite fixture's rows, in
-tables made by version 9's statements) migrated in place with its bills unchanged."""
+through revisions and after the rows are pruned (rows not final kept); and a ledger written
+by schema version 9 (the SQLite fixture's rows, in tables made by version 9's statements)
+migrated in place with its bills unchanged."""
 
 from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -16,7 +18,9 @@ from accounting.ledger.postgres import PostgresLedger
 from tests.accounting.rollup_checks import (
     FIXTURES,
     check_migrated_bills,
+    check_pruned_bills_unchanged,
     check_rollups_equal_rows,
+    check_unfinal_rows_kept,
     served_with_revisions,
 )
 from tests.support.postgres import fresh_database, postgres_server
@@ -39,6 +43,16 @@ async def test_rollups_equal_the_per_request_rows_through_revisions_on_postgres(
     svc = await served_with_revisions(ledger)
     try:
         await check_rollups_equal_rows(ledger)
+    finally:
+        await svc.stop()
+
+
+@pytest.mark.parametrize("check", [check_pruned_bills_unchanged, check_unfinal_rows_kept])
+async def test_pruning_on_postgres(pg: str, check: Callable[[Any], Awaitable[None]]) -> None:
+    ledger = PostgresLedger(await fresh_database(pg, f"p{next(_names)}"))
+    svc = await served_with_revisions(ledger)
+    try:
+        await check(ledger)
     finally:
         await svc.stop()
 
