@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -26,6 +25,7 @@ from accounting.ledger.base import (
     WorkSnapshot,
     hour_of,
 )
+from accounting.ledger.tenant_cache import TenantCache
 from accounting.work import WorkRow
 
 Batch = tuple[str, Sequence[Sequence[Any]]]
@@ -33,7 +33,6 @@ Query = tuple[str, tuple[Any, ...]]
 # Given the rows of a locked transaction's queries, the writes that complete it.
 Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
-TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 _new = tuple.__new__  # a NamedTuple without its Python-level __new__
 ROLLUP_KEY = attrgetter("tenant", "finished_hour", "engine", "model", "precision", "slo_class")
@@ -81,9 +80,8 @@ class SqlLedger(ABC):
     kind = "sql"
 
     def __init__(self) -> None:
-        self._tenant_cache: dict[str, str] = {}
-        # failed requests' billing cuts (failed.bill_until), by request id: only those
-        self._cut_cache: dict[str, float] = {}
+        self._tenant_cache = TenantCache()
+        self._boundaries: dict[str, float] = {}  # of the engines this process apportions
         # Why the store refuses all work for good (e.g. its file deleted while open), for
         # readiness checks; None while it works or fails only transiently.
         self.fault: str | None = None
@@ -163,10 +161,10 @@ class SqlLedger(ABC):
                                  (sql.UPSERT_VERSION, versions),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
-        self._tenant_cache.update((r.request_id, r.tenant) for r in requests)
-        self._cut_cache.update((r.request_id, _cut(r.outcome, r.delivered_s))
-                               for r in requests if r.outcome == "failed")
-        self._bound_tenants()
+        add = self._tenant_cache.add
+        for r in requests:
+            add(r.request_id, r.tenant, r.finished_s,
+                _cut(r.outcome, r.delivered_s) if r.outcome == "failed" else None)
 
     async def open_since(self, seen_after_s: float) -> float | None:
         rows = await self._fetch(sql.SELECT_OPEN_SINCE, (seen_after_s,))
@@ -185,8 +183,8 @@ class SqlLedger(ABC):
         return WorkSnapshot(await self._with_tenants(rows), versions)
 
     async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
-        tenant_of = (await self._tenants({r[0] for r in rows})).get
-        cut_of = self._cut_cache.get
+        tenants, cuts = await self._tenants({r[0] for r in rows})
+        tenant_of, cut_of = tenants.get, cuts.get
         out: list[PendingWork] = []
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
             out += [_new(PendingWork, (tenant_of(r[0], ""), _new(WorkRow, r),
@@ -194,27 +192,24 @@ class SqlLedger(ABC):
                     for r in part]
         return out
 
-    async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
-        """Tenant by request id. A request's tenant never changes once written, and its work
-        is read interval after interval: each is looked up once, then kept (bounded)."""
-        self._bound_tenants()  # before the look-up: what this read needs stays in
+    async def _tenants(self, request_ids: set[str]) -> tuple[dict[str, str], dict[str, float]]:
+        """Tenant, and billing cut where not BILL_ALL, by request id. A request's tenant never
+        changes once written, and its work is read interval after interval: each is looked
+        up once, then kept until its work is apportioned (tenant_cache.py)."""
         cache = self._tenant_cache
-        missing = [r for r in request_ids if r not in cache]
+        tenants = {r: cache.get(r, "") for r in request_ids}
+        cuts = {r: cut for r in request_ids if (cut := cache.cut(r, BILL_ALL)) != BILL_ALL}
+        missing = cache.missing(request_ids)
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])
             query = sql.with_marks(sql.SELECT_TENANTS, len(chunk))
             for rid, tenant, outcome, delivered in await self._fetch(query, chunk):
-                cache[rid] = tenant
-                if outcome == "failed":
-                    self._cut_cache[rid] = _cut(outcome, delivered)
-        return cache
-
-    def _bound_tenants(self) -> None:
-        cache = self._tenant_cache
-        if len(cache) > TENANT_CACHE:
-            for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
-                del cache[rid]  # the oldest half: their requests' work is long apportioned
-                self._cut_cache.pop(rid, None)
+                cut = _cut(outcome, delivered) if outcome == "failed" else None
+                cache.add(rid, tenant, None, cut)
+                tenants[rid] = tenant
+                if cut is not None:
+                    cuts[rid] = cut
+        return tenants, cuts
 
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
@@ -251,6 +246,10 @@ class SqlLedger(ABC):
         if state is not None:
             batches.append((sql.UPSERT_STATE, [state_params(state)]))
         await self._transaction(batches)
+        if state is not None:
+            # work before every engine's boundary is read no more (but late work's)
+            self._boundaries[engine] = state.boundary_s
+            self._tenant_cache.settle(min(self._boundaries.values()))
 
     async def store_counter(self, engine: str, counter: CounterState) -> None:
         await self._transaction([(sql.UPDATE_COUNTER, [(*counter_params(counter), engine)])])
