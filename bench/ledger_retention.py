@@ -334,8 +334,7 @@ def main() -> None:
     rows = 50_000 if args.quick else args.rows
     days = 1.5 if args.quick else args.days
     retention = args.retention_days if args.retention_days is not None else days / 3
-    with tempfile.TemporaryDirectory(prefix="wattgate-ledger-bench-",
-                                     dir=Path(__file__).resolve().parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix="wattgate-ledger-bench-") as tmp:
         m = asyncio.run(measure(Path(tmp), rows, days, args.tenants, args.engines, retention))
     mo = month(m)
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()

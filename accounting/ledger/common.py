@@ -198,7 +198,7 @@ class SqlLedger(ABC):
         up once, then kept until its work is apportioned (tenant_cache.py)."""
         cache = self._tenant_cache
         tenants = {r: cache.get(r, "") for r in request_ids}
-        cuts = {r: cut for r in request_ids if (cut := cache.cut(r, BILL_ALL)) != BILL_ALL}
+        cuts = {r: c for r in request_ids if (c := cache.cut(r, BILL_ALL)) != BILL_ALL}
         missing = cache.missing(request_ids)
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])

@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from accounting.ledger.base import HOUR_S, Ledger
-from accounting.ledger.common import SqlLedger
+from accounting.ledger.postgres import PostgresLedger
+from accounting.ledger.sqlite import SqliteLedger
 from accounting.report import GROUP_KEYS, build_report
 from accounting.service import AccountingService, EngineInfo
 from tests.accounting.fixtures.make_ledger_v9 import HOUR, SHIFT_S, shifted_run, windows
@@ -18,6 +19,7 @@ from tests.accounting.test_accounting_accuracy import T0_WALL
 from tests.accounting.test_ledger_sqlite import Clock, ReplayMeter, drive, make_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SqlLedger = SqliteLedger | PostgresLedger
 REL = 1e-9
 
 

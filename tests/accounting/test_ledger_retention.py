@@ -28,44 +28,47 @@ pytestmark = pytest.mark.timeout(120)
 
 
 async def test_pruning_final_rows_leaves_the_hours_bills_unchanged(tmp_path: Path) -> None:
-    svc = await served_with_revisions(SqliteLedger(tmp_path / "l.db"))
+    ledger = SqliteLedger(tmp_path / "l.db")
+    svc = await served_with_revisions(ledger)
     try:
-        await check_pruned_bills_unchanged(svc.ledger)  # type: ignore[arg-type]
+        await check_pruned_bills_unchanged(ledger)
     finally:
         await svc.stop()
 
 
 async def test_rows_not_final_are_kept(tmp_path: Path) -> None:
-    svc = await served_with_revisions(SqliteLedger(tmp_path / "l.db"))
+    ledger = SqliteLedger(tmp_path / "l.db")
+    svc = await served_with_revisions(ledger)
     try:
-        await check_unfinal_rows_kept(svc.ledger)  # type: ignore[arg-type]
+        await check_unfinal_rows_kept(ledger)
     finally:
         await svc.stop()
 
 
-async def _served(path: Path, retention_days: float | None) -> AccountingService:
+async def _served(path: Path, retention_days: float | None
+                  ) -> tuple[AccountingService, SqliteLedger]:
     run, _ = shifted_run()
     clock = Clock(T0_WALL + SHIFT_S)
     cfg = make_config()
     cfg = dataclasses.replace(cfg, ledger=LedgerConfig(retention_days=retention_days))
-    svc = AccountingService(cfg, [EngineInfo("e0", "m", "bf16", 1)],
-                            ledger=SqliteLedger(path),
+    ledger = SqliteLedger(path)
+    svc = AccountingService(cfg, [EngineInfo("e0", "m", "bf16", 1)], ledger=ledger,
                             meters={"e0": ReplayMeter(run.readings, clock)}, clock=clock)
     await svc.ledger.open()
     await drive(svc, run, clock, run.readings[-1][0] + 4.0)
     clock.t += 120.0  # past the retention of 10 s, and the pruner's minute
     for _ in range(40):
         await svc.step()
-    return svc
+    return svc, ledger
 
 
 async def test_the_apportioner_prunes_past_the_configured_retention(tmp_path: Path) -> None:
-    kept = await _served(tmp_path / "kept.db", None)
-    pruned = await _served(tmp_path / "pruned.db", 10.0 / 86400.0)
+    kept, kept_ledger = await _served(tmp_path / "kept.db", None)
+    pruned, pruned_ledger = await _served(tmp_path / "pruned.db", 10.0 / 86400.0)
     try:
-        assert await count(kept.ledger, "requests") > 100  # type: ignore[arg-type]
-        assert await count(pruned.ledger, "requests") == 0  # type: ignore[arg-type]
-        assert await count(pruned.ledger, "shares") == 0  # type: ignore[arg-type]
+        assert await count(kept_ledger, "requests") > 100
+        assert await count(pruned_ledger, "requests") == 0
+        assert await count(pruned_ledger, "shares") == 0
         for since, until in (((HOUR - 1) * 3600.0, (HOUR + 1) * 3600.0), (0.0, 1e12)):
             want = build_report(await kept.ledger.usage(since, until, None), GROUP_KEYS,
                                 since, until)
