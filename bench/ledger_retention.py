@@ -331,6 +331,7 @@ def main() -> None:
                     help="pruned to this (default: a third of the span)")
     ap.add_argument("--quick", action="store_true", help="50k requests, print only")
     args = ap.parse_args()
+    ran_on = commit()
     rows = 50_000 if args.quick else args.rows
     days = 1.5 if args.quick else args.days
     retention = args.retention_days if args.retention_days is not None else days / 3
@@ -339,7 +340,7 @@ def main() -> None:
     mo = month(m)
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                      if v is not None and k != "quick" and v != ap.get_default(k))
-    meta = {"commit": commit(), "machine": f"{platform.machine()}, {platform.processor() or ''}"
+    meta = {"commit": ran_on, "machine": f"{platform.machine()}, {platform.processor() or ''}"
             .rstrip(", "), "args": shown or "", "python": platform.python_version()}
     md = markdown(m, mo, meta)
     print(md)
