@@ -174,7 +174,8 @@ async def report_s(ledger: SqliteLedger, since: float, until: float, per_request
     best, total = math.inf, {}
     for _ in range(3 if per_request else 9):
         t = time.perf_counter()
-        data = await ledger.usage(since, until, None, per_request=per_request)
+        data = await ledger.usage(since, until, None, per_request=per_request,
+                                  group_by=group_by)
         total = build_report(data, group_by, since, until).total
         best = min(best, time.perf_counter() - t)
     return best, total

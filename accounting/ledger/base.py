@@ -268,7 +268,10 @@ class Ledger(Protocol):
         ...
 
     async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
-                    per_request: bool = False) -> UsageData:
-        """Usage of [since, until): whole hours from the hourly rollups, the rest (all of it
-        with `per_request`) from the per-request rows."""
+                    per_request: bool = False,
+                    group_by: Sequence[str] = ("tenant", "model", "precision", "engine", "hour")
+                    ) -> UsageData:
+        """Usage of [since, until): whole hours from the hourly rollups (summed over the
+        dimensions not in `group_by`), the rest (all of it with `per_request`) from the
+        per-request rows (ledger/rollups.py)."""
         ...

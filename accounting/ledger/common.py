@@ -286,9 +286,10 @@ class SqlLedger(ABC):
                                      batch_rows)
 
     async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
-                    per_request: bool = False) -> UsageData:
+                    per_request: bool = False,
+                    group_by: Sequence[str] = rollups.USAGE_DIMS) -> UsageData:
         return await rollups.read_usage(self._fetch, since_s, until_s, tenant,
-                                        per_request=per_request)
+                                        per_request=per_request, group_by=group_by)
 
 
 def _cut(outcome: str, delivered_s: float | None) -> float:

@@ -60,23 +60,38 @@ def engine_hours_params(sign: int, engine: str, intervals: Sequence[IntervalRow]
     return [(sign, f, f, f, f, f, f, f, sign, engine, i.interval_idx) for i in intervals]
 
 
-# Reads: the columns of UsageData's lists, from the rollups of hours [first, last).
-_ENERGY = """SELECT tenant, model, precision, engine, hour_idx, SUM(energy_j), SUM(static_j),
-    SUM(carbon_g), SUM(cost_usd), MAX(CASE WHEN estimated_n > 0 THEN 1 ELSE 0 END),
-    SUM(failed_j) FROM share_hours WHERE hour_idx >= ? AND hour_idx < ? {TENANT}
-    GROUP BY tenant, model, precision, engine, hour_idx HAVING SUM(shares) > 0"""
-_REQUESTS = """SELECT tenant, model, precision, engine, hour_idx,
+# Reads: the columns of UsageData's lists, from the rollups of hours [first, last), summed in
+# the store over the dimensions a report does not group by (those read as '' or hour 0).
+USAGE_DIMS = ("tenant", "model", "precision", "engine", "hour")
+_ENERGY = """SELECT {tenant}, {model}, {precision}, {engine}, {hour}, SUM(energy_j),
+    SUM(static_j), SUM(carbon_g), SUM(cost_usd),
+    MAX(CASE WHEN estimated_n > 0 THEN 1 ELSE 0 END), SUM(failed_j) FROM share_hours
+    WHERE hour_idx >= ? AND hour_idx < ? {TENANT} {GROUP} HAVING SUM(shares) > 0"""
+_REQUESTS = """SELECT {tenant}, {model}, {precision}, {engine}, {hour},
     CAST(SUM(requests) AS BIGINT), CAST(SUM(ok) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT),
     CAST(SUM(completion_tokens) AS BIGINT), CAST(SUM(slo_met) AS BIGINT),
     MIN(first_arrived_s), MAX(last_finished_s), CAST(SUM(served) AS BIGINT),
     CAST(SUM(refused) AS BIGINT), CAST(SUM(failed) AS BIGINT), CAST(SUM(cancelled) AS BIGINT)
-    FROM request_hours WHERE hour_idx >= ? AND hour_idx < ? {TENANT}
-    GROUP BY tenant, model, precision, engine, hour_idx"""
-_ACCOUNTS = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle_carbon_g),
+    FROM request_hours WHERE hour_idx >= ? AND hour_idx < ? {TENANT} {GROUP}
+    HAVING SUM(requests) > 0"""
+_ACCOUNTS = """SELECT {engine}, {model}, {precision}, {hour}, SUM(idle_j), SUM(idle_carbon_g),
     SUM(idle_cost_usd), MAX(CASE WHEN estimated_n > 0 THEN 1 ELSE 0 END), MIN(first_start_s),
     MAX(last_end_s), SUM(failed_j), SUM(failed_carbon_g), SUM(failed_cost_usd)
-    FROM engine_hours WHERE hour_idx >= ? AND hour_idx < ?
-    GROUP BY engine, model, precision, hour_idx HAVING SUM(intervals) > 0"""
+    FROM engine_hours WHERE hour_idx >= ? AND hour_idx < ? {GROUP}
+    HAVING SUM(intervals) > 0"""
+
+
+def _grouped(template: str, group_by: Sequence[str], dims: Sequence[str]) -> str:
+    """`template` summed over every dimension but `group_by` (HAVING drops the one row an
+    aggregate without GROUP BY returns for no rows)."""
+    bad = [g for g in group_by if g not in USAGE_DIMS]
+    if bad:
+        raise ValueError(f"cannot group by {bad[0]!r}; use {', '.join(USAGE_DIMS)}")
+    column = {d: "hour_idx" if d == "hour" else d for d in USAGE_DIMS}
+    kept = [column[d] for d in dims if d in group_by]
+    return template.format(
+        **{d: column[d] if d in group_by else "0" if d == "hour" else "''" for d in dims},
+        GROUP=f"GROUP BY {', '.join(kept)}" if kept else "", TENANT="{TENANT}")
 
 
 def whole_hours(since_s: float, until_s: float) -> tuple[int, int] | None:
@@ -86,16 +101,20 @@ def whole_hours(since_s: float, until_s: float) -> tuple[int, int] | None:
 
 
 async def read_usage(fetch: Fetch, since_s: float, until_s: float, tenant: str | None, *,
-                     per_request: bool = False) -> UsageData:
+                     per_request: bool = False, group_by: Sequence[str] = USAGE_DIMS
+                     ) -> UsageData:
     """Usage of [since, until): its whole hours from the rollups, the rest from the
-    per-request rows (all of it from them with `per_request`)."""
+    per-request rows (all of it from them with `per_request`). The rollups' rows come summed
+    over the dimensions not in `group_by` (their values '' or hour 0), the per-request rows
+    per tenant, model, precision, engine and hour: a report groups them alike."""
     hours = None if per_request else whole_hours(since_s, until_s)
     if hours is None:
         return await _read(fetch, (sql.USAGE_ENERGY, sql.USAGE_REQUESTS, sql.USAGE_IDLE),
                            since_s, until_s, tenant, ("r.tenant", "tenant"))
     first, last = hours
-    parts = [await _read(fetch, (_ENERGY, _REQUESTS, _ACCOUNTS), first, last, tenant,
-                         ("tenant", "tenant"))]
+    shaped = (_grouped(_ENERGY, group_by, USAGE_DIMS), _grouped(_REQUESTS, group_by, USAGE_DIMS),
+              _grouped(_ACCOUNTS, group_by, ("engine", "model", "precision", "hour")))
+    parts = [await _read(fetch, shaped, first, last, tenant, ("tenant", "tenant"))]
     for lo, hi in ((since_s, first * HOUR_S), (last * HOUR_S, until_s)):
         if lo < hi:
             parts.append(await _read(fetch, (sql.USAGE_ENERGY, sql.USAGE_REQUESTS,

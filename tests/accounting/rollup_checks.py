@@ -46,9 +46,11 @@ def same(got: Any, want: Any, where: str) -> None:
 
 
 async def report(ledger: Ledger, since: float, until: float, tenant: str | None, *,
-                 per_request: bool = False) -> dict[str, Any]:
-    data = await ledger.usage(since, until, tenant, per_request=per_request)
-    got = build_report(data, GROUP_KEYS, since, until)
+                 per_request: bool = False, group_by: tuple[str, ...] = GROUP_KEYS
+                 ) -> dict[str, Any]:
+    data = await ledger.usage(since, until, tenant, per_request=per_request,
+                              group_by=group_by)
+    got = build_report(data, group_by, since, until)
     # the JSON the fixture was written with: tuples become lists, as they were read back
     out: dict[str, Any] = orjson.loads(orjson.dumps({"rows": got.rows, "total": got.total}))
     return out
@@ -78,13 +80,17 @@ async def served_with_revisions(ledger: SqlLedger) -> AccountingService:
 async def check_rollups_equal_rows(ledger: Any) -> None:
     """Every window's report from the rollups equals the one from the per-request rows, and
     what budgets read (tenant_hours) equals the shares' sums."""
-    wins = {**windows(), "first hour": ((HOUR - 1) * HOUR_S, HOUR * HOUR_S)}
+    wins = {**windows(), "first hour": ((HOUR - 1) * HOUR_S, HOUR * HOUR_S),
+            "an edge and an hour": (HOUR * HOUR_S - 6.5, (HOUR + 1) * HOUR_S)}
+    groupings = (GROUP_KEYS, ("tenant",), ("hour", "precision"), ())
     for name, (since, until) in wins.items():
         for tenant in (None, "t1"):
-            got = await report(ledger, since, until, tenant)
-            want = await report(ledger, since, until, tenant, per_request=True)
-            assert want["total"]["requests"] > 0 or name == "across"
-            same(got, want, f"{name}:{tenant}")
+            for group_by in groupings:
+                got = await report(ledger, since, until, tenant, group_by=group_by)
+                want = await report(ledger, since, until, tenant, per_request=True,
+                                    group_by=group_by)
+                assert want["total"]["requests"] > 0
+                same(got, want, f"{name}:{tenant}:{group_by}")
     rows = await ledger._fetch(
         "SELECT r.tenant, s.hour_idx, SUM(s.energy_j), SUM(s.carbon_g), SUM(s.cost_usd) "
         "FROM shares s JOIN requests r ON r.request_id = s.request_id "
