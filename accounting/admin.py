@@ -48,7 +48,8 @@ async def usage_response(service: AccountingService, q: Mapping[str, str], now: 
     except ValueError as exc:
         return _error(RequestError(str(exc), code="invalid_query"))
     try:
-        data = await service.ledger.usage(since, until, tenant or q.get("tenant") or None)
+        data = await service.ledger.usage(since, until, tenant or q.get("tenant") or None,
+                                          group_by=group_by)
     except LedgerError as exc:
         return _error(exc, 503)
     report = build_report(data, group_by, since, until)

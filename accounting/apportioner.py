@@ -19,6 +19,7 @@ from accounting.config import AccountingConfig
 from accounting.counters import DEFAULT_IDLE_W_PER_GPU, begin_check, unaccounted_j
 from accounting.energy import Boundary
 from accounting.ledger.base import EngineState, Ledger
+from accounting.ledger.retention import Pruner
 from accounting.metering import MeteredEngine
 from accounting.metrics import ApportionerMetrics
 from accounting.plan import (
@@ -59,6 +60,9 @@ class Apportioner:
         self.is_leader = False
         self._started_s = started_s  # a model meter's engine starts at this interval
         self._owed: dict[str, CounterDebt] = {}
+        days = config.ledger.retention_days
+        self.pruner = (Pruner(ledger, days * 86400.0, config.interval_s)
+                       if days is not None else None)
         if metrics is not None:
             metrics.watch_lag(self.lag_s)
 
@@ -76,7 +80,10 @@ class Apportioner:
         """Apportion what is ready if this process holds (or takes) the lock."""
         if not await self.take_leadership():
             return 0
-        return await self.apportion_ready(now)
+        done = await self.apportion_ready(now)
+        if self.pruner is not None:
+            await self.pruner.step(now)  # the one apportioner prunes, between its commits
+        return done
 
     async def take_leadership(self) -> bool:
         held = await self.ledger.acquire_apportioner()

@@ -9,6 +9,8 @@
       behind_s: 2             # the accounting child of `wattgate serve` works in the core's
                               # idle time until its records wait this long (priority.py)
       ledger: {kind: sqlite, path: wattgate-ledger.db}   # or {kind: postgres, dsn_env: PGDSN}
+                              # retention_days: 30 (per-request rows; hourly rollups are kept
+                              # for ever; 0 or null: keep every row for ever)
       journal: {enabled: true, path: <ledger path>.journal, fsync_ms: 20}   # write-ahead
                               # journal of finished requests (journal.py); with postgres the
                               # default path is ./wattgate-journal, on each replica's local disk
@@ -65,11 +67,18 @@ CHILD_NICE = 10
 POSTGRES_JOURNAL_DIR = "wattgate-journal"
 
 
+# How long a config file's ledger keeps per-request rows, by default (ledger/retention.py).
+RETENTION_DAYS = 30.0
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerConfig:
     kind: LedgerKind = "sqlite"
     path: str = "wattgate-ledger.db"
     dsn: str = field(default="", repr=False)
+    # Days per-request rows are kept (None: for ever, as in a config built in code;
+    # `parse_accounting` gives RETENTION_DAYS unless the section says otherwise).
+    retention_days: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +165,11 @@ def _series(r: _Reader, key: str, default: Series, base: Path) -> Series:
 def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
     d = LedgerConfig()
     kind = r.choice("kind", LEDGER_KINDS, d.kind)
+    days = r.get("retention_days", RETENTION_DAYS)
+    retention = (None if days is None or (days == 0 and not isinstance(days, bool))
+                 else r.number("retention_days", RETENTION_DAYS))
     if kind == "sqlite":
-        cfg = LedgerConfig(kind="sqlite", path=r.text("path", d.path))
+        cfg = LedgerConfig(kind="sqlite", path=r.text("path", d.path), retention_days=retention)
     else:
         dsn = r.get("dsn")
         dsn_env = r.get("dsn_env")
@@ -170,7 +182,7 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
             dsn = value
         if not isinstance(dsn, str):
             raise ConfigError(r.at("dsn"), "must be a string")
-        cfg = LedgerConfig(kind="postgres", dsn=dsn)
+        cfg = LedgerConfig(kind="postgres", dsn=dsn, retention_days=retention)
     r.finish()
     return cfg
 

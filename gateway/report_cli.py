@@ -71,7 +71,7 @@ async def _report(ledger: Ledger, since: float, until: float, tenant: str | None
                   group_by: list[str]) -> Report:
     await ledger.open()
     try:
-        data = await ledger.usage(since, until, tenant)
+        data = await ledger.usage(since, until, tenant, group_by=group_by)
     finally:
         await ledger.close()
     return build_report(data, group_by, since, until)

@@ -264,4 +264,16 @@ class Ledger(Protocol):
         """One request with its energy, carbon and cost totals and finality."""
         ...
 
-    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData: ...
+    async def prune(self, before_s: float, interval_s: float, batch_rows: int) -> bool:
+        """Delete one batch of final per-request rows older than `before_s` (the hourly
+        rollups keep their sums); True when more is left (ledger/retention.py)."""
+        ...
+
+    async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
+                    per_request: bool = False,
+                    group_by: Sequence[str] = ("tenant", "model", "precision", "engine", "hour")
+                    ) -> UsageData:
+        """Usage of [since, until): whole hours from the hourly rollups (summed over the
+        dimensions not in `group_by`), the rest (all of it with `per_request`) from the
+        per-request rows (ledger/rollups.py)."""
+        ...

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from operator import attrgetter
+from typing import Any
 
 import orjson
 
 from accounting.chunks import in_chunks
 from accounting.counters import CounterState
 from accounting.failed import BILL_ALL, bill_until
-from accounting.ledger import sql
+from accounting.ledger import retention, rollups, sql
 from accounting.ledger.base import (
     EngineState,
     EngineWork,
@@ -25,6 +25,7 @@ from accounting.ledger.base import (
     WorkSnapshot,
     hour_of,
 )
+from accounting.ledger.tenant_cache import TenantCache
 from accounting.work import WorkRow
 
 Batch = tuple[str, Sequence[Sequence[Any]]]
@@ -32,29 +33,13 @@ Query = tuple[str, tuple[Any, ...]]
 # Given the rows of a locked transaction's queries, the writes that complete it.
 Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
-TENANT_CACHE = 200_000  # tenants kept by request id (halved when full)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 # The columns of the rows read back, named as the SELECTs name them
 STATE_FIELDS = tuple(sql.STATE_COLUMNS.split(", "))
 INTERVAL_FIELDS = tuple(sql.INTERVAL_COLUMNS.split(", "))  # an IntervalRow's fields
 
 
-class IntervalAccounts(NamedTuple):
-    """A row of sql.USAGE_IDLE: an engine's idle and failed accounts in one hour."""
-
-    engine: str
-    model: str
-    precision: str
-    hour_idx: int
-    idle_j: float
-    idle_carbon_g: float
-    idle_cost_usd: float
-    estimated: int
-    first_start_s: float
-    last_end_s: float
-    failed_j: float
-    failed_carbon_g: float
-    failed_cost_usd: float
+ROLLUP_KEY = attrgetter("tenant", "finished_hour", "engine", "model", "precision", "slo_class")
 
 
 def interval_params(i: IntervalRow) -> tuple[Any, ...]:
@@ -116,9 +101,8 @@ class SqlLedger(ABC):
     kind = "sql"
 
     def __init__(self) -> None:
-        self._tenant_cache: dict[str, str] = {}
-        # failed requests' billing cuts (failed.bill_until), by request id: only those
-        self._cut_cache: dict[str, float] = {}
+        self._tenant_cache = TenantCache()
+        self._boundaries: dict[str, float] = {}  # of the engines this process apportions
         # Why the store refuses all work for good (e.g. its file deleted while open), for
         # readiness checks; None while it works or fails only transiently.
         self.fault: str | None = None
@@ -192,14 +176,17 @@ class SqlLedger(ABC):
         # The rows are their statements' parameters already: nothing is rebuilt here. The
         # watermark moves with the rows it accounts for, never ahead of them.
         versions = sorted({(w.engine, w.interval_idx) for w in work})  # written to
-        await self._transaction([(sql.INSERT_REQUEST, requests), (sql.INSERT_WORK, work),
+        # Requests in the order of their rollup rows: two replicas' appends lock those rows
+        # (rollup_schema.py's trigger) in the same order.
+        await self._transaction([(sql.INSERT_REQUEST, sorted(requests, key=ROLLUP_KEY)),
+                                 (sql.INSERT_WORK, work),
                                  (sql.UPSERT_VERSION, versions),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
-        self._tenant_cache.update((r.request_id, r.tenant) for r in requests)
-        self._cut_cache.update((r.request_id, _cut(r.outcome, r.delivered_s))
-                               for r in requests if r.outcome == "failed")
-        self._bound_tenants()
+        add = self._tenant_cache.add
+        for r in requests:
+            add(r.request_id, r.tenant, r.finished_s,
+                _cut(r.outcome, r.delivered_s) if r.outcome == "failed" else None)
 
     async def open_since(self, seen_after_s: float) -> float | None:
         rows = await self._fetch(sql.SELECT_OPEN_SINCE, (seen_after_s,))
@@ -218,8 +205,8 @@ class SqlLedger(ABC):
         return WorkSnapshot(await self._with_tenants(rows), versions)
 
     async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
-        tenant_of = (await self._tenants({rid for rid, *_ in rows})).get
-        cut_of = self._cut_cache.get
+        tenants, cuts = await self._tenants({rid for rid, *_ in rows})
+        tenant_of, cut_of = tenants.get, cuts.get
         out: list[PendingWork] = []
         make = PendingWork._make
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
@@ -228,27 +215,24 @@ class SqlLedger(ABC):
                     for w in work]
         return out
 
-    async def _tenants(self, request_ids: set[str]) -> dict[str, str]:
-        """Tenant by request id. A request's tenant never changes once written, and its work
-        is read interval after interval: each is looked up once, then kept (bounded)."""
-        self._bound_tenants()  # before the look-up: what this read needs stays in
+    async def _tenants(self, request_ids: set[str]) -> tuple[dict[str, str], dict[str, float]]:
+        """Tenant, and billing cut where not BILL_ALL, by request id. A request's tenant never
+        changes once written, and its work is read interval after interval: each is looked
+        up once, then kept until its work is apportioned (tenant_cache.py)."""
         cache = self._tenant_cache
-        missing = [r for r in request_ids if r not in cache]
+        tenants = {r: cache.get(r, "") for r in request_ids}
+        cuts = {r: c for r in request_ids if (c := cache.cut(r, BILL_ALL)) != BILL_ALL}
+        missing = cache.missing(request_ids)
         for i in range(0, len(missing), TENANT_CHUNK):
             chunk = tuple(missing[i:i + TENANT_CHUNK])
             query = sql.with_marks(sql.SELECT_TENANTS, len(chunk))
             for rid, tenant, outcome, delivered in await self._fetch(query, chunk):
-                cache[rid] = tenant
-                if outcome == "failed":
-                    self._cut_cache[rid] = _cut(outcome, delivered)
-        return cache
-
-    def _bound_tenants(self) -> None:
-        cache = self._tenant_cache
-        if len(cache) > TENANT_CACHE:
-            for rid in list(itertools.islice(cache, len(cache) - TENANT_CACHE // 2)):
-                del cache[rid]  # the oldest half: their requests' work is long apportioned
-                self._cut_cache.pop(rid, None)
+                cut = _cut(outcome, delivered) if outcome == "failed" else None
+                cache.add(rid, tenant, None, cut)
+                tenants[rid] = tenant
+                if cut is not None:
+                    cuts[rid] = cut
+        return tenants, cuts
 
     async def tenant_shares(self, engine: str, first: int, last: int
                             ) -> list[tuple[int, str, float, float, float]]:
@@ -269,20 +253,24 @@ class SqlLedger(ABC):
     async def commit(self, engine: str, intervals: Sequence[IntervalRow],
                      shares: Sequence[ShareRow], done: Sequence[tuple[int, int]],
                      state: EngineState | None) -> None:
-        # The tenants' hourly charges move with the shares, in one transaction.
-        minus = [(-1.0, -1.0, -1.0, engine, i.interval_idx) for i in intervals]
-        plus = [(1.0, 1.0, 1.0, engine, i.interval_idx) for i in intervals]
+        # The hourly rollups move with the intervals and shares, in one transaction.
         batches: list[Batch] = [
+            (rollups.ENGINE_HOURS_ADD, rollups.engine_hours_params(-1, engine, intervals)),
             (sql.UPSERT_INTERVAL, [interval_params(i) for i in intervals]),
-            (sql.TENANT_HOURS_ADD, minus),
+            (rollups.ENGINE_HOURS_ADD, rollups.engine_hours_params(1, engine, intervals)),
+            (rollups.SHARE_HOURS_ADD, rollups.share_hours_params(-1, engine, intervals)),
             (sql.DELETE_SHARES, [(engine, i.interval_idx) for i in intervals]),
             (sql.INSERT_SHARE, shares),
-            (sql.TENANT_HOURS_ADD, plus),
+            (rollups.SHARE_HOURS_ADD, rollups.share_hours_params(1, engine, intervals)),
             (sql.CLEAR_DIRTY, [(engine, k, version) for k, version in sorted(done)]),
         ]
         if state is not None:
             batches.append((sql.UPSERT_STATE, [state_params(state)]))
         await self._transaction(batches)
+        if state is not None:
+            # work before every engine's boundary is read no more (but late work's)
+            self._boundaries[engine] = state.boundary_s
+            self._tenant_cache.settle(min(self._boundaries.values()))
 
     async def store_counter(self, engine: str, counter: CounterState) -> None:
         await self._transaction([(sql.UPDATE_COUNTER, [(*counter_params(counter), engine)])])
@@ -313,22 +301,16 @@ class SqlLedger(ABC):
                    estimated=bool(est), failed_energy_j=_num(failed))
         return out
 
-    async def usage(self, since_s: float, until_s: float, tenant: str | None) -> UsageData:
-        extra: tuple[Any, ...] = (tenant,) if tenant else ()
-        energy = await self._fetch(sql.usage_sql(sql.USAGE_ENERGY, bool(tenant), "r.tenant"),
-                                   (since_s, until_s, *extra))
-        reqs = await self._fetch(sql.usage_sql(sql.USAGE_REQUESTS, bool(tenant), "tenant"),
-                                 (since_s, until_s, *extra))
-        accounts = [] if tenant else list(map(IntervalAccounts._make, _plain(
-            await self._fetch(sql.USAGE_IDLE, (since_s, until_s)))))
-        # one read of the intervals for both engine accounts: idle, and failed where it holds any
-        idle: list[tuple[Any, ...]] = [
-            (a.engine, a.model, a.precision, a.hour_idx, a.idle_j, a.idle_carbon_g,
-             a.idle_cost_usd, a.estimated, a.first_start_s, a.last_end_s) for a in accounts]
-        failed: list[tuple[Any, ...]] = [
-            (a.engine, a.model, a.precision, a.hour_idx, a.failed_j, a.failed_carbon_g,
-             a.failed_cost_usd, a.estimated) for a in accounts if a.failed_j]
-        return UsageData(energy=_plain(energy), requests=_plain(reqs), idle=idle, failed=failed)
+    async def prune(self, before_s: float, interval_s: float,
+                    batch_rows: int = retention.PRUNE_BATCH_ROWS) -> bool:
+        return await retention.prune(self._fetch, self._transaction, before_s, interval_s,
+                                     batch_rows)
+
+    async def usage(self, since_s: float, until_s: float, tenant: str | None, *,
+                    per_request: bool = False,
+                    group_by: Sequence[str] = rollups.USAGE_DIMS) -> UsageData:
+        return await rollups.read_usage(self._fetch, since_s, until_s, tenant,
+                                        per_request=per_request, group_by=group_by)
 
 
 def _cut(outcome: str, delivered_s: float | None) -> float:
@@ -336,7 +318,3 @@ def _cut(outcome: str, delivered_s: float | None) -> float:
     applies the config's switch)."""
     return bill_until(outcome, None if delivered_s is None else float(delivered_s),
                       "failed_account")
-
-
-def _plain(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    return [tuple(_num(v) for v in r) for r in rows]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import re
 
+from accounting.ledger import rollup_schema
+
 # version -> statements; a store applies every version above the one it finds, in order.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -136,6 +138,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         "ALTER TABLE intervals ADD COLUMN failed_cost_usd {REAL} NOT NULL DEFAULT 0",
         "ALTER TABLE shares ADD COLUMN failed_j {REAL} NOT NULL DEFAULT 0",
     )),
+    # Hourly rollups kept for ever (rollup_schema.py), so per-request rows can be pruned.
+    (10, rollup_schema.MIGRATION),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -158,7 +162,9 @@ DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
             """CREATE INDEX work_pending ON work (engine, apportioned, interval_idx)
                 WHERE apportioned = 0""",
         ),
+        10: rollup_schema.DIALECT_MIGRATION["sqlite"],
     },
+    "postgres": {10: rollup_schema.DIALECT_MIGRATION["postgres"]},
 }
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -220,16 +226,6 @@ UPSERT_INTERVAL = f"""INSERT INTO intervals ({INTERVAL_COLUMNS}, hour_idx)
     idle_cost_usd = excluded.idle_cost_usd, estimated = excluded.estimated,
     alpha = excluded.alpha, beta = excluded.beta, gamma = excluded.gamma"""
 DELETE_SHARES = "DELETE FROM shares WHERE engine = ? AND interval_idx = ?"
-# An interval's shares added to (sign 1) or taken from (sign -1, before they are replaced)
-# their tenants' hourly charges.
-TENANT_HOURS_ADD = """INSERT INTO tenant_hours (tenant, hour_idx, energy_j, carbon_g, cost_usd)
-    SELECT r.tenant, s.hour_idx, ? * SUM(s.energy_j), ? * SUM(s.carbon_g), ? * SUM(s.cost_usd)
-    FROM shares s JOIN requests r ON r.request_id = s.request_id
-    WHERE s.engine = ? AND s.interval_idx = ? GROUP BY r.tenant, s.hour_idx
-    ON CONFLICT (tenant, hour_idx) DO UPDATE SET
-    energy_j = tenant_hours.energy_j + excluded.energy_j,
-    carbon_g = tenant_hours.carbon_g + excluded.carbon_g,
-    cost_usd = tenant_hours.cost_usd + excluded.cost_usd"""
 SELECT_TENANT_HOURS = """SELECT hour_idx, energy_j, carbon_g, cost_usd FROM tenant_hours
     WHERE tenant = ? AND hour_idx >= ?"""
 # Reservations that hold nothing any more: expired (never settled: a replica died), or of a

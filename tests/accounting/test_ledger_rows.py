@@ -10,7 +10,8 @@ import pytest
 
 from accounting.counters import CounterState
 from accounting.ledger.base import EngineState, IntervalRow
-from accounting.ledger.common import INTERVAL_FIELDS, IntervalAccounts
+from accounting.ledger.common import INTERVAL_FIELDS
+from accounting.ledger.rollups import IntervalAccounts
 from accounting.ledger.sqlite import SqliteLedger
 
 

@@ -378,10 +378,8 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Appending a request primes the tenant cache, so reading its work back asks the ledger
     for no tenant; the cache keeps its bound, and an evicted request's tenant is read again."""
-    from accounting.ledger import common
-
-    monkeypatch.setattr(common, "TENANT_CACHE", 10)
     ledger = SqliteLedger(tmp_path / "l.db")
+    ledger._tenant_cache.limit_n = 5  # two generations: at most 10
     await ledger.open()
     queries: list[str] = []
     fetch = ledger._fetch
