@@ -105,7 +105,14 @@ def test_gateways_share_one_valid_config_and_one_ledger(files: tuple[str, ...]) 
     assert spec["depends_on"]["postgres"]["condition"] == "service_healthy"
     doc = load_docs(paths.pop().read_text())[0]
     config = configs.validate(doc, gateway_env(spec))
-    assert doc["accounting"]["ledger"] == {"kind": "postgres", "dsn_env": "WATTGATE_PG_DSN"}
+    assert doc["accounting"]["ledger"] == {"kind": "postgres", "dsn_env": "WATTGATE_PG_DSN",
+                                           "retention_days": 30}
+    # the rate-limit store is the ledger's database; the collector is a compose service
+    shared = config.tenant_controls.shared_store
+    assert shared is not None and shared.dsn == config.accounting.ledger.dsn
+    assert any(t.limits.any for t in config.tenants)
+    assert config.telemetry.enabled and urlsplit(config.telemetry.otlp_endpoint).hostname \
+        in services
     for pool in config.models:
         for ep in pool.endpoints:
             assert urlsplit(ep.url).hostname in services, f"{ep.name}: {ep.url}"
