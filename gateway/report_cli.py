@@ -11,22 +11,12 @@ from typing import Any
 import click
 import yaml
 
-from accounting.config import parse_accounting, paths_base
+from accounting.config import LedgerConfig, parse_accounting, paths_base
 from accounting.ledger.base import Ledger, LedgerError
+from accounting.ledger.budget_store import BudgetStore
 from accounting.report import GROUP_KEYS, Report, build_report, render
 from accounting.timeparse import parse_time
 from core.errors import ConfigError
-
-
-def _store(kind: str, where: str) -> Ledger:
-    # Only the store: reading a report needs nothing of the accounting service.
-    if kind == "postgres":
-        from accounting.ledger.postgres import PostgresLedger
-
-        return PostgresLedger(where)
-    from accounting.ledger.sqlite import SqliteLedger
-
-    return SqliteLedger(where)
 
 
 def _config_document(config: Path) -> dict[str, Any]:
@@ -40,13 +30,14 @@ def _config_document(config: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
+def _where(config: Path | None, sqlite: Path | None, dsn: str | None) -> LedgerConfig:
+    """The ledger a report reads: --sqlite, --dsn, or the config file's (resolved)."""
     if sqlite is not None:
         if not sqlite.is_file():
             raise click.ClickException(f"no ledger at {sqlite}")
-        return _store("sqlite", str(sqlite))
+        return LedgerConfig("sqlite", str(sqlite))
     if dsn:
-        return _store("postgres", dsn)
+        return LedgerConfig("postgres", dsn=dsn)
     if config is None:
         raise click.UsageError("give --config, --sqlite or --dsn")
     raw = _config_document(config)
@@ -63,8 +54,21 @@ def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger
         if not path.is_file():
             raise click.ClickException(f"no ledger at {path} (accounting.ledger of {config}): "
                                        "has a gateway run with this config?")
-        return _store("sqlite", str(path))
-    return _store("postgres", ledger_cfg.dsn)
+        return LedgerConfig("sqlite", str(path))
+    return LedgerConfig("postgres", dsn=ledger_cfg.dsn)
+
+
+def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger:
+    # Only the store: reading a report needs nothing of the accounting service.
+    from accounting.metering import make_ledger
+
+    return make_ledger(_where(config, sqlite, dsn))
+
+
+def _budget_store(config: Path | None, sqlite: Path | None, dsn: str | None) -> BudgetStore:
+    from accounting.ledger.budget_store import make_budget_store
+
+    return make_budget_store(_where(config, sqlite, dsn))
 
 
 async def _report(ledger: Ledger, since: float, until: float, tenant: str | None,
@@ -79,7 +83,6 @@ async def _report(ledger: Ledger, since: float, until: float, tenant: str | None
 
 def _budgets(config: Path | None, sqlite: Path | None, dsn: str | None, tenant: str | None,
              fmt: str) -> str:
-    from accounting.ledger.common import SqlLedger
     from gateway.tenancy.report import budgets_of, render, standing
 
     if config is None:
@@ -90,8 +93,7 @@ def _budgets(config: Path | None, sqlite: Path | None, dsn: str | None, tenant: 
         raise click.ClickException(exc.message) from None
     if tenant:
         found = {k: v for k, v in found.items() if k == tenant}
-    ledger = _ledger(config, sqlite, dsn)
-    assert isinstance(ledger, SqlLedger)
+    ledger = _budget_store(config, sqlite, dsn)
 
     async def read() -> str:
         await ledger.open()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -25,13 +25,10 @@ from accounting.ledger.base import (
     WorkSnapshot,
     hour_of,
 )
+from accounting.ledger.budget_store import Batch, Decide, Query
 from accounting.ledger.tenant_cache import TenantCache
 from accounting.work import WorkRow
 
-Batch = tuple[str, Sequence[Sequence[Any]]]
-Query = tuple[str, tuple[Any, ...]]
-# Given the rows of a locked transaction's queries, the writes that complete it.
-Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
 TENANT_CHUNK = 500  # request ids per tenant lookup (well under SQLite's bound parameters)
 WORK_CHUNK = 2048  # work rows read back between two yields to the event loop
 # The columns of the rows read back, named as the SELECTs name them

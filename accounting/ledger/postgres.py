@@ -14,7 +14,8 @@ import asyncpg
 
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
-from accounting.ledger.common import Batch, Decide, SqlLedger
+from accounting.ledger.budget_store import Batch, Decide
+from accounting.ledger.common import SqlLedger
 
 APPORTIONER_LOCK = 0x7761_7474_6761_7465  # "wattgate" as a bigint key
 MIGRATION_LOCK = APPORTIONER_LOCK - 1

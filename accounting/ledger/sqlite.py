@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
-from accounting.ledger.common import Batch, Decide, SqlLedger
+from accounting.ledger.budget_store import Batch, Decide
+from accounting.ledger.common import SqlLedger
 
 T = TypeVar("T")
 

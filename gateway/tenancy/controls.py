@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from accounting.ledger.base import LedgerError
-from accounting.ledger.common import SqlLedger
+from accounting.ledger.budget_store import make_budget_store
 from gateway.config import GatewayConfig, Tenant
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.metrics import TenancyMetrics
@@ -40,12 +40,9 @@ class TenantControls:
         acct = config.accounting
         if acct is not None and acct.enabled and replica is not None and any(
                 t.limits.any or t.budgets.budgets for t in config.tenants):
-            from accounting.service import make_ledger
-
-            ledger = make_ledger(acct.ledger)  # its own connections: admissions do not queue
-            assert isinstance(ledger, SqlLedger)  # behind the apportioner's commits
-            self.store = TenancyStore(ledger, replica, config.tenant_controls, acct.pricing,
-                                      wall)
+            # its own connections: admissions do not queue behind the apportioner's commits
+            self.store = TenancyStore(make_budget_store(acct.ledger), replica,
+                                      config.tenant_controls, acct.pricing, wall)
             self.store.budgeted = tuple(t.name for t in config.tenants if t.budgets.budgets)
             self.store.interval_s = acct.interval_s
         self.admission = Admission(config, self.metrics, clock=clock, store=self.store,

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from accounting.ledger.common import SqlLedger
+from accounting.ledger.budget_store import BudgetStore
 from accounting.report import fixed, positional
 from gateway.config import FieldReader
 from gateway.tenancy.budget import Cost, Spend, period_start_hour, spends
@@ -33,7 +33,7 @@ def budgets_of(raw_config: Mapping[str, Any]) -> dict[str, TenantBudgets]:
     return out
 
 
-async def standing(ledger: SqlLedger, budgets: Mapping[str, TenantBudgets],
+async def standing(ledger: BudgetStore, budgets: Mapping[str, TenantBudgets],
                    ttl_s: float = 900.0, now_s: float | None = None
                    ) -> list[tuple[str, Spend]]:
     now = time.time() if now_s is None else now_s

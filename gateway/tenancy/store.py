@@ -29,7 +29,7 @@ from typing import Any
 
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
-from accounting.ledger.common import Batch, SqlLedger
+from accounting.ledger.budget_store import Batch, BudgetStore
 from accounting.pricing import Pricing
 from gateway.config import Tenant
 from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, period_start_hour, spends
@@ -70,7 +70,7 @@ class _Settlements:
 
 
 class TenancyStore:
-    def __init__(self, ledger: SqlLedger, replica: str, cfg: TenantControlsConfig,
+    def __init__(self, ledger: BudgetStore, replica: str, cfg: TenantControlsConfig,
                  pricing: Pricing, wall: Callable[[], float]):
         self.ledger = ledger
         self.replica = replica

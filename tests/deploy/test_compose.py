@@ -109,7 +109,8 @@ def test_gateways_share_one_valid_config_and_one_ledger(files: tuple[str, ...]) 
                                            "retention_days": 30}
     # the rate-limit store is the ledger's database; the collector is a compose service
     shared = config.tenant_controls.shared_store
-    assert shared is not None and shared.dsn == config.accounting.ledger.dsn
+    assert shared is not None and config.accounting is not None
+    assert shared.dsn == config.accounting.ledger.dsn
     assert any(t.limits.any for t in config.tenants)
     assert config.telemetry.enabled and urlsplit(config.telemetry.otlp_endpoint).hostname \
         in services

@@ -1,0 +1,67 @@
+"""What tenant controls need of the ledger (`BudgetStore`): budgets' spend per hour, the
+reservations held against them, each tenant's recent bills, the live replicas, and one
+locked transaction to reserve in. The ledger's stores (SQLite, PostgreSQL) serve both this
+and the accounting `Ledger` protocol (base.py); the gateway's tenancy sees only this one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from accounting.config import LedgerConfig
+
+Batch = tuple[str, Sequence[Sequence[Any]]]  # a statement and its parameter rows
+Query = tuple[str, tuple[Any, ...]]
+# Given the rows of a locked transaction's queries, the writes that complete it.
+Decide = Callable[[list[list[tuple[Any, ...]]]], Sequence[Batch]]
+
+
+class BudgetStore(Protocol):
+    async def open(self) -> None:
+        """Connect and migrate the schema to the current version."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
+        """Under the transaction lock `key` (one per tenant): run `queries`, then the writes
+        `decide` makes of their rows, in one transaction."""
+        ...
+
+    async def settle_reservations(self, settled: Sequence[Sequence[Any]],
+                                  dropped: Sequence[str]) -> None:
+        """Settle reservations (sql.SETTLE_RESERVATION rows) and drop those of requests that
+        no engine ran."""
+        ...
+
+    async def tenant_hours(self, tenant: str, since_hour: int
+                           ) -> list[tuple[int, float, float, float]]:
+        """(hour, J, gCO2e, USD) the tenant was billed per hour since `since_hour`."""
+        ...
+
+    async def reservations_held(self, tenant: str, young_s: float, live_s: float,
+                                expired_s: float) -> tuple[float, float, float, int]:
+        """(J, gCO2e, USD) held by a tenant's live reservations, and how many are open."""
+        ...
+
+    async def live_replicas(self, seen_after_s: float) -> int:
+        """Gateway replicas heard from at or after `seen_after_s`."""
+        ...
+
+    async def tenant_bills(self, tenant: str, since_s: float, interval_s: float, limit: int
+                           ) -> list[tuple[str, int, int, float, float, float]]:
+        """A tenant's latest `limit` final requests: (precision, prompt tokens, completion
+        tokens, J, gCO2e, USD) each."""
+        ...
+
+
+def make_budget_store(cfg: LedgerConfig) -> BudgetStore:
+    """A connection of its own to the configured ledger, for tenant controls (admissions do
+    not queue behind the recorder's writes)."""
+    if cfg.kind == "postgres":
+        from accounting.ledger.postgres import PostgresLedger
+
+        return PostgresLedger(cfg.dsn)
+    from accounting.ledger.sqlite import SqliteLedger
+
+    return SqliteLedger(cfg.path)
