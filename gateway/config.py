@@ -5,7 +5,8 @@ field path (e.g. `models[0].endpoints[1].precision`) and the allowed values. Not
 touches the network; API keys are resolved from environment variables or stored as SHA-256
 hashes and are never printed. Each default is written once, in its dataclass; the parsers
 read it from there (`config_fields.section`, `default_of`). Tenants and SLO classes are read
-in `config_tenants`, the `accounting:` section in `accounting.config`.
+in `config_tenants`, how engines are treated (timeouts, retries, outlier detection, health
+checks) in `config_upstream`, the `accounting:` section in `accounting.config`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ from core.vocab import (
     SloClass,
 )
 from gateway.config_tenants import PrecisionPolicy, Tenant, parse_slo_classes, parse_tenants
+from gateway.config_upstream import (
+    HealthCheck,
+    OutlierDetection,
+    Retries,
+    Timeouts,
+    parse_outlier_detection,
+)
 from gateway.telemetry.config import TelemetryConfig, parse_telemetry
 from gateway.tenancy.config import TenantControlsConfig, parse_tenant_controls
 
@@ -68,53 +76,6 @@ class ModelPool:
     # the engines' context length (vLLM's max_model_len): a budget reserves up to it for a
     # request without max_tokens (None: tenant_controls.default_max_tokens)
     max_model_len: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect_s: float = 2.0
-    first_byte_s: float = 60.0  # request sent -> response headers
-    read_s: float = 30.0  # longest silence between two reads of a stream
-    total_s: float = 600.0
-
-
-@dataclass(frozen=True, slots=True)
-class Retries:
-    max_attempts: int = 3
-    deadline_s: float = 10.0  # no new attempt starts after this many seconds
-    # Envoy's retry budget: retries in flight stay within this share of the requests in
-    # flight (but min_retry_concurrency are always allowed), so a failing fleet is not
-    # hammered with retries on top of its load
-    budget_percent: float = 20.0
-    min_retry_concurrency: int = 3
-
-
-@dataclass(frozen=True, slots=True)
-class OutlierDetection:
-    """Envoy-style passive ejection: an engine that keeps failing requests (connect errors,
-    timeouts and stalls, invalid HTTP, 5xx and 429, broken, truncated or unparsable answers)
-    leaves the pool for a while, whatever its health endpoint says; and Envoy's healthy-panic
-    threshold: under panic_threshold_percent of a pool available, route to all of it."""
-
-    consecutive_failures: int = 5
-    base_ejection_s: float = 30.0  # times the number of times it was ejected
-    max_ejection_s: float = 300.0
-    max_ejection_percent: float = 50.0  # of a pool at once (one may always be ejected)
-    panic_threshold_percent: float = 50.0  # 0: never panic (answer 503 when none is healthy)
-    # Envoy's failure-percentage ejection: an engine whose recent requests (the success window,
-    # decayed) fail at least this often, over at least the volume, is ejected too: one that fails
-    # every other request never makes a run of consecutive_failures. 0: off.
-    failure_percentage_threshold: float = 50.0
-    failure_percentage_request_volume: int = 10
-
-
-@dataclass(frozen=True, slots=True)
-class HealthCheck:
-    interval_s: float = 2.0
-    timeout_s: float = 1.0
-    unhealthy_after: int = 2  # consecutive failures before ejection
-    healthy_after: int = 1  # consecutive successes before recovery
-    scrape_metrics: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,15 +230,6 @@ def _routing(rr: FieldReader, slo_names: set[str]) -> Routing:
     return routing
 
 
-def _outlier_detection(r: FieldReader) -> OutlierDetection:
-    policy = section(r, OutlierDetection, minimums={"panic_threshold_percent": 0.0,
-                                                    "failure_percentage_threshold": 0.0})
-    for name in ("max_ejection_percent", "panic_threshold_percent", "failure_percentage_threshold"):
-        if getattr(policy, name) > 100.0:
-            raise ConfigError(f"outlier_detection.{name}", "must be at most 100 (a percentage)")
-    return policy
-
-
 def _accounting(root: FieldReader, env: Mapping[str, str], base_dir: Path | None,
                 models: tuple[ModelPool, ...]) -> AccountingConfig | None:
     raw = root.get("accounting")
@@ -353,7 +305,7 @@ def parse_config(data: Any, env: Mapping[str, str] | None = None,
         routing=_routing(root.sub("routing"), slo_names),
         timeouts=section(root.sub("timeouts"), Timeouts),
         retries=section(root.sub("retries"), Retries, minimums={"min_retry_concurrency": 0}),
-        outlier_detection=_outlier_detection(root.sub("outlier_detection")),
+        outlier_detection=parse_outlier_detection(root.sub("outlier_detection")),
         health=section(root.sub("health"), HealthCheck),
         logging=section(root.sub("logging"), Logging),
         tenant_controls=parse_tenant_controls(root.sub("tenant_controls"), env, ledger_dsn),

@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 import aiohttp
 
 from engines.adapters import EngineAdapter, EngineLoad, MetricsParseError, adapter_for
-from gateway.config import Endpoint, GatewayConfig, HealthCheck
+from gateway.config import Endpoint, GatewayConfig
+from gateway.config_upstream import HealthCheck
 from gateway.routing import Candidate
 from gateway.routing.success import WINDOW_TO_TAU, SuccessWindow
 
