@@ -13,6 +13,12 @@ prior's ratio of a to b is scaled to the bills), then scaled up by the worst und
 among those bills (at most MAX_MARGIN): the estimate of a request shaped like one already
 billed is at least its bill. A budget can then overshoot by what one request costs beyond
 its estimate (a shape the tenant never sent before, at the prior), not by a multiple of it.
+
+A fit says nothing past the bills it was learnt from: bills with 1-30 output tokens give an
+output rate near 0 (least squares puts their cost on the prompt), and a request of the same
+prompts with max_tokens 2,000 would be reserved at its prompt's cost alone. So the learnt
+rates apply up to the most prompt and output tokens a bill of the band held, and the tokens
+beyond are reserved at the prior's rates.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from accounting.pricing import Pricing
 from gateway.tenancy.budget import Cost, Rates, priced
@@ -98,7 +104,8 @@ def fit_j(bills: Sequence[Bill], prior_ratio: float) -> tuple[float, float] | No
 
 
 class TenantRates:
-    """One tenant's learnt rates per (precision, prompt band), and the prior elsewhere."""
+    """One tenant's learnt rates per (precision, prompt band), each up to the most prompt
+    and output tokens its bills held, and the prior elsewhere and beyond."""
 
     __slots__ = ("learnt",)
 
@@ -122,18 +129,24 @@ class TenantRates:
             usd_per_j = math.fsum(x.cost_usd for x in group) / energy if energy > 0 else 0.0
             prompt_j, output_j = fitted
             learnt[key] = Rates(Cost(prompt_j, prompt_j * g_per_j, prompt_j * usd_per_j),
-                                Cost(output_j, output_j * g_per_j, output_j * usd_per_j))
+                                Cost(output_j, output_j * g_per_j, output_j * usd_per_j),
+                                float(max(x.prompt_tokens for x in group)),
+                                float(max(x.completion_tokens for x in group)))
         return cls(learnt)
 
     def describe(self) -> list[dict[str, object]]:
         """The learnt rates, for `/v1/usage`: per precision and prompt band (tokens, the
-        upper bound exclusive, None: unbounded), J per prompt token and per output token."""
+        upper bound exclusive, None: unbounded), J per prompt token and per output token, and
+        the most prompt and output tokens they apply to (the prior's rates beyond)."""
         edges = (0, *PROMPT_BANDS, None)
         return [{"precision": precision, "prompt_tokens": [edges[band], edges[band + 1]],
-                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j}
+                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j,
+                 "learnt_up_to": {"prompt_tokens": int(r.prompt_upto),
+                                  "output_tokens": int(r.output_upto)}}
                 for (precision, band), r in sorted(self.learnt.items())]
 
     def rates(self, precision: str, prompt_tokens: float, pricing: Pricing, now_s: float
               ) -> Rates:
-        return (self.learnt.get((precision, band_of(prompt_tokens)))
-                or prior(precision, pricing, now_s))
+        base = prior(precision, pricing, now_s)
+        got = self.learnt.get((precision, band_of(prompt_tokens)))
+        return base if got is None else replace(got, beyond=base)
