@@ -34,16 +34,20 @@ from gateway.tenancy.budget import Cost, Rates, priced
 # Prompt-length bands (tokens): a prompt token of a long context costs more (attention), and
 # a tenant's short and long requests are learnt apart.
 PROMPT_BANDS: tuple[int, ...] = (512, 2048, 8192)
-# The prior, J per output token when a band has no bills of the tenant's own: an 8B model on
-# one H100 at light load (batch 1-8), idle share included, rounded up (a reservation too big
-# refuses early; one too small lets a budget overshoot).
+# The prior, J per output token where a band has no bills of the tenant's own (or past the
+# tokens its bills held): what a lone stream's token costs an 8B model on one H100, a step's
+# weight reads and the static power over it carried by that one token (the simulator: 2.0 J
+# at vLLM BF16, 3.2 at FP8, 1.9 at INT8, 1.0 at INT4; TensorRT-LLM less), rounded up. A
+# reservation too big refuses early; one too small lets a budget overshoot.
 PRIOR_J_PER_OUTPUT_TOKEN: dict[str, float] = {
-    "bf16": 1.5, "fp16": 1.5, "fp8": 1.8, "int8": 1.5, "int4": 1.0,
+    "bf16": 2.2, "fp16": 2.2, "fp8": 3.6, "int8": 2.1, "int4": 1.1,
 }
-# A prompt token at the prior costs this share of an output token: 0.05 J at BF16. An 8B
-# model's prefill is ~16 GFLOP a token, a third more at a 10k-token context (attention); an
-# H100 at 700 W doing 300-400 TFLOP/s spends 0.02-0.04 J on it.
-PRIOR_PROMPT_SHARE = 1.0 / 30.0
+# J per prompt token at the prior: an 8B model's prefill is ~16 GFLOP a token, a third more at
+# a 10k-token context (attention); an H100 at 700 W doing 300-400 TFLOP/s spends 0.02-0.04 J
+# on it (the simulator: 0.021 at BF16, 0.016 at FP8, 0.040 at INT4, whose GEMMs dequantise).
+PRIOR_J_PER_PROMPT_TOKEN: dict[str, float] = {
+    "bf16": 0.05, "fp16": 0.05, "fp8": 0.05, "int8": 0.05, "int4": 0.06,
+}
 MIN_BILLS = 3  # fewer bills of its own in a band: the prior
 MAX_MARGIN = 2.0  # the most the worst under-estimate among the bills scales the fit by
 
@@ -67,7 +71,7 @@ def band_of(prompt_tokens: float) -> int:
 def prior_j(precision: str) -> tuple[float, float]:
     """(J per prompt token, J per output token) when nothing is learnt."""
     output = PRIOR_J_PER_OUTPUT_TOKEN.get(precision, PRIOR_J_PER_OUTPUT_TOKEN["bf16"])
-    return output * PRIOR_PROMPT_SHARE, output
+    return PRIOR_J_PER_PROMPT_TOKEN.get(precision, PRIOR_J_PER_PROMPT_TOKEN["bf16"]), output
 
 
 def prior(precision: str, pricing: Pricing, now_s: float) -> Rates:
