@@ -13,7 +13,10 @@ TDP 700 W, HBM 3.35 TB/s, tensor-core peaks, the fitted kernel efficiencies and 
 weights of each kind of work. Per precision:
 - alpha, a prompt token: its GEMM FLOPs at the precision's tensor-core rate (FP8 and INT8
   halve the time; prefill-bound FP8/INT8 steps run at TDP, so the board's power cap, not the
-  extra power of quantising activations, sets their energy per token);
+  extra power of quantising activations, sets their energy per token). The GEMMs only: the
+  prompt's attention, which grows with its context, is work of its own (work.py,
+  `PREFILL_ATTENTION_PER_KV`); an alpha that also held attention at some context (a
+  difference of two prompt lengths) counted it twice;
 - beta, a decoded token: the same GEMM FLOPs plus the per-sequence sampling kernels;
 - gamma, one context token read by one decoded token: the KV bytes (always 16-bit) over
   HBM, plus its attention FLOPs;
@@ -62,13 +65,15 @@ DEFAULTS: dict[str, Coefficients] = {
 # decode step costs about a third of vLLM FP8's at batch 1. Derived the same way, from the
 # simulator's TensorRT-LLM kernel profiles (engines/sim/perf.py): with vLLM's FP8 values a
 # trtllm FP8 engine billed decoders 25 % too much beside long prefills, and prompts 24 % too
-# little.
+# little. Their alphas once held the attention of a 2k-4k-token prompt as well (+16 to +36 %):
+# with the simulator's exact steps a 4,000-token prompt beside 24 decoders was billed +10 %
+# (BF16) and +26 % (FP8) over its Shapley share.
 TRTLLM_DEFAULTS: dict[str, Coefficients] = {
-    "bf16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
-    "fp16": Coefficients(0.0143, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
-    "fp8": Coefficients(0.0079, 0.0100, 3.0e-5, 0.781, 0.804, 16.0, 3.66e-3),
-    "int8": Coefficients(0.0093, 0.0115, 3.0e-5, 0.812, 0.862, 16.0, 3.82e-3),
-    "int4": Coefficients(0.0239, 0.0263, 3.0e-5, 0.569, 0.526, 16.0, 3.09e-3),
+    "bf16": Coefficients(0.0123, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
+    "fp16": Coefficients(0.0123, 0.0165, 3.0e-5, 1.374, step_s=6.09e-3),
+    "fp8": Coefficients(0.0058, 0.0100, 3.0e-5, 0.781, 0.804, 16.0, 3.66e-3),
+    "int8": Coefficients(0.0073, 0.0115, 3.0e-5, 0.812, 0.862, 16.0, 3.82e-3),
+    "int4": Coefficients(0.0219, 0.0263, 3.0e-5, 0.569, 0.526, 16.0, 3.09e-3),
 }
 FALLBACK = DEFAULTS["bf16"]
 

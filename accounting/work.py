@@ -80,11 +80,14 @@ def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
     return min(ks), max(ks)
 
 # One prompt token attending over one context token in prefill, in units of one decoded
-# token's read of one context token's KV cache (the `gamma` work): compute at the tensor
-# cores' rate near TDP against 16-bit KV bytes over HBM. Fitted to the simulated H100 profile
-# (docs/simulator.md): its prefill energy of 1k-30k-token prompts is 0.0150 P + 5.6e-7 P^2/2 J
-# (15 J at 1k, 704 J at 30k), and 5.6e-7 / gamma (3.0e-5) = 0.019.
-PREFILL_ATTENTION_PER_KV = 0.019
+# token's read of one context token's KV cache (the `gamma` work). From the simulated H100
+# profile (engines/sim/perf.py, power.py): a pair is 4 x layers x heads x head_dim FLOPs at
+# the 16-bit tensor-core rate the attention kernels reach (45 % of 989 TFLOP/s: 1.18 ns for
+# Llama-3.1-8B), drawing 0.88 of (TDP - idle), 625 W: 6.5e-7 J, whatever the precision of the
+# GEMMs (the KV cache is 16-bit); 6.5e-7 / gamma (3.0e-5) = 0.0216. A least-squares fit of
+# whole prompts' energy (0.0150 P + 5.6e-7 P^2/2) put part of the square into the linear
+# term and undercharged a long prompt's attention by 14 %.
+PREFILL_ATTENTION_PER_KV = 0.0216
 
 
 def prefill_attention(prefill: dict[int, float]) -> dict[int, float]:

@@ -3,7 +3,8 @@
 A request is admitted when, for every budget of its tenant, what the ledger has charged in
 the period + what reservations hold + this request's estimate stays within the limit. The
 estimate is prompt tokens x the cost of a prompt token + max_tokens x the cost of an output
-token, at rates learnt from the tenant's own bills (gateway/tenancy/rates.py).
+token, at rates learnt from the tenant's own bills (gateway/tenancy/rates.py) for as many
+tokens as those bills held, at the prior's beyond.
 """
 
 from __future__ import annotations
@@ -60,14 +61,25 @@ def priced(energy_j: float, pricing: Pricing, now_s: float) -> Cost:
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """What one prompt token and one output token of a request cost."""
+    """What one prompt and one output token of a request cost: up to `prompt_upto` prompt
+    and `output_upto` output tokens (the most the bills they were learnt from held) at
+    `prompt` and `output`, the tokens beyond at `beyond`'s (the prior: a learnt rate says
+    nothing of shapes past the bills it was learnt from)."""
 
     prompt: Cost
     output: Cost
+    prompt_upto: float = math.inf
+    output_upto: float = math.inf
+    beyond: Rates | None = None
 
 
 def estimate(prompt_tokens: float, output_tokens: float, rates: Rates) -> Cost:
-    return rates.prompt.times(prompt_tokens).plus(rates.output.times(output_tokens))
+    cost = rates.prompt.times(min(prompt_tokens, rates.prompt_upto)).plus(
+        rates.output.times(min(output_tokens, rates.output_upto)))
+    if rates.beyond is not None:
+        cost = cost.plus(estimate(max(0.0, prompt_tokens - rates.prompt_upto),
+                                  max(0.0, output_tokens - rates.output_upto), rates.beyond))
+    return cost
 
 
 @dataclass(frozen=True, slots=True)

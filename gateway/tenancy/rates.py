@@ -13,6 +13,12 @@ prior's ratio of a to b is scaled to the bills), then scaled up by the worst und
 among those bills (at most MAX_MARGIN): the estimate of a request shaped like one already
 billed is at least its bill. A budget can then overshoot by what one request costs beyond
 its estimate (a shape the tenant never sent before, at the prior), not by a multiple of it.
+
+A fit says nothing past the bills it was learnt from: bills with 1-30 output tokens give an
+output rate near 0 (least squares puts their cost on the prompt), and a request of the same
+prompts with max_tokens 2,000 would be reserved at its prompt's cost alone. So the learnt
+rates apply up to the most prompt and output tokens a bill of the band held, and the tokens
+beyond are reserved at the prior's rates.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from accounting.pricing import Pricing
 from gateway.tenancy.budget import Cost, Rates, priced
@@ -28,16 +34,20 @@ from gateway.tenancy.budget import Cost, Rates, priced
 # Prompt-length bands (tokens): a prompt token of a long context costs more (attention), and
 # a tenant's short and long requests are learnt apart.
 PROMPT_BANDS: tuple[int, ...] = (512, 2048, 8192)
-# The prior, J per output token when a band has no bills of the tenant's own: an 8B model on
-# one H100 at light load (batch 1-8), idle share included, rounded up (a reservation too big
-# refuses early; one too small lets a budget overshoot).
+# The prior, J per output token where a band has no bills of the tenant's own (or past the
+# tokens its bills held): what a lone stream's token costs an 8B model on one H100, a step's
+# weight reads and the static power over it carried by that one token (the simulator: 2.0 J
+# at vLLM BF16, 3.2 at FP8, 1.9 at INT8, 1.0 at INT4; TensorRT-LLM less), rounded up. A
+# reservation too big refuses early; one too small lets a budget overshoot.
 PRIOR_J_PER_OUTPUT_TOKEN: dict[str, float] = {
-    "bf16": 1.5, "fp16": 1.5, "fp8": 1.8, "int8": 1.5, "int4": 1.0,
+    "bf16": 2.2, "fp16": 2.2, "fp8": 3.6, "int8": 2.1, "int4": 1.1,
 }
-# A prompt token at the prior costs this share of an output token: 0.05 J at BF16. An 8B
-# model's prefill is ~16 GFLOP a token, a third more at a 10k-token context (attention); an
-# H100 at 700 W doing 300-400 TFLOP/s spends 0.02-0.04 J on it.
-PRIOR_PROMPT_SHARE = 1.0 / 30.0
+# J per prompt token at the prior: an 8B model's prefill is ~16 GFLOP a token, a third more at
+# a 10k-token context (attention); an H100 at 700 W doing 300-400 TFLOP/s spends 0.02-0.04 J
+# on it (the simulator: 0.021 at BF16, 0.016 at FP8, 0.040 at INT4, whose GEMMs dequantise).
+PRIOR_J_PER_PROMPT_TOKEN: dict[str, float] = {
+    "bf16": 0.05, "fp16": 0.05, "fp8": 0.05, "int8": 0.05, "int4": 0.06,
+}
 MIN_BILLS = 3  # fewer bills of its own in a band: the prior
 MAX_MARGIN = 2.0  # the most the worst under-estimate among the bills scales the fit by
 
@@ -61,7 +71,7 @@ def band_of(prompt_tokens: float) -> int:
 def prior_j(precision: str) -> tuple[float, float]:
     """(J per prompt token, J per output token) when nothing is learnt."""
     output = PRIOR_J_PER_OUTPUT_TOKEN.get(precision, PRIOR_J_PER_OUTPUT_TOKEN["bf16"])
-    return output * PRIOR_PROMPT_SHARE, output
+    return PRIOR_J_PER_PROMPT_TOKEN.get(precision, PRIOR_J_PER_PROMPT_TOKEN["bf16"]), output
 
 
 def prior(precision: str, pricing: Pricing, now_s: float) -> Rates:
@@ -98,7 +108,8 @@ def fit_j(bills: Sequence[Bill], prior_ratio: float) -> tuple[float, float] | No
 
 
 class TenantRates:
-    """One tenant's learnt rates per (precision, prompt band), and the prior elsewhere."""
+    """One tenant's learnt rates per (precision, prompt band), each up to the most prompt
+    and output tokens its bills held, and the prior elsewhere and beyond."""
 
     __slots__ = ("learnt",)
 
@@ -122,18 +133,24 @@ class TenantRates:
             usd_per_j = math.fsum(x.cost_usd for x in group) / energy if energy > 0 else 0.0
             prompt_j, output_j = fitted
             learnt[key] = Rates(Cost(prompt_j, prompt_j * g_per_j, prompt_j * usd_per_j),
-                                Cost(output_j, output_j * g_per_j, output_j * usd_per_j))
+                                Cost(output_j, output_j * g_per_j, output_j * usd_per_j),
+                                float(max(x.prompt_tokens for x in group)),
+                                float(max(x.completion_tokens for x in group)))
         return cls(learnt)
 
     def describe(self) -> list[dict[str, object]]:
         """The learnt rates, for `/v1/usage`: per precision and prompt band (tokens, the
-        upper bound exclusive, None: unbounded), J per prompt token and per output token."""
+        upper bound exclusive, None: unbounded), J per prompt token and per output token, and
+        the most prompt and output tokens they apply to (the prior's rates beyond)."""
         edges = (0, *PROMPT_BANDS, None)
         return [{"precision": precision, "prompt_tokens": [edges[band], edges[band + 1]],
-                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j}
+                 "j_per_prompt_token": r.prompt.j, "j_per_output_token": r.output.j,
+                 "learnt_up_to": {"prompt_tokens": int(r.prompt_upto),
+                                  "output_tokens": int(r.output_upto)}}
                 for (precision, band), r in sorted(self.learnt.items())]
 
     def rates(self, precision: str, prompt_tokens: float, pricing: Pricing, now_s: float
               ) -> Rates:
-        return (self.learnt.get((precision, band_of(prompt_tokens)))
-                or prior(precision, pricing, now_s))
+        base = prior(precision, pricing, now_s)
+        got = self.learnt.get((precision, band_of(prompt_tokens)))
+        return base if got is None else replace(got, beyond=base)

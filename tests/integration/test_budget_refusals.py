@@ -28,11 +28,11 @@ def error_of(raw: bytes) -> dict[str, Any]:
 
 
 async def test_retry_after_is_when_the_finished_requests_are_billed(tmp_path: Path) -> None:
-    """Two requests (72.1 J reserved each at the prior) fill a 150 J budget; once they have
+    """Two requests (105.7 J reserved each at the prior) fill a 220 J budget; once they have
     finished, a third is refused while their reservations wait for their bills, and told to
     come back in seconds, not at the end of the hour: then it is admitted."""
     async with fake_engine(FakeEngine(model="m")) as eng:
-        config = budget_config(eng, tmp_path / "l.db", {"period": "hour", "j": 150})
+        config = budget_config(eng, tmp_path / "l.db", {"period": "hour", "j": 220})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
             first = await asyncio.gather(*(post(s, gw + "/v1/completions") for _ in range(2)))
             assert [g[0] for g in first] == [200, 200]
@@ -55,14 +55,14 @@ async def test_retry_after_is_the_period_end_when_the_charges_leave_no_room(tmp_
     async with fake_engine(FakeEngine(model="m")) as eng:
         config = budget_config(eng, tmp_path / "l.db", {"period": "hour", "j": 50})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
-            status, raw, headers = await post(s, gw + "/v1/completions")  # 72.1 J > 50 J
+            status, raw, headers = await post(s, gw + "/v1/completions")  # 105.7 J > 50 J
     now = time.time()
     assert status == 429 and error_of(raw)["code"] == "budget_exceeded"
     assert int(headers["Retry-After"]) == pytest.approx(3600 - now % 3600, abs=3)
 
 
 async def test_downgrade_leaves_a_pinned_precision_and_says_so(tmp_path: Path) -> None:
-    """Room for INT4 (48.07 J) but not BF16 (72.1 J): a request that pins BF16 is refused,
+    """Room for INT4 (52.92 J) but not BF16 (105.7 J): a request that pins BF16 is refused,
     the message naming the pin, unless budget_downgrade_pinned lets the downgrade apply."""
     got: dict[bool, tuple[int, bytes, dict[str, str]]] = {}
     for pinned_ok in (False, True):

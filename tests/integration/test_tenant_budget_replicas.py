@@ -25,10 +25,10 @@ from tests.support.postgres import fresh_database, postgres_server
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.postgres]
-# "hello" is 2 prompt tokens by the byte estimate; with max_tokens 48, 49 weighted tokens are
-# reserved (a prompt token weighs 0.05): 73.5 J at the BF16 default of 1.5 J per weighted
-# token. 1,500 J has room for 20 (1,470 J), not 21.
-BUDGET_J = 1500.0
+# "hello" is 2 prompt tokens by the byte estimate; with max_tokens 48, the BF16 prior (0.05 J
+# a prompt token, 2.2 J an output token) reserves 105.7 J. 2,150 J has room for 20 (2,114 J),
+# not 21.
+BUDGET_J = 2150.0
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 48}
 CAP = 5
 

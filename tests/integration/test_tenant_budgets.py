@@ -22,8 +22,8 @@ from tests.support.gateway import KEY_A, KEY_B, raw_config, running_gateway
 pytestmark = pytest.mark.timeout(90)
 AUTH_A = {"Authorization": f"Bearer {KEY_A}"}
 # "hello" is 2 prompt tokens by the byte estimate; with 48 completion tokens, at the prior
-# (1.5 J an output token at BF16, 1.0 at INT4, a prompt token 1/30 of that) 72.1 J are
-# reserved at BF16, 48.07 J at INT4
+# (2.2 J an output token and 0.05 J a prompt token at BF16, 1.1 J and 0.06 J at INT4)
+# 105.7 J are reserved at BF16, 52.92 J at INT4
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 48}
 
 
@@ -51,31 +51,31 @@ async def post(s: aiohttp.ClientSession, url: str, headers: dict[str, str] | Non
 
 async def test_concurrent_requests_past_a_joule_budget_are_refused(tmp_path: Path) -> None:
     async with fake_engine(FakeEngine(model="m", ttft_s=1.5)) as eng:
-        config = budget_config(eng, tmp_path / "l.db", {"period": "hour", "j": 230})
+        config = budget_config(eng, tmp_path / "l.db", {"period": "hour", "j": 330})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
             got = await asyncio.gather(*(post(s, gw + "/v1/completions") for _ in range(6)))
             async with s.get(gw + "/metrics") as r:
                 text = await r.text()
-    assert sorted(g[0] for g in got) == [200, 200, 200, 429, 429, 429]  # 3 x 72.1 J fit in 230
+    assert sorted(g[0] for g in got) == [200, 200, 200, 429, 429, 429]  # 3 x 105.7 J fit in 330
     refused = [g for g in got if g[0] == 429]
     for _, body, headers in refused:
         assert orjson.loads(body)["error"]["code"] == "budget_exceeded"
         assert 1 <= int(headers["Retry-After"]) <= 3600  # till the hour ends
         assert headers["x-wattgate-budget"] == "exceeded"
     assert 'wattgate_tenant_limited_total{reason="budget",tenant="tenant-a"} 3.0' in text
-    assert 'wattgate_tenant_budget_limit{period="hour",tenant="tenant-a",unit="j"} 230.0' in text
+    assert 'wattgate_tenant_budget_limit{period="hour",tenant="tenant-a",unit="j"} 330.0' in text
 
 
 async def test_downgrade_admits_at_a_cheaper_precision_when_the_budget_is_short(
         tmp_path: Path) -> None:
     async with fake_engine(FakeEngine(model="m", ttft_s=1.5)) as eng:
-        config = budget_config(eng, tmp_path / "l.db", {"period": "day", "j": 132},
+        config = budget_config(eng, tmp_path / "l.db", {"period": "day", "j": 170},
                                ("bf16", "int4"), on_budget="downgrade")
         async with running_gateway(config) as gw, aiohttp.ClientSession() as s:
             got = await asyncio.gather(*(post(s, gw + "/v1/completions") for _ in range(3)))
     by_status = sorted((g[0], g[2].get("x-wattgate-precision", ""),
                         g[2].get("x-wattgate-budget", "")) for g in got)
-    # 72.1 J at BF16, then 59.9 J left: 48.07 J at INT4 fits, then nothing does
+    # 105.7 J at BF16, then 64.3 J left: 52.92 J at INT4 fits, then nothing does
     assert by_status[0][0] == 200 and by_status[0][2] == ""
     assert by_status[1] == (200, "int4", "downgraded;from=bf16")
     assert by_status[2][0] == 429 and by_status[2][2] == "exceeded"

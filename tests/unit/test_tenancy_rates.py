@@ -9,14 +9,16 @@ from gateway.tenancy.budget import estimate
 from gateway.tenancy.rates import (
     MAX_MARGIN,
     PRIOR_J_PER_OUTPUT_TOKEN,
-    PRIOR_PROMPT_SHARE,
+    PRIOR_J_PER_PROMPT_TOKEN,
     Bill,
     TenantRates,
     band_of,
     fit_j,
+    prior_j,
 )
 
 PRICING = Pricing()
+PRIOR_PROMPT_SHARE = prior_j("bf16")[0] / prior_j("bf16")[1]  # a / b where bills cannot tell
 
 
 def bill(prompt: int, completion: int, a: float = 0.02, b: float = 0.3, noise: float = 1.0,
@@ -57,7 +59,8 @@ def test_too_few_bills_or_a_band_never_sent_gets_the_conservative_prior() -> Non
     long = rates.rates("bf16", 12000, PRICING, 0.0)  # another band: the prior
     assert band_of(12000) != band_of(50)
     assert long.output.j == PRIOR_J_PER_OUTPUT_TOKEN["bf16"]
-    assert long.prompt.j == pytest.approx(PRIOR_J_PER_OUTPUT_TOKEN["bf16"] * PRIOR_PROMPT_SHARE)
+    assert long.output.j >= 2.0  # a lone BF16 stream's token on the simulated H100
+    assert long.prompt.j == pytest.approx(PRIOR_J_PER_PROMPT_TOKEN["bf16"])
     assert rates.rates("int4", 50, PRICING, 0.0).output.j == PRIOR_J_PER_OUTPUT_TOKEN["int4"]
 
 
@@ -67,3 +70,23 @@ def test_a_fit_that_would_go_negative_keeps_the_closer_single_rate() -> None:
              bill(300, 100, a=0.0), bill(200, 50, a=0.0, noise=1.02)]
     a, b = fit_j(bills, PRIOR_PROMPT_SHARE) or (-1.0, -1.0)
     assert a == 0.0 and 0.27 < b < 0.3 * MAX_MARGIN
+
+
+def test_tokens_past_what_the_bills_held_are_reserved_at_the_prior() -> None:
+    # long prompts with 1-30 output tokens: the fit puts their cost on the prompt
+    bills = [bill(10000 + 500 * i, 1 + 3 * i, a=0.024, b=0.0) for i in range(10)]
+    rates = TenantRates.from_bills(bills)
+    learnt = rates.rates("bf16", 12000, PRICING, 0.0)
+    assert learnt.output.j == pytest.approx(0.0, abs=1e-6)
+    assert learnt.output_upto == 28 and learnt.prompt_upto == 14500
+    # a shape it sent: the learnt rates (at least its bill)
+    assert estimate(12000, 10, learnt).j == pytest.approx(learnt.prompt.j * 12000, rel=1e-3)
+    assert estimate(12000, 10, learnt).j >= 0.024 * 12000 * (1 - 1e-9)
+    # the same prompt with max_tokens 2,000: the output past 28 tokens at the prior's rate
+    prior_out = PRIOR_J_PER_OUTPUT_TOKEN["bf16"]
+    assert estimate(12000, 2000, learnt).j >= (2000 - 28) * prior_out
+    # a longer prompt of the band: the tokens past 14,500 at the prior's prompt rate
+    assert estimate(16000, 1, learnt).j == pytest.approx(
+        learnt.prompt.j * 14500 + 1500 * PRIOR_J_PER_PROMPT_TOKEN["bf16"], rel=1e-6)
+    described = rates.describe()[0]
+    assert described["learnt_up_to"] == {"prompt_tokens": 14500, "output_tokens": 28}
