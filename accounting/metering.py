@@ -11,24 +11,43 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from accounting.coefficients import Coefficients, default_for
 from accounting.config import AccountingConfig, LedgerConfig
 from accounting.counters import DEFAULT_IDLE_W_PER_GPU, EngineCounters
 from accounting.energy import EnergyTrack
 from accounting.ledger.base import EngineState, Ledger, LedgerError
+from accounting.ledger.budget_store import BudgetStore
 from accounting.metrics import ApportionerMetrics
 from accounting.plan import EngineInfo, FitSample
 from engines.meters.base import Meter, MeterError
 from engines.meters.model import ModelMeter
 from engines.meters.registry import make_meter
 
+if TYPE_CHECKING:
+    from accounting.ledger.postgres import PostgresLedger
+    from accounting.ledger.sqlite import SqliteLedger
+
 log = logging.getLogger("wattgate.accounting")
 
 __all__ = ["EngineInfo", "MeterPoller", "MeteredEngine", "make_ledger", "metered_engines"]
 
 
+def make_budget_store(cfg: LedgerConfig) -> BudgetStore:
+    """A connection of its own to the configured ledger, for tenant controls (admissions do
+    not queue behind the recorder's writes)."""
+    store: BudgetStore = make_ledger_store(cfg)
+    return store
+
+
 def make_ledger(cfg: LedgerConfig) -> Ledger:
+    ledger: Ledger = make_ledger_store(cfg)
+    return ledger
+
+
+def make_ledger_store(cfg: LedgerConfig) -> SqliteLedger | PostgresLedger:
+    """The configured store, which serves both the `Ledger` and the `BudgetStore` protocols."""
     if cfg.kind == "postgres":
         from accounting.ledger.postgres import PostgresLedger
 

@@ -66,7 +66,7 @@ def _ledger(config: Path | None, sqlite: Path | None, dsn: str | None) -> Ledger
 
 
 def _budget_store(config: Path | None, sqlite: Path | None, dsn: str | None) -> BudgetStore:
-    from accounting.ledger.budget_store import make_budget_store
+    from accounting.metering import make_budget_store
 
     return make_budget_store(_where(config, sqlite, dsn))
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from accounting.config import LedgerConfig
-
 Batch = tuple[str, Sequence[Sequence[Any]]]  # a statement and its parameter rows
 Query = tuple[str, tuple[Any, ...]]
 # Given the rows of a locked transaction's queries, the writes that complete it.
@@ -54,14 +52,3 @@ class BudgetStore(Protocol):
         tokens, J, gCO2e, USD) each."""
         ...
 
-
-def make_budget_store(cfg: LedgerConfig) -> BudgetStore:
-    """A connection of its own to the configured ledger, for tenant controls (admissions do
-    not queue behind the recorder's writes)."""
-    if cfg.kind == "postgres":
-        from accounting.ledger.postgres import PostgresLedger
-
-        return PostgresLedger(cfg.dsn)
-    from accounting.ledger.sqlite import SqliteLedger
-
-    return SqliteLedger(cfg.path)

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from accounting.ledger.base import LedgerError
-from accounting.ledger.budget_store import make_budget_store
+from accounting.metering import make_budget_store
 from gateway.config import GatewayConfig, Tenant
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.metrics import TenancyMetrics
