@@ -19,6 +19,8 @@ from core.errors import ConfigError
 
 _Word = TypeVar("_Word", bound=str)
 
+MAX_INTEGER = 2**63 - 1
+
 
 class FieldReader:
     """Reads one mapping of the YAML tree, remembering its path for error messages."""
@@ -76,6 +78,8 @@ class FieldReader:
             raise ConfigError(self.at(key), "must be an integer")
         if value < minimum:
             raise ConfigError(self.at(key), f"must be >= {minimum}")
+        if value > MAX_INTEGER:  # nothing downstream (JSON, SQL) holds more than 64 bits
+            raise ConfigError(self.at(key), f"must be at most {MAX_INTEGER}")
         return value
 
     def flag(self, key: str, default: bool | None) -> bool:
@@ -85,7 +89,11 @@ class FieldReader:
         return value
 
     def sub(self, key: str) -> FieldReader:
-        return FieldReader(self.get(key) or {}, self.at(key))
+        """The mapping at `key`, empty when absent or null; anything else that is not a
+        mapping is refused (`journal: false` or `shared_store: false` would otherwise read as
+        an empty section: every default, the journal and the shared store on)."""
+        value = self.get(key)
+        return FieldReader({} if value is None else value, self.at(key))
 
     def items(self, key: str, *, required: bool = True) -> list[tuple[str, Any]]:
         value = self.get(key)

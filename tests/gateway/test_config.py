@@ -40,6 +40,16 @@ def test_quickstart_config_loads_into_frozen_objects() -> None:
      "tenants[0].api_key_env", "unset"),
     (lambda r: r.update(timeouts={"read_s": -1}), "timeouts.read_s", "> 0"),
     (lambda r: r.update(models=[]), "models", "non-empty"),
+    # past 64 bits: `config check` failed printing it (orjson) with a traceback
+    (lambda r: r.update(outlier_detection={"failure_percentage_request_volume": 10**30}),
+     "outlier_detection.failure_percentage_request_volume", "at most 9223372036854775807"),
+    # a section written `false` is refused, not read as an empty one (every default: on)
+    (lambda r: r.update(accounting={"journal": False}), "accounting.journal",
+     "expected a mapping"),
+    (lambda r: r.update(accounting={"ledger": {"kind": "postgres", "dsn": "postgresql://h/db"}},
+                        tenant_controls={"shared_store": False}),
+     "tenant_controls.shared_store", "expected a mapping"),
+    (lambda r: r.update(outlier_detection=False), "outlier_detection", "expected a mapping"),
 ])
 def test_bad_config_names_the_field(mutate, path: str, words: str) -> None:  # type: ignore[no-untyped-def]
     raw = raw_config([dict(EP)])
