@@ -44,7 +44,7 @@ from accounting.pricing import (
     series_from_csv,
 )
 from core.config_fields import FieldReader as _Reader
-from core.config_fields import section
+from core.config_fields import postgres_url, section
 from core.errors import ConfigError
 from core.vocab import (
     APPORTIONER_MODES,
@@ -179,9 +179,9 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
             value = env.get(str(dsn_env), "")
             if not value:
                 raise ConfigError(r.at("dsn_env"), f"environment variable {dsn_env} is unset")
-            dsn = value
-        if not isinstance(dsn, str):
-            raise ConfigError(r.at("dsn"), "must be a string")
+            dsn = postgres_url(r.at("dsn_env"), value)
+        else:
+            dsn = postgres_url(r.at("dsn"), dsn)
         cfg = LedgerConfig(kind="postgres", dsn=dsn, retention_days=retention)
     r.finish()
     return cfg

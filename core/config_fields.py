@@ -14,6 +14,7 @@ import math
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from core.errors import ConfigError
 
@@ -137,6 +138,21 @@ def secret_hash(r: FieldReader, env: Mapping[str, str], prefix: str, *, required
     if required:
         raise ConfigError(r.at(f"{prefix}_env"), f"one of {prefix}_env or {prefix}_sha256 is required")
     return ""
+
+
+def postgres_url(path: str, value: Any) -> str:
+    """A PostgreSQL URL as asyncpg reads it: its scheme, and every host's port a number (a
+    URL asyncpg cannot parse would fail the gateway's start with a traceback, not here)."""
+    if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(path, "must be a PostgreSQL URL (postgresql://...)")
+    try:
+        for host in urlsplit(value).netloc.rpartition("@")[2].split(","):
+            port = host.rpartition("]")[2].partition(":")[2]  # after an IPv6 literal's ]
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+    except ValueError as exc:
+        raise ConfigError(path, f"not a PostgreSQL URL: {exc}") from None
+    return value
 
 
 def default_of(cls: type[Any], name: str) -> Any:
