@@ -48,6 +48,15 @@ class FieldReader:
             raise ConfigError(self.at(key), "must be a non-empty string")
         return value
 
+    def name(self, key: str, default: str | None = None) -> str:
+        """A name the ledger and the metrics carry (a tenant's, a model's, an endpoint's):
+        printable, so no NUL (PostgreSQL's text refuses it: every ledger batch holding such a
+        request would fail), newline or lone surrogate (no line or JSON encodes it)."""
+        value = self.text(key, default)
+        if not value.isprintable():
+            raise ConfigError(self.at(key), f"{value!r} holds a control or unprintable character")
+        return value
+
     def choice(self, key: str, allowed: tuple[_Word, ...], default: _Word | None = None) -> _Word:
         """One of `allowed` (typed as narrowly as `allowed` is: a Literal's values give it)."""
         value = self.text(key, default)

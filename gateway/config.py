@@ -209,7 +209,7 @@ def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
     url = r.text("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(r.at("url"), "must start with http:// or https://")
-    name = r.text("name", url.split("://", 1)[1])
+    name = r.name("name", url.split("://", 1)[1])
     upstream_model = r.text("model", alias)
     precision = r.choice("precision", PRECISIONS)
     return section(r, Endpoint, given={"name": name, "url": url, "upstream_model": upstream_model,
@@ -222,7 +222,7 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
     seen_endpoints: set[str] = set()
     for path, raw in root.items("models"):
         r = FieldReader(raw, path)
-        name = r.text("name")
+        name = r.name("name")
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))

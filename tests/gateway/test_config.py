@@ -50,6 +50,12 @@ def test_quickstart_config_loads_into_frozen_objects() -> None:
                         tenant_controls={"shared_store": False}),
      "tenant_controls.shared_store", "expected a mapping"),
     (lambda r: r.update(outlier_detection=False), "outlier_detection", "expected a mapping"),
+    # names the ledger and metrics carry: a NUL failed every PostgreSQL ledger batch holding
+    # one of the tenant's requests
+    (lambda r: r["tenants"][0].update(name="acme\x00"), "tenants[0].name", "control"),
+    (lambda r: r["models"][0].update(name="m\nx"), "models[0].name", "control"),
+    (lambda r: r["models"][0]["endpoints"][0].update(name="e\ud800"),
+     "models[0].endpoints[0].name", "control"),
 ])
 def test_bad_config_names_the_field(mutate, path: str, words: str) -> None:  # type: ignore[no-untyped-def]
     raw = raw_config([dict(EP)])
