@@ -36,6 +36,11 @@ from core.vocab import Precision, PromptSource
 VERSION: Final = 2
 # A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+# A request's token count: past this an engine's usage is its error, not a count (the gateway
+# caps what it reads here), and a few counts near 2**63 summed in an hour's rollup would
+# overflow it, failing every usage read of that tenant
+MAX_TOKENS: Final = 1 << 31
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
 # A time (wall clock or monotonic, seconds) a clock reaches: one like 1e300 is finite but its
 # interval index is no 64-bit integer, and a journal line holding it made the accounting
 # child fail at every replay
@@ -63,8 +68,8 @@ class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
     finished_s: Time
     read_times: tuple[Time, ...]
     read_events: tuple[Count, ...]
-    prompt_tokens: Count
-    completion_tokens: Count
+    prompt_tokens: Tokens
+    completion_tokens: Tokens
     attempts: Count
     slo_met: bool
     prompt_source: PromptSource

@@ -9,6 +9,7 @@ import orjson
 
 from core.codec import (
     MAX_TIME_S,
+    MAX_TOKENS,
     VERSION,
     RecordLine,
     decode,
@@ -65,6 +66,16 @@ def test_a_time_no_clock_reaches_is_not_a_record() -> None:
         assert decode(encode(bad)) is None
     assert decode_lines(encode(rec) + encode(dataclasses.replace(rec, finished_s=1e300))) == (
         [_as_journalled(rec)], 1)
+
+
+def test_a_token_count_past_what_the_gateway_reads_is_not_a_record() -> None:
+    """Counts near 2**63 fit a row but not a sum: two in one hour's rollup made every usage
+    read of their tenant fail (integer overflow), for good."""
+    rec = fixture_records()[0]
+    assert decode(encode(dataclasses.replace(rec, prompt_tokens=MAX_TOKENS))) is not None
+    for bad in (dataclasses.replace(rec, prompt_tokens=MAX_TOKENS + 1),
+                dataclasses.replace(rec, completion_tokens=(1 << 63) - 1)):
+        assert decode(encode(bad)) is None
 
 
 def test_one_bad_line_among_good_ones_costs_only_itself() -> None:
