@@ -84,6 +84,19 @@ def test_config_check_prints_normalised_config_and_hides_keys(tmp_path: Path) ->
     assert "ok (1 models, 5 endpoints, 3 tenants)" in out.stderr
 
 
+def test_config_check_hides_every_dsn(tmp_path: Path) -> None:
+    """The shared rate store's DSN (and its password) was printed as given."""
+    raw = raw_config([dict(EP)], accounting={"ledger": {
+        "kind": "postgres", "dsn": "postgresql://u:ledger-pw@db/x"}},
+        tenant_controls={"shared_store": {"dsn": "postgresql://u:rates-pw@db/y"}})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = subprocess.run(wattgate_cmd("config", "check", str(path)), capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "-pw" not in out.stdout and out.stdout.count('"dsn": "<set>"') == 2
+
+
 def test_serve_with_bad_config_exits_nonzero_before_binding(tmp_path: Path) -> None:
     raw = raw_config([{**EP, "precision": "fp4"}])
     path = tmp_path / "bad.yaml"
