@@ -111,3 +111,19 @@ async def test_while_the_store_is_down_open_the_replicas_own_bucket_takes_and_se
     assert ticket.headers["x-ratelimit-remaining-tokens"] == "33"
     with pytest.raises(TenantLimitError):
         await adm.admit(tenant, "b", "m", 10, 30, None, {"bf16"})  # no room in a third
+
+
+async def test_a_store_down_from_the_start_is_logged_once_with_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong DSN or a refused password: only the 503s (closed) or the fallback share (open)
+    told of it, never the log."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    store.down = True
+    adm = admission(config({"dsn": PG}), store, clock)
+    assert adm.shared is not None
+    with caplog.at_level("WARNING", logger="wattgate.tenancy"):
+        await adm.shared.beat()
+        await adm.shared.beat()  # tried again: not said again
+    said = [r.getMessage() for r in caplog.records if "rate-limit store down" in r.getMessage()]
+    assert len(said) == 1 and "connection refused" in said[0]
