@@ -44,7 +44,7 @@ from accounting.pricing import (
     series_from_csv,
 )
 from core.config_fields import FieldReader as _Reader
-from core.config_fields import section
+from core.config_fields import postgres_url, section
 from core.errors import ConfigError
 from core.vocab import (
     APPORTIONER_MODES,
@@ -69,6 +69,10 @@ POSTGRES_JOURNAL_DIR = "wattgate-journal"
 
 # How long a config file's ledger keeps per-request rows, by default (ledger/retention.py).
 RETENTION_DAYS = 30.0
+# Usage reads a window's partial hours from the per-request rows (ledger/rollups.py): under an
+# hour's retention the hour under way, the last of every report until now, would read rows
+# already pruned and count next to nothing.
+MIN_RETENTION_DAYS = 1.0 / 24.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,9 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
     days = r.get("retention_days", RETENTION_DAYS)
     retention = (None if days is None or (days == 0 and not isinstance(days, bool))
                  else r.number("retention_days", RETENTION_DAYS))
+    if retention is not None and retention < MIN_RETENTION_DAYS:
+        raise ConfigError(r.at("retention_days"), "must be at least 1/24 (an hour): a report "
+                          "until now reads the hour under way from the per-request rows")
     if kind == "sqlite":
         cfg = LedgerConfig(kind="sqlite", path=r.text("path", d.path), retention_days=retention)
     else:
@@ -179,9 +186,9 @@ def _ledger(r: _Reader, env: Mapping[str, str]) -> LedgerConfig:
             value = env.get(str(dsn_env), "")
             if not value:
                 raise ConfigError(r.at("dsn_env"), f"environment variable {dsn_env} is unset")
-            dsn = value
-        if not isinstance(dsn, str):
-            raise ConfigError(r.at("dsn"), "must be a string")
+            dsn = postgres_url(r.at("dsn_env"), value)
+        else:
+            dsn = postgres_url(r.at("dsn"), dsn)
         cfg = LedgerConfig(kind="postgres", dsn=dsn, retention_days=retention)
     r.finish()
     return cfg

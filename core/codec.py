@@ -36,6 +36,16 @@ from core.vocab import Precision, PromptSource
 VERSION: Final = 2
 # A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+# A request's token count: past this an engine's usage is its error, not a count (the gateway
+# caps what it reads here), and a few counts near 2**63 summed in an hour's rollup would
+# overflow it, failing every usage read of that tenant
+MAX_TOKENS: Final = 1 << 31
+Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+# A time (wall clock or monotonic, seconds) a clock reaches: one like 1e300 is finite but its
+# interval index is no 64-bit integer, and a journal line holding it made the accounting
+# child fail at every replay
+MAX_TIME_S: Final = 1e12  # some 31,700 years
+Time = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME_S)]
 
 
 class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
@@ -50,20 +60,20 @@ class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
     status: str
     http_status: Count
     stream: bool
-    arrived_wall_s: float
-    arrived_s: float
-    dispatched_s: float | None
-    first_byte_s: float | None
-    first_token_s: float | None
-    finished_s: float
-    read_times: tuple[float, ...]
+    arrived_wall_s: Time
+    arrived_s: Time
+    dispatched_s: Time | None
+    first_byte_s: Time | None
+    first_token_s: Time | None
+    finished_s: Time
+    read_times: tuple[Time, ...]
     read_events: tuple[Count, ...]
-    prompt_tokens: Count
-    completion_tokens: Count
+    prompt_tokens: Tokens
+    completion_tokens: Tokens
     attempts: Count
     slo_met: bool
     prompt_source: PromptSource
-    engine_done_s: float | None
+    engine_done_s: Time | None
     ttft_s: float | None
     tpot_s: float | None
     e2e_s: float | None

@@ -14,10 +14,13 @@ import math
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from core.errors import ConfigError
 
 _Word = TypeVar("_Word", bound=str)
+
+MAX_INTEGER = 2**63 - 1
 
 
 class FieldReader:
@@ -43,6 +46,15 @@ class FieldReader:
             raise ConfigError(self.at(key), "is required")
         if not isinstance(value, str) or not value:
             raise ConfigError(self.at(key), "must be a non-empty string")
+        return value
+
+    def name(self, key: str, default: str | None = None) -> str:
+        """A name the ledger and the metrics carry (a tenant's, a model's, an endpoint's):
+        printable, so no NUL (PostgreSQL's text refuses it: every ledger batch holding such a
+        request would fail), newline or lone surrogate (no line or JSON encodes it)."""
+        value = self.text(key, default)
+        if not value.isprintable():
+            raise ConfigError(self.at(key), f"{value!r} holds a control or unprintable character")
         return value
 
     def choice(self, key: str, allowed: tuple[_Word, ...], default: _Word | None = None) -> _Word:
@@ -76,6 +88,8 @@ class FieldReader:
             raise ConfigError(self.at(key), "must be an integer")
         if value < minimum:
             raise ConfigError(self.at(key), f"must be >= {minimum}")
+        if value > MAX_INTEGER:  # nothing downstream (JSON, SQL) holds more than 64 bits
+            raise ConfigError(self.at(key), f"must be at most {MAX_INTEGER}")
         return value
 
     def flag(self, key: str, default: bool | None) -> bool:
@@ -85,7 +99,11 @@ class FieldReader:
         return value
 
     def sub(self, key: str) -> FieldReader:
-        return FieldReader(self.get(key) or {}, self.at(key))
+        """The mapping at `key`, empty when absent or null; anything else that is not a
+        mapping is refused (`journal: false` or `shared_store: false` would otherwise read as
+        an empty section: every default, the journal and the shared store on)."""
+        value = self.get(key)
+        return FieldReader({} if value is None else value, self.at(key))
 
     def items(self, key: str, *, required: bool = True) -> list[tuple[str, Any]]:
         value = self.get(key)
@@ -129,6 +147,21 @@ def secret_hash(r: FieldReader, env: Mapping[str, str], prefix: str, *, required
     if required:
         raise ConfigError(r.at(f"{prefix}_env"), f"one of {prefix}_env or {prefix}_sha256 is required")
     return ""
+
+
+def postgres_url(path: str, value: Any) -> str:
+    """A PostgreSQL URL as asyncpg reads it: its scheme, and every host's port a number (a
+    URL asyncpg cannot parse would fail the gateway's start with a traceback, not here)."""
+    if not isinstance(value, str) or not value.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(path, "must be a PostgreSQL URL (postgresql://...)")
+    try:
+        for host in urlsplit(value).netloc.rpartition("@")[2].split(","):
+            port = host.rpartition("]")[2].partition(":")[2]  # after an IPv6 literal's ]
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+    except ValueError as exc:
+        raise ConfigError(path, f"not a PostgreSQL URL: {exc}") from None
+    return value
 
 
 def default_of(cls: type[Any], name: str) -> Any:

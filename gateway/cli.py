@@ -14,7 +14,8 @@ import orjson
 
 from accounting.mode import AccountingMode, accounting_mode
 from core.errors import ConfigError
-from gateway.config import GatewayConfig, load_config, normalised
+from gateway.config import GatewayConfig, load_config
+from gateway.config_plain import normalised
 from gateway.telemetry.config import check_packages
 from wire.ports import taken_message
 

@@ -48,7 +48,7 @@ from gateway.tenancy.config import TenantControlsConfig, parse_tenant_controls
 __all__ = [
     "PRECISIONS", "Endpoint", "FieldReader", "GatewayConfig", "HealthCheck", "Listen", "Logging",
     "ModelPool", "OutlierDetection", "PrecisionPolicy", "Retries", "Routing", "SloClass", "Tenant",
-    "Timeouts", "hash_key", "load_config", "normalised", "parse_config", "section",
+    "Timeouts", "hash_key", "load_config", "parse_config", "section",
 ]
 
 
@@ -169,7 +169,7 @@ def _endpoint(path: str, raw: Any, alias: str) -> Endpoint:
     url = r.text("url").rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ConfigError(r.at("url"), "must start with http:// or https://")
-    name = r.text("name", url.split("://", 1)[1])
+    name = r.name("name", url.split("://", 1)[1])
     upstream_model = r.text("model", alias)
     precision = r.choice("precision", PRECISIONS)
     return section(r, Endpoint, given={"name": name, "url": url, "upstream_model": upstream_model,
@@ -182,7 +182,7 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
     seen_endpoints: set[str] = set()
     for path, raw in root.items("models"):
         r = FieldReader(raw, path)
-        name = r.text("name")
+        name = r.name("name")
         if "@" in name:
             raise ConfigError(r.at("name"), "must not contain '@' (it selects a precision)")
         endpoints = tuple(_endpoint(p, e, name) for p, e in r.items("endpoints"))
@@ -339,19 +339,3 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
                                   "config: `wattgate sim fleet` reads it; a gateway config lists "
                                   "`models` (deploy/examples/local.yaml)")
     return parse_config(data, env, p.resolve().parent)
-
-
-def normalised(config: GatewayConfig) -> dict[str, Any]:
-    """The config as plain data for `wattgate config check`; secrets shown only as present."""
-    data = dataclasses.asdict(config)
-    for tenant in data["tenants"]:
-        tenant["key_sha256"] = "<set>"
-    data["admin_key_sha256"] = "<set>" if config.admin_key_sha256 else "<unset>"
-    data["metrics_key_sha256"] = "<set>" if config.metrics_key_sha256 else "<unset>"
-    if config.accounting is not None:
-        ledger = data["accounting"]["ledger"]
-        ledger["dsn"] = "<set>" if ledger.get("dsn") else ""
-        for _name, meter in data["accounting"]["meters"]:
-            spec = meter["meter"]
-            spec["api_key"] = "<set>" if spec.get("api_key") else ""
-    return data

@@ -78,7 +78,7 @@ def parse_tenants(root: FieldReader, env: Mapping[str, str], slo_names: set[str]
     tenants: list[Tenant] = []
     for path, raw in root.items("tenants", required=False):
         r = FieldReader(raw, path)
-        name = r.text("name")
+        name = r.name("name")
         slo = r.text("slo_class", default_slo)
         if slo not in slo_names:
             raise ConfigError(r.at("slo_class"), f"{slo!r} is not one of {', '.join(sorted(slo_names))}")

@@ -42,8 +42,9 @@ class OutlierDetection:
     max_ejection_percent: float = 50.0  # of a pool at once (one may always be ejected)
     panic_threshold_percent: float = 50.0  # 0: never panic (answer 503 when none is healthy)
     # Envoy's failure-percentage ejection: an engine whose recent requests (the success window,
-    # decayed) fail at least this often, over at least the volume, is ejected too: one that fails
-    # every other request never makes a run of consecutive_failures. 0: off.
+    # decayed, since its last ejection) fail at least this often, over at least the volume, is
+    # ejected too: one that fails every other request never makes a run of
+    # consecutive_failures. 0: off.
     failure_percentage_threshold: float = 50.0
     failure_percentage_request_volume: int = 10
 

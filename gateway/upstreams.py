@@ -44,7 +44,8 @@ class EndpointState:
 
     __slots__ = ("_candidates", "_candidates_of", "adapter", "backoff_until", "checked",
                  "consecutive_failures", "ejected_until", "ejections", "endpoint", "failures",
-                 "healthy", "inflight", "load", "model", "recent", "scrapes", "successes")
+                 "healthy", "inflight", "judged", "load", "model", "recent", "scrapes",
+                 "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -62,6 +63,10 @@ class EndpointState:
         self.ejected_until = 0.0  # monotonic seconds
         self.backoff_until = 0.0  # monotonic seconds: its 429's Retry-After
         self.recent = SuccessWindow()  # real requests' outcomes, decayed (routing weighs by it)
+        # the same since its last ejection: failure-percentage ejection judges it by these
+        # alone, as Envoy does, or an engine back from an ejection at a busy engine's 50 %
+        # would be ejected again, for twice as long, by its first failure
+        self.judged = SuccessWindow()
         # routing's snapshots by in-flight count, for the scraped load and endpoint they show
         self._candidates: dict[int, Candidate] = {}
         self._candidates_of: tuple[EngineLoad, Endpoint] | None = None
@@ -178,7 +183,10 @@ class Upstreams:
         """The engine answered a request (its answer, or its 4xx but 429, reached the client
         whole): its failure run ends."""
         state.consecutive_failures = 0
-        state.recent.record(True, self.clock(), self.tau_s)
+        now = self.clock()
+        state.recent.record(True, now, self.tau_s)
+        if not state.ejected(now):
+            state.judged.record(True, now, self.tau_s)
 
     def backed_off(self, state: EndpointState, duration_s: float) -> None:
         """The engine said it is out of capacity for `duration_s` (its 429's Retry-After)."""
@@ -195,10 +203,11 @@ class Upstreams:
         policy = self.config.outlier_detection
         if state.ejected(now):
             return
+        state.judged.record(False, now, self.tau_s)
         if state.consecutive_failures >= policy.consecutive_failures:
             reason = f"{state.consecutive_failures} failures in a row"
         else:
-            percent = state.recent.failure_percent(now, self.tau_s,
+            percent = state.judged.failure_percent(now, self.tau_s,
                                                    policy.failure_percentage_request_volume)
             if not policy.failure_percentage_threshold \
                     or percent < policy.failure_percentage_threshold:
@@ -223,6 +232,7 @@ class Upstreams:
         duration_s = min(policy.base_ejection_s * state.ejections, policy.max_ejection_s)
         state.ejected_until = now + duration_s
         state.consecutive_failures = 0
+        state.judged = SuccessWindow()
         log.warning("endpoint %s ejected for %.0f s: %s", state.endpoint.name, duration_s, reason)
         if self.on_health_change:
             self.on_health_change(state)

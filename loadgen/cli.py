@@ -25,6 +25,7 @@ from loadgen import (
     traces,
 )
 from loadgen.arm_runs import compare_arms, sweep_rates
+from loadgen.cli_types import COUNT, NON_NEGATIVE, POSITIVE, SHARE, rate_list, scores
 from loadgen.client import ClientOptions, Target
 from loadgen.decide import below_floor
 from loadgen.demo_cli import demo as demo  # `wattgate demo` (the root table names it here)
@@ -58,21 +59,21 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", default="llama-3.1-8b", show_default=True),
         click.option("--api", type=click.Choice(["chat", "completions"]), default="chat",
                      show_default=True),
-        click.option("--rate", type=float, default=5.0, show_default=True,
+        click.option("--rate", type=POSITIVE, default=5.0, show_default=True,
                      help="Requests/s (without --workload)."),
         click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]),
                      default="poisson", show_default=True),
-        click.option("--burstiness", type=float, default=1.0, show_default=True,
+        click.option("--burstiness", type=POSITIVE, default=1.0, show_default=True,
                      help="Gamma shape k (CV = 1/sqrt(k)); 1 = Poisson."),
-        click.option("--duration", "duration_s", type=float, default=20.0, show_default=True),
-        click.option("--requests", "max_requests", type=int, default=100_000, show_default=True,
+        click.option("--duration", "duration_s", type=POSITIVE, default=20.0, show_default=True),
+        click.option("--requests", "max_requests", type=COUNT, default=100_000, show_default=True,
                      help="Most requests to send."),
-        click.option("--concurrency", type=int, default=None,
+        click.option("--concurrency", type=COUNT, default=None,
                      help="Closed loop: keep this many in flight instead of a schedule."),
-        click.option("--max-concurrency", type=int, default=None,
+        click.option("--max-concurrency", type=COUNT, default=None,
                      help="Open loop with at most this many in flight (late ones queue)."),
-        click.option("--prompt-tokens", type=int, default=128, show_default=True),
-        click.option("--output-tokens", type=int, default=64, show_default=True),
+        click.option("--prompt-tokens", type=COUNT, default=128, show_default=True),
+        click.option("--output-tokens", type=COUNT, default=64, show_default=True),
         click.option("--tokenizer", default=None, metavar="NAME_OR_PATH",
                      help="The target model's tokenizer (a tokenizer.json, a model folder, or "
                      "a hub name in the local hub cache; nothing is downloaded): prompts of "
@@ -82,8 +83,8 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--api-key", default="", help="Bearer key (without --workload)."),
         click.option("--admin-key", default="", help="Gateway admin key, to fetch energy."),
         click.option("--no-energy", is_flag=True, help="Skip the energy fetch."),
-        click.option("--slo-ttft-ms", type=float, default=500.0, show_default=True),
-        click.option("--slo-tpot-ms", type=float, default=50.0, show_default=True),
+        click.option("--slo-ttft-ms", type=POSITIVE, default=500.0, show_default=True),
+        click.option("--slo-tpot-ms", type=POSITIVE, default=50.0, show_default=True),
         click.option("--slo-source", type=click.Choice(["gateway", "own"]), default="gateway",
                      show_default=True, help="gateway: grade each tenant with an API key by "
                      "the SLO class the gateway grades it by (GET /v1/usage), else by the "
@@ -91,14 +92,14 @@ def common(f: Callable[..., Any]) -> Callable[..., Any]:
                      "load generator's."),
         click.option("--seed", type=int, default=None,
                      help="Seeds arrivals and prompts (default: the workload's, else 0)."),
-        click.option("--workers", type=int, default=1, show_default=True,
+        click.option("--workers", type=COUNT, default=1, show_default=True,
                      help="Client processes (when one cannot keep the schedule)."),
-        click.option("--lag-threshold-ms", type=float, default=10.0, show_default=True,
+        click.option("--lag-threshold-ms", type=NON_NEGATIVE, default=10.0, show_default=True,
                      help="Refuse to grade SLOs when schedule lag p99 exceeds this."),
         click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
                      default=None, help="Write JSON, CSV and HTML here."),
         click.option("--quiet", is_flag=True, help="No live progress line."),
-        click.option("--energy-wait", "energy_wait_s", type=float, default=10.0,
+        click.option("--energy-wait", "energy_wait_s", type=NON_NEGATIVE, default=10.0,
                      show_default=True,
                      help="Seconds to wait, after the last response, for the gateway's records "
                      "to be final (their intervals settled and apportioned); polling stops as "
@@ -241,11 +242,12 @@ def fail_if_nothing_succeeded(outcomes: Sequence[RunOutcome]) -> None:
 @click.option("--by-header", is_flag=True, help="Select precision by header, not model@prec.")
 @click.option("--quality", multiple=True,
               help="PRECISION=SCORE: a quality score you measured (else 'not measured').")
-@click.option("--rates", default="", help="Comma-separated offered rates (req/s): sweep every "
+@click.option("--rates", callback=rate_list, default="",
+              help="Comma-separated offered rates (req/s): sweep every "
               "arm over them (one seeded schedule per rate, replayed on each arm) and report "
               "each precision's SLO capacity and J/token along the load curve. Default: "
               "--rate only.")
-@click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True,
+@click.option("--attainment", "target_attainment", type=SHARE, default=0.9, show_default=True,
               help="Share of requests that must meet the SLO for a rate to count as met.")
 @search_cli.search_options
 def compare(**p: Any) -> None:
@@ -255,7 +257,7 @@ def compare(**p: Any) -> None:
     with 95 % intervals, and "no significant difference" when the arms cannot be told apart."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    quality = {k: float(v) for k, v in parse_pairs(p["quality"], "--quality").items()}
+    quality = scores(p["quality"], "--quality")
     arms = search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"),
                                  _run, quality)
     check_reachable(a.target.base_url for a in arms)
@@ -267,7 +269,7 @@ def compare(**p: Any) -> None:
         fail_if_nothing_succeeded(outcomes)
         return
     targets = {a.label: a.target for a in arms}
-    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
+    rates = list(p["rates"])
     arm_prec = {a.label: a.precision for a in arms}
     if rates:
         outcomes, points = _run(sweep_rates(w, targets, rates, opts))
@@ -297,15 +299,15 @@ def compare(**p: Any) -> None:
 
 @loadgen.command()
 @common
-@click.option("--rates", required=True, help="Comma-separated offered rates (req/s).")
-@click.option("--attainment", "target_attainment", type=float, default=0.9, show_default=True)
+@click.option("--rates", callback=rate_list, required=True, help="Comma-separated rates (req/s).")
+@click.option("--attainment", "target_attainment", type=SHARE, default=0.9, show_default=True)
 @click.option("--precisions", default="", help="Sweep each precision through the gateway.")
 @click.option("--arm-target", multiple=True, help="PRECISION=URL: send this arm to an engine.")
 @click.option("--by-header", is_flag=True, help="Select precision by header, not model@prec.")
 def sweep(**p: Any) -> None:
     """Step the rate: max goodput at a target attainment, min J/token that meets the SLO."""
     w = build_workload(p)
-    rates = [float(x) for x in p["rates"].split(",") if x.strip()]
+    rates = list(p["rates"])
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
     arms = (search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"],
                                                                  "--arm-target"), _run)
@@ -327,8 +329,8 @@ def sweep(**p: Any) -> None:
 @loadgen.command()
 @click.argument("scenario", type=click.Choice(["server", "offline"]))
 @common
-@click.option("--rates", default="", help="server: rates to try (default: 0.5x..2x --rate).")
-@click.option("--attainment", "target_attainment", type=float, default=0.99, show_default=True)
+@click.option("--rates", callback=rate_list, default="", help="server: rates (default 0.5x..2x --rate).")
+@click.option("--attainment", "target_attainment", type=SHARE, default=0.99, show_default=True)
 def preset(scenario: str, **p: Any) -> None:
     """MLPerf-like scenarios. server: Poisson at increasing rates with the TTFT/TPOT limits,
     reports the highest rate that meets them (at --attainment, default 99%). offline: every
@@ -348,7 +350,7 @@ def preset(scenario: str, **p: Any) -> None:
         write_outputs(p["out_dir"], "offline", [o])
         fail_if_nothing_succeeded([o])
         return
-    rates = ([float(x) for x in p["rates"].split(",") if x.strip()] or
+    rates = (list(p["rates"]) or
              [p["rate"] * f for f in (0.5, 0.75, 1.0, 1.5, 2.0)])
     w = build_workload({**p, "arrival": "poisson", "concurrency": None})
     check_reachable([p["target"]])

@@ -12,6 +12,7 @@ import click
 from loadgen import report, report_html, search_report
 from loadgen.arms import Arm, fetch_endpoints, plan_arms, with_quality
 from loadgen.capacity import SearchConfig
+from loadgen.cli_types import COUNT, POSITIVE, SCORE, Finite
 from loadgen.decide import decide
 from loadgen.precision import slo_text
 from loadgen.runner import RunOptions, RunOutcome
@@ -25,20 +26,21 @@ SEARCH_OPTIONS = [
     click.option("--search", is_flag=True, help="Find each arm's SLO capacity by search (ramp "
                  "x2 from --rate until the SLO is missed, then bisect to --tolerance), with "
                  "--trials seeded trials per rate and 95 % intervals, and recommend with them."),
-    click.option("--max-rate", "max_rate", type=float, default=None,
+    click.option("--max-rate", "max_rate", type=POSITIVE, default=None,
                  help="--search: the highest rate to offer (default 64 x --rate)."),
-    click.option("--trials", type=int, default=3, show_default=True,
+    click.option("--trials", type=COUNT, default=3, show_default=True,
                  help="--search: trials per rate (seeds --seed, --seed+1, ...)."),
-    click.option("--tolerance", type=float, default=0.05, show_default=True,
+    click.option("--tolerance", type=Finite(min=0.0, max=1.0, min_open=True, max_open=True),
+                 default=0.05, show_default=True,
                  help="--search: stop bisecting when the bracket is within this fraction."),
-    click.option("--need", "need_rps", type=float, default=None,
+    click.option("--need", "need_rps", type=POSITIVE, default=None,
                  help="--search: the rate you need (req/s): recommend the fewest J/token that "
                  "meets the SLO there (default: the highest capacity found)."),
-    click.option("--min-quality", "min_quality", type=click.FloatRange(0.0, 1.0), default=None,
+    click.option("--min-quality", "min_quality", type=SCORE, default=None,
                  help="Leave out arms whose quality (the gateway's endpoint "
                  "`quality`, --quality, else the published figure for the format) is below "
                  "this score relative to 16-bit, e.g. 0.98."),
-    click.option("--time-scale", "time_scale", type=float, default=1.0, show_default=True,
+    click.option("--time-scale", "time_scale", type=POSITIVE, default=1.0, show_default=True,
                  help="--search: the engines' time_scale (simulator): rates, the SLO and every "
                  "reported latency are engine time; the client sends at rate x scale and "
                  "grades wall latency against SLO / scale."),

@@ -8,7 +8,8 @@ stream of exactly `max_tokens` token events, the first after `ttft_s` and the ot
 apart (all in one write when both are 0), then a usage chunk and `[DONE]`. Header
 `x-sim-fault: stall-ms:N` delays that request's first token by N ms more, as the simulated engine
 does. `GET /health`, `/v1/models` and `/readyz` answer `{}`; a body that is not a completion
-request gets a JSON 400, anything else a JSON 404, and the connection closes after either.
+request (or asks for more than MAX_TOKENS, or a stall that is not a finite number >= 0) gets a
+JSON 400, anything else a JSON 404, and the connection closes after either.
 
 Its usage reports prompt tokens as the simulated engine counts them (words, plus 4 per chat
 message), or, given a tokenizer (`--tokenizer`), as that tokenizer encodes them: a completion's
@@ -20,6 +21,7 @@ measure timing.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -32,6 +34,9 @@ from wire.response_encoder import LAST_CHUNK, chunk, encode_response, encode_str
 _ROUTES = frozenset((b"/v1/chat/completions", b"/v1/completions"))  # POST
 _GET_ROUTES = frozenset((b"/health", b"/v1/models", b"/readyz"))  # answered with {}
 MAX_BODY_BYTES = 64 * 1024 * 1024  # far past any prompt a load test sends
+# the most tokens one answer streams (a long context's worth): with no timing the whole answer
+# is one write, and `max_tokens: 1e9` would ask for 80 GB of it
+MAX_TOKENS = 1 << 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,9 @@ class _Conn(asyncio.Protocol):
         self.server = server
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        # an answer streams on timers: requests pipelined behind it wait in `buf` until it
+        # ends, so answers go out whole and in order
+        self.streaming = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport does not subclass asyncio.Transport; it has the same methods.
@@ -105,7 +113,11 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        while self.transport is not None:
+        self._serve()
+
+    def _serve(self) -> None:
+        """Answer the requests whole in `buf`, one after the other, until one streams."""
+        while self.transport is not None and not self.streaming:
             head = parse_head(self.buf, _ROUTES, MAX_BODY_BYTES, _GET_ROUTES)
             if head is None:
                 return
@@ -147,13 +159,16 @@ class _Conn(asyncio.Protocol):
         try:
             req = orjson.loads(body)
             n = int(req.get("max_tokens") or 16)
-            if n < 1:
+            if not 1 <= n <= MAX_TOKENS:
                 raise ValueError(n)
             p_tokens = prompt_tokens(req, chat, self.server.count_prompt)
             fault = head.headers.get(b"x-sim-fault", b"").decode("latin-1")
             stall_s = (float(fault.split(":", 1)[1]) / 1000.0 if fault.startswith("stall-ms:")
                        else 0.0)
-        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            if not 0.0 <= stall_s < math.inf:  # NaN too: the loop's timers take neither
+                raise ValueError(stall_s)
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError,
+                OverflowError) as exc:
             self._finish(_error(400, f"not a completion request: {type(exc).__name__}"), False)
             return
         self.server.requests += 1
@@ -170,6 +185,7 @@ class _Conn(asyncio.Protocol):
             self._finish(head + chunk(event * n) + tail, keep_alive)
             return
         self.transport.write(head)
+        self.streaming = True
         loop = asyncio.get_running_loop()
         start = loop.time()
 
@@ -182,7 +198,9 @@ class _Conn(asyncio.Protocol):
                 loop.call_at(start + stall_s + timing.ttft_s + (i + 1) * timing.itl_s, emit,
                              i + 1)
             else:
+                self.streaming = False
                 self._finish(chunk(event) + tail, keep_alive)
+                self._serve()  # what was pipelined behind it
 
         loop.call_at(start + stall_s + timing.ttft_s, emit, 0)
 

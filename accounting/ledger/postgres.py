@@ -56,7 +56,8 @@ class PostgresLedger(SqlLedger):
                     for statement in statements:
                         await conn.execute(statement)
                     await conn.execute(self._q(sql.SET_VERSION), version)
-        except (OSError, asyncpg.PostgresError) as exc:
+        # ValueError: a URL asyncpg refuses (`?sslmode=bogus`; its ClientConfigurationError)
+        except (OSError, asyncpg.PostgresError, ValueError) as exc:
             raise LedgerError(f"cannot open postgres ledger: {exc}") from exc
 
     async def close(self) -> None:

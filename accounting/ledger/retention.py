@@ -50,6 +50,9 @@ async def prune(fetch: Fetch, transaction: Transaction, before_s: float, interva
                 batch_rows: int = PRUNE_BATCH_ROWS) -> bool:
     """Prune one batch of final rows older than `before_s` (wall clock); True when more is
     left."""
+    # nothing is older than the epoch: a retention longer than the clock (1e300 days) must
+    # not reach SQLite as an integer past 64 bits, nor floor() as -inf
+    before_s = max(before_s, 0.0)
     more = False
     requests: list[str] = []
     intervals: list[Batch] = []

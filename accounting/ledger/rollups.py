@@ -94,6 +94,9 @@ def _grouped(template: str, group_by: Sequence[str], dims: Sequence[str]) -> str
         GROUP=f"GROUP BY {', '.join(kept)}" if kept else "", TENANT="{TENANT}")
 
 
+WINDOW_END_S = 1e15  # some 30 million years: hour indices far inside 64 bits
+
+
 def whole_hours(since_s: float, until_s: float) -> tuple[int, int] | None:
     """The whole hours [first, last) inside [since, until); None when there are none."""
     first, last = math.ceil(since_s / HOUR_S), math.floor(until_s / HOUR_S)
@@ -126,6 +129,9 @@ async def read_usage(fetch: Fetch, since_s: float, until_s: float, tenant: str |
     per-request rows (all of it from them with `per_request`). The rollups' rows come summed
     over the dimensions not in `group_by` (their values '' or hour 0), the per-request rows
     per tenant, model, precision, engine and hour: a report groups them alike."""
+    # nothing lies before the epoch nor past WINDOW_END_S: a window reaching further (since
+    # -1e300, until 1e300) reads as that span, its hours integers the stores can hold
+    since_s, until_s = max(since_s, 0.0), min(until_s, WINDOW_END_S)
     hours = None if per_request else whole_hours(since_s, until_s)
     if hours is None:
         return await _read(fetch, (sql.USAGE_ENERGY, sql.USAGE_REQUESTS, sql.USAGE_IDLE),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -58,8 +59,8 @@ class SimConfig:
             raise SimConfigError(f"dialect: {self.dialect!r} is not one of {', '.join(DIALECTS)}")
         if not 0 <= self.port <= 65535:
             raise SimConfigError(f"port: {self.port} is not in 0..65535")
-        if not self.time_scale > 0:
-            raise SimConfigError(f"time_scale: must be > 0, got {self.time_scale}")
+        if not 0 < self.time_scale < math.inf:
+            raise SimConfigError(f"time_scale: must be a finite number > 0, got {self.time_scale}")
         if self.max_batch < 1:
             raise SimConfigError(f"max_batch: must be >= 1, got {self.max_batch}")
         if self.tokens_per_event < 1:
@@ -72,8 +73,10 @@ class SimConfig:
                 raise SimConfigError(f"{name}: must be in 0..1, got {share}")
         if (self.fixed_ttft_ms is None) != (self.fixed_itl_ms is None):
             raise SimConfigError("fixed_ttft_ms and fixed_itl_ms must be given together")
-        if self.fixed_ttft_ms is not None and (self.fixed_ttft_ms < 0 or (self.fixed_itl_ms or 0) < 0):
-            raise SimConfigError("fixed_ttft_ms / fixed_itl_ms: must be >= 0")
+        # NaN and infinity too: the engine's timers take neither (the first request failed)
+        if self.fixed_ttft_ms is not None and not all(
+                0 <= v < math.inf for v in (self.fixed_ttft_ms, self.fixed_itl_ms or 0.0)):
+            raise SimConfigError("fixed_ttft_ms / fixed_itl_ms: must be finite numbers >= 0")
         try:
             return deployment(self.gpu, self.model, self.precision, self.tp)
         except ValueError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from core.codec import MAX_TOKENS
 from core.outcomes import OUTCOMES, Outcome, engine_outcome, error_outcome
 from core.vocab import PromptSource
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 REQUEST_ID_HEADER = "x-wattgate-request-id"
 
 
-MAX_TOKEN_COUNT = 1 << 31  # an engine's usage past this is its error, not a count
+MAX_TOKEN_COUNT = MAX_TOKENS  # an engine's usage past this is its error, not a count
 
 
 def token_count(v: Any) -> int:

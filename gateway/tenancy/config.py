@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from core.config_fields import FieldReader, default_of, section
+from core.config_fields import FieldReader, default_of, postgres_url, section
 from core.errors import ConfigError
 
 PERIODS: tuple[str, ...] = ("hour", "day", "month")
@@ -153,7 +153,5 @@ def _dsn(r: FieldReader, env: Mapping[str, str]) -> str:
     if name is not None:
         if not isinstance(name, str) or not env.get(name):
             raise ConfigError(r.at("dsn_env"), f"environment variable {name} is unset")
-        return env[name]
-    if dsn is not None and (not isinstance(dsn, str) or not dsn.startswith("postgres")):
-        raise ConfigError(r.at("dsn"), "must be a PostgreSQL URL (postgresql://...)")
-    return dsn or ""
+        return postgres_url(r.at("dsn_env"), env[name])
+    return "" if dsn is None else postgres_url(r.at("dsn"), dsn)

@@ -68,6 +68,7 @@ class SharedRates:
         self.store: BucketStore = store or RateStore(cfg.dsn, cfg.timeout_s)
         self.leases = {tenant: leases_of(lim) for tenant, lim in limits.items()}
         self.up = False
+        self.told = False  # whether the log has said the store is up or down (once at start)
         self.replicas = 1
         self.on_replicas: Callable[[int], None] = lambda _n: None
         self._inflight: dict[str, asyncio.Task[None]] = {}
@@ -218,14 +219,16 @@ class SharedRates:
             return
         self.on_replicas(self.replicas)
         if not self.up:
-            self.up = True
+            self.up = self.told = True
             log.info("tenant controls: rate-limit store reachable; %d live replicas",
                      self.replicas)
             self._gauge()
 
     def _lost(self, exc: RateStoreError) -> None:
-        if self.up:
-            self.up = False
+        # said when it goes down, and when it is down from the start (a wrong DSN, a refused
+        # password): else nothing but the 503s or the fallback share would tell
+        if self.up or not self.told:
+            self.up, self.told = False, True
             log.warning("tenant controls: rate-limit store down (%s); on_store_down: %s",
                         exc, self.cfg.on_store_down)
             self._gauge()

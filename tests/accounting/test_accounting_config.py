@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from accounting.config import parse_accounting
+from accounting.ledger.base import LedgerError
+from accounting.ledger.postgres import PostgresLedger
 from accounting.pricing import J_PER_KWH, Pricing, Series
 from accounting.timeparse import parse_time
 from core.errors import ConfigError
@@ -48,6 +50,9 @@ def test_full_section_parses_meters_ledger_and_prices(tmp_path: Path) -> None:
     ({"meters": {"a": {"kind": "nvml", "gpus": "0"}}}, "accounting.meters.a.gpus"),
     ({"ledger": {"kind": "postgres"}}, "accounting.ledger.dsn"),
     ({"ledger": {"kind": "postgres", "dsn_env": "NOPE"}}, "accounting.ledger.dsn_env"),
+    # URLs asyncpg cannot parse: `serve` failed at start with a traceback
+    ({"ledger": {"kind": "postgres", "dsn": "mysql://u@db/x"}}, "accounting.ledger.dsn"),
+    ({"ledger": {"kind": "postgres", "dsn": "postgresql://u@db:pg/x"}}, "accounting.ledger.dsn"),
     ({"pue": 0.5}, "accounting.pue"),
     ({"region": "ATLANTIS"}, "accounting.region"),
     ({"intensity": {"csv": "missing.csv"}}, "accounting.intensity.csv"),
@@ -95,3 +100,11 @@ def test_failed_energy_goes_to_the_failed_account_unless_told_and_bad_values_are
         parse_accounting({"failed_energy": "nobody"})
     assert err.value.path == "accounting.failed_energy"
     assert "failed_account" in err.value.message and "tenant" in err.value.message
+
+
+async def test_a_postgres_url_asyncpg_refuses_is_a_ledger_error_not_a_traceback() -> None:
+    """Query parameters the config does not check (`sslmode`) are asyncpg's to refuse:
+    `wattgate serve` prints one line for a LedgerError, a traceback for anything else."""
+    ledger = PostgresLedger("postgresql://u@127.0.0.1:1/db?sslmode=bogus")
+    with pytest.raises(LedgerError, match="sslmode"):
+        await ledger.open()

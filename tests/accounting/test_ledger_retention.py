@@ -91,3 +91,24 @@ def test_retention_is_thirty_days_in_a_config_file_and_for_ever_at_zero_or_null(
         parse_accounting({"ledger": {"retention_days": -1}})
     with pytest.raises(ConfigError, match=r"accounting\.ledger\.retention_days"):
         parse_accounting({"ledger": {"retention_days": "a month"}})
+    assert parse_accounting({"ledger": {"retention_days": 1 / 24}}).ledger.retention_days
+
+
+def test_a_retention_under_an_hour_is_refused() -> None:
+    """The hour under way is read from the per-request rows: with 1e-6 days (86 ms) every
+    report until now showed the current hour's requests pruned, /admin/v1/usage 0 requests."""
+    for days in (1e-6, 0.04):
+        with pytest.raises(ConfigError, match=r"retention_days: must be at least 1/24"):
+            parse_accounting({"ledger": {"retention_days": days}})
+
+
+async def test_a_retention_longer_than_the_clock_prunes_nothing_and_never_fails(
+        tmp_path: Path) -> None:
+    """retention_days 1e300 is a valid "keep about for ever" (the config takes any finite
+    number): the cut-off before the epoch must not overflow SQLite's integers or floor()."""
+    for days in (1e300, 1e308):
+        svc, ledger = await _served(tmp_path / f"long-{days:g}.db", days)
+        try:
+            assert await count(ledger, "requests") > 100
+        finally:
+            await svc.stop()

@@ -40,6 +40,22 @@ def test_quickstart_config_loads_into_frozen_objects() -> None:
      "tenants[0].api_key_env", "unset"),
     (lambda r: r.update(timeouts={"read_s": -1}), "timeouts.read_s", "> 0"),
     (lambda r: r.update(models=[]), "models", "non-empty"),
+    # past 64 bits: `config check` failed printing it (orjson) with a traceback
+    (lambda r: r.update(outlier_detection={"failure_percentage_request_volume": 10**30}),
+     "outlier_detection.failure_percentage_request_volume", "at most 9223372036854775807"),
+    # a section written `false` is refused, not read as an empty one (every default: on)
+    (lambda r: r.update(accounting={"journal": False}), "accounting.journal",
+     "expected a mapping"),
+    (lambda r: r.update(accounting={"ledger": {"kind": "postgres", "dsn": "postgresql://h/db"}},
+                        tenant_controls={"shared_store": False}),
+     "tenant_controls.shared_store", "expected a mapping"),
+    (lambda r: r.update(outlier_detection=False), "outlier_detection", "expected a mapping"),
+    # names the ledger and metrics carry: a NUL failed every PostgreSQL ledger batch holding
+    # one of the tenant's requests
+    (lambda r: r["tenants"][0].update(name="acme\x00"), "tenants[0].name", "control"),
+    (lambda r: r["models"][0].update(name="m\nx"), "models[0].name", "control"),
+    (lambda r: r["models"][0]["endpoints"][0].update(name="e\ud800"),
+     "models[0].endpoints[0].name", "control"),
 ])
 def test_bad_config_names_the_field(mutate, path: str, words: str) -> None:  # type: ignore[no-untyped-def]
     raw = raw_config([dict(EP)])
@@ -66,6 +82,19 @@ def test_config_check_prints_normalised_config_and_hides_keys(tmp_path: Path) ->
     assert '"policy": "least_load"' in out.stdout
     assert "d4ffc8c0325f" not in out.stdout  # digests are not echoed either
     assert "ok (1 models, 5 endpoints, 3 tenants)" in out.stderr
+
+
+def test_config_check_hides_every_dsn(tmp_path: Path) -> None:
+    """The shared rate store's DSN (and its password) was printed as given."""
+    raw = raw_config([dict(EP)], accounting={"ledger": {
+        "kind": "postgres", "dsn": "postgresql://u:ledger-pw@db/x"}},
+        tenant_controls={"shared_store": {"dsn": "postgresql://u:rates-pw@db/y"}})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = subprocess.run(wattgate_cmd("config", "check", str(path)), capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert "-pw" not in out.stdout and out.stdout.count('"dsn": "<set>"') == 2
 
 
 def test_serve_with_bad_config_exits_nonzero_before_binding(tmp_path: Path) -> None:

@@ -220,3 +220,29 @@ def test_bad_weighting_and_panic_settings_name_their_field(section: str, field: 
            section: {field: value}}
     with pytest.raises(ConfigError, match=f"{section}.{field}"):
         parse_config(raw, env={})
+
+
+def test_an_engine_back_from_an_ejection_is_judged_by_its_requests_since() -> None:
+    """A busy engine (50 requests/s) ejected for failing 70 %: back 30 s later its first
+    failure does not eject it again (its failures from before still weighed 25 requests at
+    50 %, over the volume); ten more failures in eleven requests do."""
+    clock = Clock()
+    up = Upstreams(config(consecutive_failures=1000, failure_percentage_threshold=50,
+                          failure_percentage_request_volume=10), clock=clock)
+    e0 = up.by_name["e0"]
+    rng = random.Random(1)
+    for _ in range(3000):  # a minute at 30 %: kept
+        clock.now_s += 0.02
+        (up.failed if rng.random() < 0.3 else up.succeeded)(e0)
+    assert not e0.ejected(clock.now_s)
+    while not e0.ejected(clock.now_s):  # then 70 %
+        clock.now_s += 0.02
+        (up.failed if rng.random() < 0.7 else up.succeeded)(e0)
+    assert e0.ejections == 1
+    clock.now_s = e0.ejected_until + 0.01
+    up.failed(e0)
+    assert not e0.ejected(clock.now_s)
+    up.succeeded(e0)
+    for _ in range(9):
+        up.failed(e0)
+    assert e0.ejected(clock.now_s) and e0.ejections == 2

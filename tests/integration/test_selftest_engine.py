@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 
-from loadgen.selftest_engine import EngineTiming, SelftestEngine
+from loadgen.selftest_engine import MAX_TOKENS, EngineTiming, SelftestEngine
 from wire.response import ResponseHead, ResponseParser
 
 pytestmark = pytest.mark.timeout(30)
@@ -64,8 +64,12 @@ def parsed(response: bytes) -> tuple[ResponseHead, bytes]:
     return parser.head, body
 
 
-async def test_pipelined_requests_are_answered_in_order_on_one_kept_connection() -> None:
-    async with engine_conn() as (reader, writer):
+@pytest.mark.parametrize("timing", [EngineTiming(), EngineTiming(ttft_s=0.005, itl_s=0.002)])
+async def test_pipelined_requests_are_answered_in_order_on_one_kept_connection(
+        timing: EngineTiming) -> None:
+    """Timed streams too: the second answer waits for the first to end (its head and
+    events were written between the first's)."""
+    async with engine_conn(timing) as (reader, writer):
         writer.write(b"GET /health HTTP/1.1\r\nHost: e\r\n\r\n" + COMPLETION + COMPLETION
                      + b"GET /v1/models HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n")
         everything = await asyncio.wait_for(reader.read(-1), 10)  # to the close
@@ -98,6 +102,14 @@ async def test_a_timed_stream_to_a_closing_client_ends_then_closes() -> None:
     (post("/v2/completions", b"{}"), 404, "not_found"),
     (b"DELETE /v1/completions HTTP/1.1\r\nHost: e\r\n\r\n", 404, "not_found"),
     (b"POST /v1/completions HTTP/1.1\nHost: e\n\n", 400, "bad_request"),  # bare LF
+    # a count past 64 bits (a traceback); past MAX_TOKENS (1e9 would be 80 GB in one write)
+    (post("/v1/completions", b'{"max_tokens": 1e20}'), 400, "bad_request"),
+    (post("/v1/completions", b'{"max_tokens": %d}' % (MAX_TOKENS + 1)), 400, "bad_request"),
+    # stalls the loop's timers cannot take (a traceback, the connection left open)
+    (post("/v1/completions", b'{"max_tokens": 2}', b"x-sim-fault: stall-ms:nan\r\n"), 400,
+     "bad_request"),
+    (post("/v1/completions", b'{"max_tokens": 2}', b"x-sim-fault: stall-ms:inf\r\n"), 400,
+     "bad_request"),
 ])
 async def test_bad_input_gets_a_json_error_and_a_close(request_bytes: bytes, status: int,
                                                        code: str) -> None:

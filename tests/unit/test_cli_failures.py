@@ -170,3 +170,26 @@ def test_serve_refuses_a_ledger_it_cannot_open_at_once(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines()[-1].startswith("wattgate: ledger unavailable: ")
     assert time.monotonic() - t0 < 20
     assert "/proc/ledger.db" in bad.read_text()  # the example's ledger line was replaced
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["--rate", "0"], "--rate"),  # ZeroDivisionError
+    (["--rate", "nan"], "--rate"),  # a run of 100000 requests all cancelled
+    (["--duration", "nan"], "--duration"),  # a run that never ended
+    (["--duration", "-5"], "--duration"),
+    (["--attainment", "5"], "--attainment"),
+    (["--workers", "0"], "--workers"),
+    (["--rates", "1,x"], "--rates"),  # ValueError
+    (["--rates", "1,nan"], "--rates"),
+    (["--quality", "fp8=abc"], "--quality"),  # ValueError
+    (["--quality", "fp8=2"], "--quality"),
+    (["--min-quality", "nan"], "--min-quality"),  # a floor nothing is under
+    (["--tolerance", "0"], "--tolerance"),
+])
+def test_compare_refuses_nonsense_numbers_naming_the_option(args: list[str], option: str,
+                                                           closed_port: int) -> None:
+    """Refused as a usage error (exit 2) before anything is reached or run."""
+    result = invoke("loadgen", "compare", "--precisions", "fp8,int4",
+                    "--target", f"http://127.0.0.1:{closed_port}", *LOAD, *args)
+    assert result.exit_code == 2, result.output
+    assert option in error_line(result)

@@ -7,7 +7,17 @@ import dataclasses
 
 import orjson
 
-from core.codec import VERSION, RecordLine, decode, decode_lines, encode, encode_lines, line_of
+from core.codec import (
+    MAX_TIME_S,
+    MAX_TOKENS,
+    VERSION,
+    RecordLine,
+    decode,
+    decode_lines,
+    encode,
+    encode_lines,
+    line_of,
+)
 from core.records import RequestRecord
 from core.timing import Latency
 from tests.accounting.test_journal_compat import fixture_records
@@ -41,6 +51,30 @@ def test_a_value_outside_its_vocabulary_or_range_is_not_a_record() -> None:
                 dataclasses.replace(rec, prompt_source="guess"),  # type: ignore[arg-type]
                 dataclasses.replace(rec, completion_tokens=1 << 70),
                 dataclasses.replace(rec, read_events=(1, -2, 1))):
+        assert decode(encode(bad)) is None
+
+
+def test_a_time_no_clock_reaches_is_not_a_record() -> None:
+    """Finite but past MAX_TIME_S (or before 0): its interval index is no 64-bit integer, and
+    one such journal line made the accounting child fail at every replay."""
+    rec = fixture_records()[0]
+    for bad in (dataclasses.replace(rec, arrived_wall_s=1e300),
+                dataclasses.replace(rec, finished_s=MAX_TIME_S * 2),
+                dataclasses.replace(rec, arrived_s=-1.0),
+                dataclasses.replace(rec, read_times=(rec.arrived_s, 1e300)),
+                dataclasses.replace(rec, engine_done_s=1e300)):
+        assert decode(encode(bad)) is None
+    assert decode_lines(encode(rec) + encode(dataclasses.replace(rec, finished_s=1e300))) == (
+        [_as_journalled(rec)], 1)
+
+
+def test_a_token_count_past_what_the_gateway_reads_is_not_a_record() -> None:
+    """Counts near 2**63 fit a row but not a sum: two in one hour's rollup made every usage
+    read of their tenant fail (integer overflow), for good."""
+    rec = fixture_records()[0]
+    assert decode(encode(dataclasses.replace(rec, prompt_tokens=MAX_TOKENS))) is not None
+    for bad in (dataclasses.replace(rec, prompt_tokens=MAX_TOKENS + 1),
+                dataclasses.replace(rec, completion_tokens=(1 << 63) - 1)):
         assert decode(encode(bad)) is None
 
 

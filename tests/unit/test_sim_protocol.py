@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import orjson
@@ -132,3 +133,10 @@ def test_bad_fleet_entries_name_the_field() -> None:
         config_from_mapping({"gpu": "h100", "colour": "red"}, "engines[1]")
     with pytest.raises(SimConfigError, match="together"):
         SimConfig("h100", "llama-3.1-8b", "bf16", fixed_ttft_ms=5.0).resolve()
+    for ttft_ms, itl_ms in ((math.nan, 1.0), (math.inf, 1.0), (5.0, math.nan), (5.0, -1.0)):
+        with pytest.raises(SimConfigError, match="finite numbers >= 0"):
+            SimConfig("h100", "llama-3.1-8b", "bf16", fixed_ttft_ms=ttft_ms,
+                      fixed_itl_ms=itl_ms).resolve()
+    for scale in (math.inf, math.nan, 0.0):
+        with pytest.raises(SimConfigError, match="time_scale"):
+            SimConfig("h100", "llama-3.1-8b", "bf16", time_scale=scale).resolve()

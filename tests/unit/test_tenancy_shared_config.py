@@ -47,6 +47,11 @@ def test_the_store_is_given_by_dsn_or_dsn_env_or_shares_the_ledgers_postgres() -
     ({"dsn": PG, "dsn_env": "RATES"}, {}, "tenant_controls.shared_store.dsn"),
     ({"dsn_env": "UNSET"}, {}, "tenant_controls.shared_store.dsn_env"),
     ({"dsn": "redis://127.0.0.1"}, {}, "tenant_controls.shared_store.dsn"),
+    # URLs asyncpg cannot parse: `serve` failed at start with a traceback
+    ({"dsn": "postgres"}, {}, "tenant_controls.shared_store.dsn"),
+    ({"dsn": "postgresql://u@db:notaport/x"}, {}, "tenant_controls.shared_store.dsn"),
+    ({"dsn": "postgresql://u@[::1/x"}, {}, "tenant_controls.shared_store.dsn"),
+    ({"dsn_env": "BAD"}, {}, "tenant_controls.shared_store.dsn_env"),
     ({"dsn": PG, "on_store_down": "maybe"}, {}, "tenant_controls.shared_store.on_store_down"),
     ({"dsn": PG, "timeout_s": 0}, {}, "tenant_controls.shared_store.timeout_s"),
     ({"dsn": PG, "lease": 5}, {}, "tenant_controls.shared_store.lease"),
@@ -55,7 +60,7 @@ def test_a_bad_shared_store_is_refused_naming_the_field(shared_store: dict[str, 
                                                         extra: dict[str, Any], field: str
                                                         ) -> None:
     with pytest.raises(ConfigError) as err:
-        config(shared_store, {"RATES": PG}, **extra)
+        config(shared_store, {"RATES": PG, "BAD": "postgresql://db:99999/x"}, **extra)
     assert err.value.path == field
 
 
@@ -106,3 +111,19 @@ async def test_while_the_store_is_down_open_the_replicas_own_bucket_takes_and_se
     assert ticket.headers["x-ratelimit-remaining-tokens"] == "33"
     with pytest.raises(TenantLimitError):
         await adm.admit(tenant, "b", "m", 10, 30, None, {"bf16"})  # no room in a third
+
+
+async def test_a_store_down_from_the_start_is_logged_once_with_why(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong DSN or a refused password: only the 503s (closed) or the fallback share (open)
+    told of it, never the log."""
+    clock = Clock()
+    store = MemoryStore(clock)
+    store.down = True
+    adm = admission(config({"dsn": PG}), store, clock)
+    assert adm.shared is not None
+    with caplog.at_level("WARNING", logger="wattgate.tenancy"):
+        await adm.shared.beat()
+        await adm.shared.beat()  # tried again: not said again
+    said = [r.getMessage() for r in caplog.records if "rate-limit store down" in r.getMessage()]
+    assert len(said) == 1 and "connection refused" in said[0]
