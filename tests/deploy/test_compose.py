@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,7 +60,9 @@ def mounted_file(spec: dict[str, Any], target: str) -> Path:
 
 
 def gateway_env(spec: dict[str, Any]) -> dict[str, str]:
-    return {k: f"value-of-{k}" for k in spec["environment"]}
+    """The gateway's environment as compose sets it, each `${VAR:-default}` at its default."""
+    return {k: re.sub(r"\$\{[A-Za-z_]+:-([^}]*)\}", r"\1", str(v))
+            for k, v in spec["environment"].items()}
 
 
 VARIANTS = [("compose.yaml",), ("compose.yaml", "compose.gpu.yaml")]

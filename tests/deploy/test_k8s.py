@@ -328,9 +328,19 @@ def test_agent_reads_all_gpus_without_taking_one() -> None:
 
 
 def _gateway_env(objs: list[Obj]) -> dict[str, str]:
+    """The gateway container's environment; a secret's value where the manifests hold it
+    (the ledger's DSN must read as a PostgreSQL URL), else a stand-in."""
     pod = find(objs, "Deployment", "wattgate-gateway")["spec"]["template"]
     gateway = next(c for c in pod["spec"]["containers"] if c["name"] == "gateway")
-    return {e["name"]: f"value-of-{e['name']}" for e in gateway.get("env", [])}
+    env: dict[str, str] = {}
+    for e in gateway.get("env", []):
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        secret = next((o for o in objs if o["kind"] == "Secret"
+                       and ref and o["metadata"]["name"] == ref["name"]), None)
+        data = {**(secret or {}).get("stringData", {})}
+        env[e["name"]] = data.get(ref["key"], f"value-of-{e['name']}") if ref else \
+            f"value-of-{e['name']}"
+    return env
 
 
 def _config_doc(objs: list[Obj]) -> Any:
