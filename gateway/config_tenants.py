@@ -90,5 +90,8 @@ def parse_tenants(root: FieldReader, env: Mapping[str, str], slo_names: set[str]
         r.finish()
         if any(t.key_sha256 == tenant.key_sha256 for t in tenants):
             raise ConfigError(path, "two tenants share one API key")
+        if any(t.name == name for t in tenants):  # limits, budgets and bills go by name
+            raise ConfigError(r.at("name"), f"{name!r} names two tenants; each tenant is one "
+                              "entry (its limits, budgets and bills are kept by its name)")
         tenants.append(tenant)
     return tuple(tenants)

@@ -56,6 +56,9 @@ def test_quickstart_config_loads_into_frozen_objects() -> None:
     (lambda r: r["models"][0].update(name="m\nx"), "models[0].name", "control"),
     (lambda r: r["models"][0]["endpoints"][0].update(name="e\ud800"),
      "models[0].endpoints[0].name", "control"),
+    # limits, budgets and bills go by the tenant's name: two entries of one name would mix
+    (lambda r: r["tenants"].append({**r["tenants"][0], "api_key_sha256": "b" * 64}),
+     "tenants[2].name", "names two tenants"),
 ])
 def test_bad_config_names_the_field(mutate, path: str, words: str) -> None:  # type: ignore[no-untyped-def]
     raw = raw_config([dict(EP)])
