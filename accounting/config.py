@@ -283,7 +283,8 @@ def parse_accounting(raw: Any, env: Mapping[str, str] | None = None,
                                       inclusive=True),
     )
     fit = section(r.sub("fit"), FitConfig, minimums={"window": 3})
-    meters_raw = r.get("meters") or {}
+    meters_raw = r.get("meters")
+    meters_raw = {} if meters_raw is None else meters_raw  # `false` is refused, not read as none
     if not isinstance(meters_raw, Mapping):
         raise ConfigError(r.at("meters"), "must be a mapping of endpoint name -> meter")
     meters = tuple((str(name), _meter(_Reader(m, f"{r.at('meters')}.{name}"), env))

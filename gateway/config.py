@@ -205,7 +205,8 @@ def _models(root: FieldReader) -> tuple[ModelPool, ...]:
 def _scores(r: FieldReader, key: str, names: set[str]) -> tuple[tuple[str, float], ...]:
     """A mapping name -> score in [0, 1] whose names are among `names` (routing.quality,
     routing.min_quality)."""
-    raw = r.get(key) or {}
+    raw = r.get(key)
+    raw = {} if raw is None else raw  # `false` is refused, not read as no scores
     if not isinstance(raw, Mapping):
         raise ConfigError(r.at(key), "must be a mapping of name -> score")
     out = []

@@ -50,6 +50,8 @@ def test_quickstart_config_loads_into_frozen_objects() -> None:
                         tenant_controls={"shared_store": False}),
      "tenant_controls.shared_store", "expected a mapping"),
     (lambda r: r.update(outlier_detection=False), "outlier_detection", "expected a mapping"),
+    (lambda r: r.update(routing={"min_quality": False}), "routing.min_quality", "mapping"),
+    (lambda r: r.update(accounting={"meters": False}), "accounting.meters", "mapping"),
     # names the ledger and metrics carry: a NUL failed every PostgreSQL ledger batch holding
     # one of the tenant's requests
     (lambda r: r["tenants"][0].update(name="acme\x00"), "tenants[0].name", "control"),
