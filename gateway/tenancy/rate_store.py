@@ -22,6 +22,8 @@ from gateway.tenancy.lease import Exchange
 
 SCHEMA_LOCK = 0x7761_7474_7261_7465  # "wattrate": replicas starting together create it once
 REPLICA_LIVE_S = 10.0  # a replica not heard from for this long holds no share
+# and its row goes after this long (one killed without a stop leaves its row behind)
+REPLICA_FORGET_S = 3600.0
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS rate_limit_buckets (
@@ -62,7 +64,10 @@ ON CONFLICT (tenant, lim) DO UPDATE SET
     level = LEAST(EXCLUDED.capacity, {_FULL} - {_GRANT} - LEAST(EXCLUDED.asked, 0))
 RETURNING tenant, lim, granted, level"""
 HEARTBEAT = """
-WITH seen AS (
+WITH gone AS (
+    DELETE FROM rate_limit_replicas
+    WHERE seen_s < extract(epoch FROM clock_timestamp())::float8 - $3::float8),
+seen AS (
     INSERT INTO rate_limit_replicas (replica, seen_s)
     VALUES ($1, extract(epoch FROM clock_timestamp()))
     ON CONFLICT (replica) DO UPDATE SET seen_s = EXCLUDED.seen_s)
@@ -149,7 +154,7 @@ class RateStore:
 
     async def heartbeat(self, replica: str) -> int:
         """Stamp this replica live; the live replicas, this one included."""
-        rows = await self._fetch(HEARTBEAT, replica, REPLICA_LIVE_S)
+        rows = await self._fetch(HEARTBEAT, replica, REPLICA_LIVE_S, REPLICA_FORGET_S)
         return 1 + int(rows[0][0])
 
     async def forget(self, replica: str) -> None:

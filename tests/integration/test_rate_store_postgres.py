@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest
 
-from gateway.tenancy.rate_store import Ask, RateStore
+from gateway.tenancy.rate_store import REPLICA_FORGET_S, Ask, RateStore
 from tests.support.postgres import postgres_server
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.postgres]
@@ -56,3 +57,26 @@ async def test_concurrent_leases_of_three_replicas_grant_the_bucket_once() -> No
         finally:
             for s in stores:
                 await s.close()
+
+
+async def test_a_replica_row_left_by_a_killed_replica_is_deleted_by_the_next_heartbeat() -> None:
+    """A replica killed without its stop leaves its row; another's heartbeat deletes rows
+    unseen for REPLICA_FORGET_S, and keeps the fresh ones."""
+    with postgres_server() as dsn:
+        store = RateStore(dsn, 5.0)
+        try:
+            assert await store.heartbeat("live") == 1
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute("INSERT INTO rate_limit_replicas (replica, seen_s) VALUES "
+                                   "('killed', extract(epoch FROM now()) - $1::float8), "
+                                   "('recent', extract(epoch FROM now()) - 5)",
+                                   REPLICA_FORGET_S + 60.0)
+                assert await store.heartbeat("live") == 2  # "recent" still counts live
+                left = {r["replica"] for r in await conn.fetch(
+                    "SELECT replica FROM rate_limit_replicas")}
+            finally:
+                await conn.close()
+            assert left == {"live", "recent"}
+        finally:
+            await store.close()
