@@ -257,7 +257,7 @@ def compare(**p: Any) -> None:
     with 95 % intervals, and "no significant difference" when the arms cannot be told apart."""
     w = build_workload(p)
     precisions = [x.strip() for x in p["precisions"].split(",") if x.strip()]
-    quality = scores(p["quality"], "--quality")
+    quality = scores(p["quality"], "--quality", precisions)
     arms = search_cli.build_arms(p, w, precisions, parse_pairs(p["arm_target"], "--arm-target"),
                                  _run, quality)
     check_reachable(a.target.base_url for a in arms)

@@ -37,10 +37,14 @@ def rate_list(ctx: click.Context, param: click.Parameter, value: str) -> list[fl
     return [POSITIVE.convert(x.strip(), param, ctx) for x in value.split(",") if x.strip()]
 
 
-def scores(items: Sequence[str], what: str) -> dict[str, float]:
-    """`PRECISION=SCORE` options, each score a finite number from 0 to 1."""
+def scores(items: Sequence[str], what: str, among: Sequence[str] = ()) -> dict[str, float]:
+    """`PRECISION=SCORE` options, each score a finite number from 0 to 1, each precision one
+    of `among` when given (a typo would otherwise leave the published figure in force)."""
     out = {}
     for key, raw in parse_pairs(items, what).items():
+        if among and key not in among:
+            raise click.BadParameter(f"{key} is not among --precisions ({', '.join(among)})",
+                                     param_hint=what)
         try:
             out[key] = SCORE.convert(raw, None, None)
         except click.BadParameter as exc:

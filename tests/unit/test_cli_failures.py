@@ -183,6 +183,7 @@ def test_serve_refuses_a_ledger_it_cannot_open_at_once(tmp_path: Path) -> None:
     (["--rates", "1,nan"], "--rates"),
     (["--quality", "fp8=abc"], "--quality"),  # ValueError
     (["--quality", "fp8=2"], "--quality"),
+    (["--quality", "fp16=0.9"], "--quality"),  # not an arm: was ignored without a word
     (["--min-quality", "nan"], "--min-quality"),  # a floor nothing is under
     (["--tolerance", "0"], "--tolerance"),
 ])
