@@ -26,6 +26,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "loadgen": frozenset({"core", "wire"}),
     "wattgate_cli": frozenset(),  # the root command reaches the packages by name only
 }
+
+
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
