@@ -157,9 +157,11 @@ class Upstreams:
             available = pool
         elif not available:  # panic disabled (threshold 0): ejected but healthy ones, if any
             available = [s for s in pool if s.healthy]
-        usable = [s for s in available if s.endpoint.name not in exclude]
+        # a first attempt excludes none: one list less per request
+        usable = [s for s in available if s.endpoint.name not in exclude] if exclude \
+            else available
         ready = [s for s in usable if s.backoff_until <= now]
-        return ready or usable
+        return ready or list(usable)  # a list of its own, never the pool's
 
     def in_panic(self, model: str, available: int | None = None) -> bool:
         """Fewer than panic_threshold_percent of the pool's endpoints pass health checks and

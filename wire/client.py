@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from wire.connection import UpstreamConnection
 from wire.errors import UpstreamStaleConnection
@@ -107,10 +108,11 @@ class UpstreamClient:
         return encode_request("POST", origin.base_path + path, origin.host_header, headers,
                               body)
 
-    async def post(self, base_url: str, path: str, body: bytes,
-                   headers: Sequence[tuple[str, str]]) -> UpstreamResponse:
-        """Send `POST base_url + path` and wait for the response head (see `send`)."""
-        return await self.send(base_url, self.encode_post(base_url, path, body, headers))
+    def post(self, base_url: str, path: str, body: bytes, headers: Sequence[tuple[str, str]]
+             ) -> Coroutine[Any, Any, UpstreamResponse]:
+        """Send `POST base_url + path` and wait for the response head (see `send`). (`send`'s
+        coroutine itself, not one awaiting it: one frame less per request.)"""
+        return self.send(base_url, self.encode_post(base_url, path, body, headers))
 
     async def send(self, base_url: str, request: bytes) -> UpstreamResponse:
         """Send one encoded request to `base_url`'s origin and wait for the response head.

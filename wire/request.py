@@ -48,8 +48,13 @@ def encode_request(method: str, target: str, host_header: str,
     parts = [f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n"
              f"Content-Length: {len(body)}\r\n"]
     for name, value in headers:
-        _check(name)
-        _check(value)
         parts.append(f"{name}: {value}\r\n")
     parts.append("\r\n")
-    return "".join(parts).encode("utf-8", "surrogateescape") + body
+    head = "".join(parts)
+    # one look at the whole head, not one per header: CR and LF only in the line breaks
+    # written above (three, one per header, the blank line), and no NUL
+    breaks = len(headers) + 4
+    if head.count("\r") != breaks or head.count("\n") != breaks or "\0" in head:
+        for text in (method, target, host_header, *(t for pair in headers for t in pair)):
+            _check(text)
+    return head.encode("utf-8", "surrogateescape") + body

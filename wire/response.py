@@ -131,13 +131,10 @@ class ResponseParser:
             return
         content_type = te = b""
         content_length = None
-        self._head_bytes = sum(len(n) + len(v) + 4 for n, v in self._headers)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            # a large head that came in one read: refused like one that came in many (llhttp
-            # turns this into a parser error, so no head is ever handed out)
-            raise MalformedResponse("response head too large")
+        head_bytes = 0
         for name, value in self._headers:
             n = len(name)  # lower-case only the names that can match
+            head_bytes += n + len(value) + 4
             if n == 12:
                 if name.lower() == b"content-type":
                     content_type = value
@@ -146,6 +143,11 @@ class ResponseParser:
                     content_length = int(value)  # llhttp has checked it
             elif n == 17 and name.lower() == b"transfer-encoding":
                 te = value
+        self._head_bytes = head_bytes
+        if head_bytes > MAX_HEAD_BYTES:
+            # a large head that came in one read: refused like one that came in many (llhttp
+            # turns this into a parser error, so no head is ever handed out)
+            raise MalformedResponse("response head too large")
         chunked = bool(te) and (te == b"chunked"
                                 or te.rsplit(b",", 1)[-1].strip().lower() == b"chunked")
         if chunked:
