@@ -3,6 +3,7 @@
     git worktree add /tmp/base <commit>
     python -m bench.nonstream_profile --base /tmp/base           # CPU per request, 3 runs
     python -m bench.nonstream_profile --base /tmp/base --cprofile  # cProfile top entries
+    python -m bench.nonstream_profile --parts models metrics record  # what each part costs
 
 The harness of bench/gateway_overhead.py (the fast engine and wrk on core 0, the gateway on
 core 1, the user configuration: `vllm` engines scraped, least_load, the `model` meter) with
@@ -10,7 +11,10 @@ four gateways: this tree and the base tree, each with accounting on and off. Run
 interleaved and the order rotates each run. CPU per request is utime+stime of the gateway's
 processes (its accounting child included) over the run, read after a settle window for the
 accounting gateways, divided by the requests: the figure a shared machine moves least.
-Writes bench/results/nonstream_profile.{json,md} unless --out-dir says otherwise.
+`--parts` measures this tree's gateway without accounting beside copies with parts of the
+request path made no-ops (bench/overhead/stubbed_serve.py): what each part costs, free of
+cProfile's cost per call. Writes bench/results/nonstream_profile.{json,md} (--parts:
+nonstream_parts.{json,md}) unless --out-dir says otherwise.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from bench.overhead.targets import (
 
 RESULTS = REPO / "bench" / "results"
 WRAPPER = REPO / "bench" / "overhead" / "cprofile_serve.py"
+STUBBED = REPO / "bench" / "overhead" / "stubbed_serve.py"
 
 
 def _commit(tree: Path) -> str:
@@ -57,15 +62,21 @@ def _commit(tree: Path) -> str:
 
 
 def start_gateway(fleet: Fleet, name: str, tree: Path, engine_urls: list[str],
-                  accounting: bool, profile_out: Path | None = None) -> Target:
-    """`wattgate serve` from `tree`'s sources (PYTHONPATH), pinned to the proxy core."""
+                  accounting: bool, profile_out: Path | None = None,
+                  stubbed: str | None = None) -> Target:
+    """`wattgate serve` from `tree`'s sources (PYTHONPATH), pinned to the proxy core; under
+    cProfile with `profile_out`, with the `stubbed` parts made no-ops."""
     port = free_port()
     ledger = fleet.workdir / f"{name}.db" if accounting else None
     cfg = fleet.workdir / f"{name}.yaml"
     cfg.write_bytes(configs.wattgate_user(engine_urls, port, ledger))
     serve = ["serve", "--config", str(cfg), "--port", str(port), "--log-level", "warning"]
-    cmd = ([sys.executable, str(WRAPPER), str(profile_out), *serve] if profile_out
-           else [sys.executable, "-m", "wattgate_cli", *serve])
+    if profile_out is not None:
+        cmd = [sys.executable, str(WRAPPER), str(profile_out), *serve]
+    elif stubbed is not None:
+        cmd = [sys.executable, str(STUBBED), stubbed, *serve]
+    else:
+        cmd = [sys.executable, "-m", "wattgate_cli", *serve]
     out = open(fleet.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed by the fleet
     fleet.logs.append(out)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(tree)}
@@ -81,12 +92,22 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def gateways(args: argparse.Namespace, fleet: Fleet, engine_urls: list[str]) -> list[Target]:
+    """Both trees with and without accounting; with --parts, this tree without accounting,
+    whole and with each part set stubbed."""
+    if args.parts:
+        return [start_gateway(fleet, "whole", REPO, engine_urls, False)] + [
+            start_gateway(fleet, f"without {parts}", REPO, engine_urls, False, stubbed=parts)
+            for parts in args.parts]
+    trees = {"new": REPO, "base": args.base}
+    return [start_gateway(fleet, f"{label}-{'acct' if acct else 'noacct'}", tree,
+                          engine_urls, acct)
+            for label, tree in trees.items() for acct in (True, False)]
+
+
 def measure(args: argparse.Namespace, fleet: Fleet, engine_urls: list[str],
             engine_pids: list[int]) -> list[dict[str, Any]]:
-    trees = {"new": REPO, "base": args.base}
-    targets = [start_gateway(fleet, f"{label}-{'acct' if acct else 'noacct'}", tree,
-                             engine_urls, acct)
-               for label, tree in trees.items() for acct in (True, False)]
+    targets = gateways(args, fleet, engine_urls)
     for target in targets:  # warm-up: connections, routing models, the first records
         for mode in args.modes:
             run_wrk(target.url, mode, 16, 1.0, target.cpu_pids, engine_pids)
@@ -132,6 +153,11 @@ def summarise(raw: list[dict[str, Any]]) -> dict[str, Any]:
                 if acct and noacct:
                     rows[f"{label}: accounting adds"] = _spread(
                         [a - b for a, b in zip(acct, noacct, strict=True)])
+            whole = by_name.get("whole")
+            for name, values in by_name.items():
+                if whole and name.startswith("without "):
+                    rows[f"{name.removeprefix('without ')} costs"] = _spread(
+                        [a - b for a, b in zip(whole, values, strict=True)])
     return out
 
 
@@ -165,14 +191,24 @@ def cprofile(args: argparse.Namespace, fleet: Fleet, engine_urls: list[str],
             lines.append(f"{100 * tottime / total:5.1f}% own {cumtime:7.3f}s cum "
                          f"{ncalls:>8} calls  {func} ({where})")
         tops[label] = lines
-        print(f"\n=== {label} ({_commit(tree)}): cProfile top {args.top} by own time ===")
-        print("\n".join(lines))
+    text = [f"# cProfile of the accounting gateway, {args.modes[0]} c={args.connections[0]}, "
+            f"{args.duration} s", "",
+            "Top entries by own time (cProfile's cost per call inflates every entry; the "
+            "shares, not the seconds, compare).", ""]
+    for label, lines in tops.items():
+        tree = REPO if label == "new" else args.base
+        text += [f"## {label} ({_commit(tree)})", "", "```", *lines, "```", ""]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "nonstream_cprofile.md").write_text("\n".join(text))
+    print("\n".join(text))
     return tops
 
 
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
-    lines = [f"# Gateway CPU per request: {meta['commit']} against {meta['base_commit']}", "",
+    title = (f"what parts of the request path cost, {meta['commit']}" if meta["parts"]
+             else f"{meta['commit']} against {meta['base_commit']}")
+    lines = [f"# Gateway CPU per request: {title}", "",
              f"`{meta['command']}`, {meta['date']}, {meta['cpu']}; {meta['runs']} interleaved "
              f"runs of {meta['duration_s']} s per cell, the gateway pinned to one core; "
              "CPU-µs per request, median (min–max).", ""]
@@ -191,7 +227,9 @@ def markdown(result: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.nonstream_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base", type=Path, required=True, help="a worktree of the base commit")
+    p.add_argument("--base", type=Path, help="a worktree of the base commit")
+    p.add_argument("--parts", nargs="+", default=[],
+                   help="part sets to stub, each comma-separated (models, metrics, record)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--duration", type=int, default=4, help="whole seconds per run")
     p.add_argument("--settle", type=float, default=3.0)
@@ -201,7 +239,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cprofile", action="store_true", help="profile instead of measuring")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--out-dir", type=Path, default=RESULTS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.base is None and not args.parts:
+        p.error("--base is needed unless --parts is given")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,17 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in
                 Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
                "?")
-    meta = {"commit": _commit(REPO), "base_commit": _commit(args.base), "runs": args.runs,
+    meta = {"commit": _commit(REPO), "parts": args.parts,
+            "base_commit": _commit(args.base) if args.base else None, "runs": args.runs,
             "duration_s": args.duration, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                time.gmtime()),
             "cpu": cpu, "command": "python -m bench.nonstream_profile " + " ".join(
                 sys.argv[1:] if argv is None else argv)}
     result = {"meta": meta, "summary": summarise(raw), "raw": raw}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "nonstream_profile.json").write_bytes(
-        orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    stem = "nonstream_parts" if args.parts else "nonstream_profile"
+    (args.out_dir / f"{stem}.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     md = markdown(result)
-    (args.out_dir / "nonstream_profile.md").write_text(md)
+    (args.out_dir / f"{stem}.md").write_text(md)
     print(md)
     return 0
 

@@ -83,18 +83,10 @@ class Relay:
 
     async def _body(self, exchange: ServerExchange, flight: RelayFlight, upstream: UpstreamBody,
                     engine: str, headers: Mapping[str, str]) -> None:
-        try:
-            body = await upstream.read_all()
-        except UpstreamReadTimeout:
-            self.upstream_error(engine, "timeout")
-            flight.engine_failed = True
-            raise UpstreamTimeoutError("the engine stalled longer than the read timeout"
-                                       ) from None
-        except UpstreamFailure as exc:
-            self.upstream_error(engine, "body")
-            flight.engine_failed = True
-            raise UpstreamError("the engine closed the connection before the response ended"
-                                ) from exc
+        # a body that came with its head (the usual case) is taken as it is, with no wait
+        body = upstream.whole()
+        if body is None:
+            body = await self._read_all(flight, upstream, engine)
         # A non-streamed answer's head leaves the engine once its body is ready: that, not
         # the gateway's read of the body (late on a busy gateway), is when the engine finished.
         flight.engine_done_s = flight.first_byte_s
@@ -116,6 +108,22 @@ class Relay:
                 flight.take_usage(usage)
         exchange.reply(upstream.status, body, upstream.content_type or "application/json",
                        headers)
+
+    async def _read_all(self, flight: RelayFlight, upstream: UpstreamBody, engine: str
+                        ) -> bytes:
+        """The rest of the body, waited for; a stall or a cut is the engine's failure."""
+        try:
+            return await upstream.read_all()
+        except UpstreamReadTimeout:
+            self.upstream_error(engine, "timeout")
+            flight.engine_failed = True
+            raise UpstreamTimeoutError("the engine stalled longer than the read timeout"
+                                       ) from None
+        except UpstreamFailure as exc:
+            self.upstream_error(engine, "body")
+            flight.engine_failed = True
+            raise UpstreamError("the engine closed the connection before the response ended"
+                                ) from exc
 
     async def _stream(self, exchange: ServerExchange, flight: RelayFlight,
                       upstream: UpstreamBody, engine: str, client_wants_usage: bool,

@@ -41,7 +41,7 @@ class UpstreamResponse:
     """
 
     __slots__ = ("_conn", "_pool", "at_end", "content_type", "finished", "head", "pause", "read",
-                 "resume", "status", "stream_to")
+                 "resume", "status", "stream_to", "whole")
 
     def __init__(self, pool: EndpointPool, conn: UpstreamConnection, head: ResponseHead):
         self._pool = pool
@@ -54,6 +54,9 @@ class UpstreamResponse:
         self.read: Callable[[], Awaitable[bytes]] = conn.read
         # True once the response is complete and read: the last piece can end the client's too
         self.at_end: Callable[[], bool] = conn.at_end
+        # The whole body when all of it has arrived and none was read, else None: what
+        # `read_all` would return, without its coroutines
+        self.whole: Callable[[], bytes | None] = conn.whole
         # Callback mode: body pieces go to a sink as they arrive (see UpstreamConnection)
         self.stream_to: Callable[[Callable[[bytes, bool], None]], None] = conn.stream_to
         self.finished: Callable[[], Awaitable[None]] = conn.finished
@@ -126,7 +129,9 @@ class UpstreamClient:
         s = self.settings
         retried = False
         while True:
-            conn = await pool.acquire()
+            conn = pool.pop_idle()
+            if conn is None:
+                conn = await pool.acquire()
             try:
                 conn.send(request, first_byte_s=s.first_byte_s, read_s=s.read_s)
                 head = await conn.head()

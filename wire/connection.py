@@ -258,6 +258,17 @@ class UpstreamConnection(asyncio.Protocol):
             finally:
                 self._waiter = None
 
+    def whole(self) -> bytes | None:
+        """The whole body if the response has ended and nothing of it was read (None
+        otherwise, and after a failure: `read` says which)."""
+        parser = self._parser
+        if parser is None or not parser.done or self._exc is not None or self._paused:
+            return None
+        body = self._body
+        self._body = []
+        self._buffered = 0
+        return body[0] if len(body) == 1 else b"".join(body)
+
     @property
     def complete(self) -> bool:
         """The whole response arrived and was read: the connection may serve another."""

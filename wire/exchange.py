@@ -79,6 +79,10 @@ class UpstreamBody(Protocol):
     async def read_all(self) -> bytes:
         """The whole body (for answers relayed in one piece)."""
 
+    def whole(self) -> bytes | None:
+        """The whole body when all of it has arrived and none was read, without a wait; None
+        otherwise (then `read_all`)."""
+
     def stream_to(self, sink: BodySink) -> None:
         """From now on hand body pieces to `sink(piece, at_end)` as they arrive."""
 

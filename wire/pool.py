@@ -41,7 +41,7 @@ class EndpointPool:
     async def acquire(self) -> UpstreamConnection:
         """A connection for one request: a live idle one, else a new one within the limit."""
         while True:
-            conn = self._pop_idle()
+            conn = self.pop_idle()
             if conn is not None:
                 return conn
             if self.open < self.limit:
@@ -98,7 +98,9 @@ class EndpointPool:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _pop_idle(self) -> UpstreamConnection | None:
+    def pop_idle(self) -> UpstreamConnection | None:
+        """A live idle connection, None when there is none (`acquire` then waits or
+        connects): the usual case costs no coroutine."""
         idle = self._idle
         if not idle:
             return None
