@@ -183,9 +183,14 @@ def cprofile(args: argparse.Namespace, fleet: Fleet, engine_urls: list[str],
         load.join()
         time.sleep(1.0)
         stats = pstats.Stats(str(out))
-        lines = []
         entries = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)  # type: ignore[attr-defined]
         total = sum(v[2] for _, v in entries) or 1.0
+        # one record per request: the count the others are divided by
+        requests = sum(v[1] for (_, _, func), v in entries if func == "publish") or 1
+        python = sum(v[1] for (file, _, _), v in entries if file != "~") / requests
+        builtin = sum(v[1] for (file, _, _), v in entries if file == "~") / requests
+        lines = [f"{requests} requests; per request {python:.1f} Python function calls (a "
+                 f"coroutine's every resumption counts), {builtin:.1f} calls of C functions", ""]
         for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in entries[:args.top]:
             where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
             lines.append(f"{100 * tottime / total:5.1f}% own {cumtime:7.3f}s cum "

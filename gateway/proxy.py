@@ -101,7 +101,8 @@ class Proxy:
             flight.trace = self.tracing.begin(exchange.path, exchange.header(TRACEPARENT))
         self.inflight += 1
         self._open[flight.request_id] = flight.arrived_wall_s
-        self.idle.clear()
+        if self.inflight == 1:  # idle is set exactly while none is in flight
+            self.idle.clear()
         try:
             await self._serve(exchange, flight)
         except WattgateError as exc:

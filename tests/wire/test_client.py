@@ -289,3 +289,33 @@ async def test_a_request_encoded_ahead_streams_to_a_callback_and_reuses_its_conn
             assert b"".join(d for d, _ in got) == b"hello" and got[-1][1]
         assert eng.requests[0].startswith(b"POST /base/v1/completions HTTP/1.1\r\n")
         assert eng.connections == 1
+
+
+async def test_whole_takes_a_body_that_came_with_its_head_and_waits_for_none() -> None:
+    """`whole` hands over a body that arrived in full with its head, with no wait, and the
+    connection goes back to the pool; for a body still arriving it gives None, consumes
+    nothing, and `read_all` waits for the rest."""
+    rest = asyncio.Event()
+
+    async def script(writer: asyncio.StreamWriter, n: int, on_conn: int) -> bool:
+        if n == 1:
+            writer.write(OK)  # head and body in one write: one read on loopback
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        await writer.drain()
+        await rest.wait()
+        writer.write(b"cd")
+        return True
+
+    async with raw_engine(script) as eng, client() as c:
+        url = f"http://127.0.0.1:{eng.port}"
+        r = await c.post(url, "/", b"", [])
+        assert r.whole() == b"{}"
+        r.close()
+        assert c.pool(url).idle == 1
+        r = await c.post(url, "/", b"", [])
+        assert r.whole() is None  # the head came, the body has not ended
+        rest.set()
+        assert await r.read_all() == b"abcd"
+        r.close()
+        assert eng.connections == 1
