@@ -198,8 +198,11 @@ def cprofile(args: argparse.Namespace, fleet: Fleet, engine_urls: list[str],
         tops[label] = lines
     text = [f"# cProfile of the accounting gateway, {args.modes[0]} c={args.connections[0]}, "
             f"{args.duration} s", "",
-            "Top entries by own time (cProfile's cost per call inflates every entry; the "
-            "shares, not the seconds, compare).", ""]
+            f"`python -m bench.nonstream_profile {' '.join(sys.argv[1:])}`, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Top entries by own time "
+            "(cProfile's cost per call inflates every entry; the shares and the call counts, "
+            "not the seconds, compare). uvloop's methods are invisible to cProfile: the two "
+            "`send` entries hold the socket writes.", ""]
     for label, lines in tops.items():
         tree = REPO if label == "new" else args.base
         text += [f"## {label} ({_commit(tree)})", "", "```", *lines, "```", ""]
