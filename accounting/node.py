@@ -115,6 +115,8 @@ class WorkerLink(ApportionerChild):
         self.node_dir = node_dir
         self.port_file = node_dir / PORT_FILE
         self.link = RecordLink(eager=True)
+        # the node's replica name, as the parent's NodeChild records under
+        self.replica = f"{socket.gethostname()}:{os.getppid()}"
         self._connect: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -88,12 +88,10 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
 
 def _refuse_node(config: GatewayConfig, mode: AccountingMode) -> None:
     """The combinations several workers cannot run, refused in one line (exit 2)."""
-    why = None
+    why: str | None = None
     if mode.records_here:
         why = ("accounting.apportioner: inline records and apportions in the serving process; "
                "several workers need `process` (or `external`), or --workers 1")
-    elif config.listen.port == 0:
-        why = "several workers need a fixed port (--port or listen.port), not 0"
     if why is not None:
         click.echo(f"wattgate: --workers: {why}", err=True)
         sys.exit(2)
@@ -117,11 +115,17 @@ async def _serve_node(config: GatewayConfig, mode: AccountingMode, workers: int,
         NodePlan,
         node_directory,
         remove_node_directory,
+        reserve_port,
         run_node,
         worker_command,
     )
 
     await _preflight(config, mode, reuse_port)
+    # port 0: one free port for all the workers, held by the parent till the node stops
+    held = reserve_port(config.listen.host) if config.listen.port == 0 else None
+    if held is not None:
+        config = dataclasses.replace(config, listen=dataclasses.replace(
+            config.listen, port=held.getsockname()[1]))
     node_dir = node_directory()
     try:
         child = (NodeChild(config_path, node_dir, log_level=log_level, mode=mode.child)
@@ -134,6 +138,8 @@ async def _serve_node(config: GatewayConfig, mode: AccountingMode, workers: int,
         await run_node(plan, child, node_dir)
     finally:
         remove_node_directory(node_dir)
+        if held is not None:
+            held.close()
 
 
 async def _serve(config: GatewayConfig, mode: AccountingMode, *, reuse_port: bool,
@@ -146,7 +152,8 @@ async def _serve(config: GatewayConfig, mode: AccountingMode, *, reuse_port: boo
     if node is None:  # a node's parent checked these before its workers started
         await _preflight(config, mode, reuse_port)
     child = await _accounting_child(config, mode, config_path, log_level, node)
-    app = build_app(config, accounting=mode, apportioner=child)
+    app = build_app(config, accounting=mode, apportioner=child,
+                    node_store=node.rate_store() if node is not None else None)
     if node is not None:
         from gateway.workers.peers import serve_own_series
 

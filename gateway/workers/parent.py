@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -27,6 +28,7 @@ import click
 
 from accounting.node import NodeChild
 from accounting.supervisor import TOKEN_ENV
+from gateway.workers.rates import RATES_SOCKET, NodeBuckets, serve_buckets
 
 log = logging.getLogger("wattgate.workers")
 
@@ -94,6 +96,8 @@ class Worker:
 async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> None:
     """Run the node until SIGTERM/SIGINT: child first, workers, then stop in reverse."""
     env = dict(os.environ)
+    # the tenants' rate limits for the whole node (rates.py), before any worker asks
+    rates = await serve_buckets(NodeBuckets(), node_dir / RATES_SOCKET)
     if child is not None:
         await child.start()
         if not await child.wait_ready():
@@ -119,6 +123,7 @@ async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> N
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    rates.close()
     if child is not None:
         await child.stop()
 
@@ -149,3 +154,13 @@ def worker_command(config_path: str, host: str, port: int, log_level: str | None
     argv = [sys.executable, "-m", "wattgate_cli", "serve", "--config", config_path,
             "--workers", "1", "--reuse-port", "--host", host, "--port", str(port)]
     return argv + (["--log-level", log_level] if log_level else [])
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A free port on `host` for the workers, bound with SO_REUSEPORT and not listening: the
+    workers bind it too, and it stays the node's while this socket is open."""
+    family, kind, proto, _name, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(addr)
+    return sock

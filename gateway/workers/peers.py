@@ -19,6 +19,7 @@ from aiohttp import web
 
 from gateway.appkeys import METRICS
 from gateway.workers.merge import merge
+from gateway.workers.rates import RATES_SOCKET, NodeRateStore
 
 PEER_TIMEOUT_S = 1.0
 
@@ -33,6 +34,10 @@ class NodeWorker:
 
     def socket(self, index: int) -> Path:
         return self.directory / f"worker-{index}.sock"
+
+    def rate_store(self) -> NodeRateStore:
+        """The node's rate store, served by the parent (rates.py)."""
+        return NodeRateStore(self.directory / RATES_SOCKET)
 
 
 NODE = web.AppKey("node", NodeWorker)
