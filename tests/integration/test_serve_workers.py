@@ -22,7 +22,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_apportioner_process import (
-    KEY_A,
     MODEL,
     _config,
     children,
@@ -33,6 +32,7 @@ from tests.integration.test_apportioner_process import (
     ledger_totals,
     wait_for,
 )
+from tests.support.gateway import KEY_A
 from tests.support.procs import free_port, running, wattgate_cmd
 
 pytestmark = pytest.mark.timeout(240)
@@ -171,3 +171,32 @@ def test_a_worker_killed_under_load_loses_no_answered_request(
     energy_j = sum(e for _, e, _ in got["intervals"])
     idle_j = sum(i for _, _, i in got["intervals"])
     assert got["shares_j"] + idle_j == pytest.approx(energy_j, rel=1e-9)
+
+
+def accounting_child(parent: int) -> list[int]:
+    return [p for p in children(parent) if " apportioner " in cmdline(p)]
+
+
+def test_the_node_child_killed_is_restarted_and_every_worker_reaches_its_successor(
+        node: tuple[str, Any, Path]) -> None:
+    gw, proc, ledger = node
+    first = wait_for("the accounting child", lambda: accounting_child(proc.pid))
+    before = many_connections(gw, 20)
+    os.kill(first[0], signal.SIGKILL)
+    during = many_connections(gw, 20)  # recorded by the workers while no child runs
+    second = wait_for("a successor", lambda: [
+        p for p in accounting_child(proc.pid) if p not in first])
+    assert len(second) == 1
+    after = many_connections(gw, 20)
+    ids = before + during + after
+    wait_for("every request in the ledger", lambda: set(ids) <= in_ledger(ledger), 45.0)
+    wait_for("every request apportioned", lambda: final(gw, ids), 60.0)
+    got = ledger_totals(ledger)
+    ks = [k for k, _, _ in got["intervals"]]
+    assert ks == list(range(ks[0], ks[-1] + 1))  # none skipped across the restart
+    energy_j = sum(e for _, e, _ in got["intervals"])
+    idle_j = sum(i for _, _, i in got["intervals"])
+    assert got["shares_j"] + idle_j == pytest.approx(energy_j, rel=1e-9)
+    metrics = get(f"{gw}/metrics")[1].decode()
+    assert samples(metrics, "wattgate_worker_up") == {'{"worker": "0"}': 1.0,
+                                                       '{"worker": "1"}': 1.0}
