@@ -200,3 +200,16 @@ def test_the_node_child_killed_is_restarted_and_every_worker_reaches_its_success
     metrics = get(f"{gw}/metrics")[1].decode()
     assert samples(metrics, "wattgate_worker_up") == {'{"worker": "0"}': 1.0,
                                                        '{"worker": "1"}': 1.0}
+
+
+def test_sigterm_drains_the_workers_then_stops_the_child(node: tuple[str, Any, Path]) -> None:
+    gw, proc, ledger = node
+    family = [*workers_of(proc.pid), *accounting_child(proc.pid)]
+    assert len(family) == 3
+    ids = many_connections(gw, 10)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    for pid in family:  # nothing outlives the parent
+        wait_for(f"process {pid} gone", lambda pid=pid: not Path(f"/proc/{pid}").exists()
+                 or "zombie" in Path(f"/proc/{pid}/status").read_text(), 10.0)
+    assert set(ids) <= in_ledger(ledger)  # every record written before the child stopped
