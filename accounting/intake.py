@@ -14,7 +14,8 @@ The watermark the child publishes (`open_since`) is the earliest over the connec
 one's oldest open request, or its last frame's time if earlier (a request may have arrived
 after its last frame). A connection that has not sent its first frame yet holds the
 watermark where it was when it connected (its worker may have requests open since before);
-until the first connection's first frame, the `floor` holds it. A connection that closes
+until the first frame of each of the `expect` workers the node starts (or FLOOR_HOLD_S after
+the child started, for a worker that never comes), the `floor` holds it. A connection that closes
 while its worker process lives (the link broke; it reconnects) keeps holding its last
 watermark for up to GHOST_S; one whose process is gone (killed) holds nothing: its
 unanswered requests are never recorded, and its answered ones are in the recorder already.
@@ -40,6 +41,7 @@ from core.codec import DecodeError, decode_head, decode_lines
 
 log = logging.getLogger("wattgate.accounting")
 
+FLOOR_HOLD_S = 10.0  # the floor holds at most this long for the workers' first frames
 GHOST_S = 30.0  # a closed connection of a live worker holds its watermark this long at most
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -91,10 +93,11 @@ class RecordIntake:
     """The child's end: frames in, records to the recorder, acknowledgements out."""
 
     def __init__(self, recorder: LedgerRecorder, priority: Background | None = None, *,
-                 floor: float | None = None):
+                 floor: float | None = None, expect: int = 1):
         """`floor`: the gateway's `RecordLink.floor()` when it started this child, the
         watermark until a first frame (the default, the time of this call, suits a gateway
-        that had nothing open)."""
+        that had nothing open); for a node's child, until the first frames of `expect`
+        workers."""
         self.recorder = recorder
         self.priority = priority or Background(False, behind_s=math.inf)
         self.closed = asyncio.Event()  # the socket pair's gateway closed its end
@@ -102,7 +105,10 @@ class RecordIntake:
         self._ghosts: list[Ghost] = []
         self._received = 0
         self._floor: float | None = time.time() if floor is None else floor
-        self._heard = False  # a first frame came: the floor no longer holds
+        self._heard = False  # the expected first frames came: the floor no longer holds
+        self._expect = expect
+        self._reported: set[int] = set()  # the worker processes whose first frame came
+        self._floor_until = time.monotonic() + FLOOR_HOLD_S
         self._base = 0
         self._server: asyncio.AbstractServer | None = None
         recorder.watch(self.open_since)
@@ -114,7 +120,7 @@ class RecordIntake:
 
     def open_since(self) -> float | None:
         """The earliest of the connected gateways' watermarks (module docstring)."""
-        since = None if self._heard else self._floor
+        since = None if self._floor_gone() else self._floor
         for conn in self._conns:
             since = _earliest(since, conn.open_since())
         if self._ghosts:
@@ -123,6 +129,11 @@ class RecordIntake:
             for ghost in self._ghosts:
                 since = _earliest(since, ghost.since)
         return since
+
+    def _floor_gone(self) -> bool:
+        if not self._heard and time.monotonic() >= self._floor_until:
+            self._heard = True  # a worker that never came holds nothing
+        return self._heard
 
     def watermark(self) -> float | None:
         """`open_since`, or earlier where a record received is not written yet: what a
@@ -165,7 +176,7 @@ class RecordIntake:
 
     def _joined(self, conn: IntakeConnection) -> None:
         # until its first frame it holds the watermark where it is now
-        conn.held = self.open_since() if self._heard else self._floor
+        conn.held = self.open_since()
         self._ghosts = [g for g in self._ghosts if g.pid != conn.pid]
         self._conns.append(conn)
 
@@ -192,7 +203,9 @@ class RecordIntake:
             self.recorder.record_encoded(recs, lines)
         self._received += len(recs)
         conn.heard(head.open_since_s, head.sent_wall_s)
-        self._heard = True
+        if not self._heard:
+            self._reported.add(conn.pid)
+            self._heard = len(self._reported) >= self._expect
         arrived_s = min([r.arrived_wall_s for r in recs], default=math.inf)
         conn.frames.append(ReceivedFrame(self._received, seq, head.sent_wall_s, arrived_s))
         if not recs:

@@ -53,8 +53,9 @@ class NodeChild(ApportionerChild):
     """The parent's accounting child, listening for the node's workers."""
 
     def __init__(self, config_path: str, node_dir: Path, *, log_level: str | None,
-                 mode: AccountingMode):
+                 mode: AccountingMode, workers: int):
         super().__init__(config_path, log_level=log_level, mode=mode)
+        self.workers = workers
         self.node_dir = node_dir
         self.socket_path = node_dir / RECORDS_SOCKET
         self._floor: float | None = None  # the last watermark the child reported
@@ -74,6 +75,7 @@ class NodeChild(ApportionerChild):
         floor = time.time() if self._floor is None else min(self._floor, time.time())
         return [*super().argv(), "--records-socket", str(self.socket_path),
                 "--replica", self.replica, "--idle-class", "--open-floor", repr(floor),
+                "--expect-links", str(self.workers),
                 *self.mode.child_flags()]
 
     async def start(self) -> None:

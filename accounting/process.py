@@ -139,7 +139,7 @@ async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo
                           records_fd: int | None = None, replica: str | None = None,
                           idle_class: bool = False, open_floor: float | None = None,
                           export: ExportHook | None = None,
-                          records_socket: Path | None = None) -> None:
+                          records_socket: Path | None = None, expect_links: int = 1) -> None:
     """Run the roles of `mode` (mode.py, launched as `wattgate apportioner`) until
     SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone); then store the
     counters and release the lock. Where it records, the requests come from a gateway on the
@@ -164,7 +164,7 @@ async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo
         # Before the service starts: a journal replay's write publishes this gateway's
         # watermark, which must already be the gateway's floor, not "nothing open"
         intake = RecordIntake(service.recorder, Background(
-            idle_class, behind_s=accounting.behind_s), floor=open_floor)
+            idle_class, behind_s=accounting.behind_s), floor=open_floor, expect=expect_links)
     await service.start()
     if intake is not None and records_fd is not None:
         await intake.start(records_fd)

@@ -70,6 +70,9 @@ def _load_or_exit(path: str, *, records_fd: bool, record_only: bool
 @click.option("--records-socket", default=None, type=click.Path(dir_okay=False),
               help="Listen on this Unix socket for the finished requests of a node's workers "
                    "and record them (set by `wattgate serve --workers N`).")
+@click.option("--expect-links", default=1, type=click.IntRange(1),
+              help="With --records-socket: the workers whose first frames end the "
+                   "--open-floor (set by `wattgate serve --workers N`).")
 @click.option("--idle-class", is_flag=True,
               help="Run in the idle scheduling class while keeping up with --records-fd, in "
                    "the normal class at --nice when behind (set by `wattgate serve`).")
@@ -85,7 +88,7 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                 parent_pid: int | None, log_level: str | None, niceness: int,
                 records_fd: int | None, idle_class: bool, record_only: bool,
                 open_floor: float | None, replica: str | None,
-                records_socket: str | None) -> None:
+                records_socket: str | None, expect_links: int) -> None:
     """Poll the engines' meters and apportion their energy to the ledger's requests, in this
     process; leader-elected through the ledger, so several may run and one apportions. Started
     by `wattgate serve`, it also records that gateway's requests (--records-fd).
@@ -113,7 +116,7 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                                    replica=replica, idle_class=idle_class,
                                    open_floor=open_floor,
                                    records_socket=Path(records_socket) if records_socket
-                                   else None,
+                                   else None, expect_links=expect_links,
                                    export=partial(energy_export, config.telemetry)))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)

@@ -128,7 +128,8 @@ async def _serve_node(config: GatewayConfig, mode: AccountingMode, workers: int,
             config.listen, port=held.getsockname()[1]))
     node_dir = node_directory()
     try:
-        child = (NodeChild(config_path, node_dir, log_level=log_level, mode=mode.child)
+        child = (NodeChild(config_path, node_dir, log_level=log_level, mode=mode.child,
+                           workers=workers)
                  if mode.child is not None else None)
         plan = NodePlan(workers, worker_command(config_path, config.listen.host,
                                                 config.listen.port, log_level),

@@ -24,8 +24,8 @@ from tests.unit.test_record_link import OPENED, closes, gateway_end, recorder, r
 pytestmark = pytest.mark.timeout(30)
 
 
-async def node_child(tmp: Path) -> tuple[RecordIntake, Path]:
-    intake = RecordIntake(recorder(FlakyLedger(fail=0)), floor=1000.0)
+async def node_child(tmp: Path, expect: int = 1) -> tuple[RecordIntake, Path]:
+    intake = RecordIntake(recorder(FlakyLedger(fail=0)), floor=1000.0, expect=expect)
     OPENED.append(intake.close)
     path = tmp / "records.sock"
     await intake.listen(path)
@@ -124,6 +124,23 @@ async def test_a_worker_away_holds_its_watermark_and_a_killed_one_does_not() -> 
             await proc.wait()
         await until(lambda: intake.connections == 2, "the killed worker's connection closed")
         assert intake.open_since() == 5000.0
+
+
+@closes
+async def test_the_floor_holds_until_every_worker_of_the_node_reported() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp, expect=2)  # a successor child of a 2-worker node
+        a = await worker(path, [None])
+        beat(a, at=3000.0)
+        await until(lambda: a._acked, "a's first frame")
+        assert intake.open_since() == 1000.0  # the other worker may have requests open since
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", KILLED_WORKER,
+                                                    str(path))
+        try:
+            await until(lambda: intake.open_since() == 3000.0, "both reported: a's watermark")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
 
 
 # Sends one frame whose watermark is 4100.0, then waits to be killed
