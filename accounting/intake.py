@@ -38,6 +38,7 @@ from accounting.link import ACK, FRAME_HEAD, MAX_FRAME
 from accounting.priority import Background
 from accounting.recorder import LedgerRecorder
 from core.codec import DecodeError, decode_head, decode_lines
+from core.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
 
@@ -110,6 +111,8 @@ class RecordIntake:
         self._reported: set[int] = set()  # the worker processes whose first frame came
         self._floor_until = time.monotonic() + FLOOR_HOLD_S
         self._base = 0
+        self._batch: list[RequestRecord] = []  # received in this read, not yet handed over
+        self._batch_lines: list[bytes] = []
         self._server: asyncio.AbstractServer | None = None
         recorder.watch(self.open_since)
         recorder.on_written = self._written
@@ -199,8 +202,9 @@ class RecordIntake:
         recs, bad = decode_lines(lines)
         if bad:
             log.error("accounting child: %d records from the gateway could not be read", bad)
-        if recs:
-            self.recorder.record_encoded(recs, lines)
+        if recs:  # handed to the recorder with the other frames of this read (`hand_over`)
+            self._batch += recs
+            self._batch_lines.append(lines)
         self._received += len(recs)
         conn.heard(head.open_since_s, head.sent_wall_s)
         if not self._heard:
@@ -210,6 +214,16 @@ class RecordIntake:
         conn.frames.append(ReceivedFrame(self._received, seq, head.sent_wall_s, arrived_s))
         if not recs:
             self._written(self.recorder.records_written)
+
+    def hand_over(self) -> None:
+        """The records of the frames of one read to the recorder at once (one journal write
+        for all of them: a node's workers send a frame per record)."""
+        if self._batch:
+            recs, self._batch = self._batch, []
+            lines = self._batch_lines[0] if len(self._batch_lines) == 1 else b"".join(
+                self._batch_lines)
+            self._batch_lines.clear()
+            self.recorder.record_encoded(recs, lines)
         self._judge_lag()
 
     def _written(self, records_written: int) -> None:
@@ -280,14 +294,15 @@ class IntakeConnection(asyncio.Protocol):
             if size > MAX_FRAME:
                 log.error("accounting child: a frame of %d bytes from the gateway: closing", size)
                 self.close()
-                return
+                break
             end = FRAME_HEAD.size + size
             if len(buf) < end:
                 break
             self.intake._received_frame(self, seq, bytes(buf[FRAME_HEAD.size:end]))
             del buf[:end]
             if self._transport is None or self._transport.is_closing():
-                return
+                break
+        self.intake.hand_over()
 
     def eof_received(self) -> bool | None:
         return False

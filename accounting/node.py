@@ -44,6 +44,7 @@ log = logging.getLogger("wattgate.apportioner")
 
 RECORDS_SOCKET = "records.sock"  # in the node's runtime directory
 PORT_FILE = "child.port"
+RESTARTS_FILE = "child.restarts"  # how often the parent restarted the child, for /metrics
 CONNECT_FIRST_S = 0.05  # a worker retries its connection after this, doubling
 CONNECT_MAX_S = 1.0  # up to this
 ATTACHED_POLL_S = 0.05  # how often a worker checks that its link is still attached
@@ -97,6 +98,10 @@ class NodeChild(ApportionerChild):
     async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.port_file.unlink()
+        if self.proc is not None:  # a successor: the workers count it on their /metrics
+            restarts = self.node_dir / RESTARTS_FILE
+            restarts.with_suffix(".tmp").write_text(str(self.restarts + 1))
+            restarts.with_suffix(".tmp").replace(restarts)
         # its own process group, as ApportionerChild's; it exits when the parent is gone
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv(), stdin=asyncio.subprocess.DEVNULL, preexec_fn=os.setpgrp,
@@ -147,12 +152,24 @@ class WorkerLink(ApportionerChild):
             self._went_down()
             return False
         self.link.attach(sock)
+        self._count_restarts()
         self._port = None  # a new child: its port is read again
         self._answering = True
         self._down_since = None
         if self._up is not None:
             self._up.set(1.0)
         return True
+
+    def _count_restarts(self) -> None:
+        """The parent's count of the child's restarts, on this worker's counter (merged over
+        the workers by its maximum: gateway/workers/merge.py)."""
+        try:
+            restarts = int((self.node_dir / RESTARTS_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if restarts > self.restarts and self._restarts_metric is not None:
+            self._restarts_metric.inc(restarts - self.restarts)
+        self.restarts = max(self.restarts, restarts)
 
     async def _keep_connected(self) -> None:
         backoff, probed = CONNECT_FIRST_S, time.monotonic()

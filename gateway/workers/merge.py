@@ -5,7 +5,8 @@ workers, label set by label set. Gauges follow a declared rule per name, as
 prometheus_client's multiprocess modes do: in-flight-like gauges (what each worker holds)
 are summed; `wattgate_apportioner_up` takes the minimum (down for the node if any worker
 cannot reach the child); every other gauge is a node-wide reading that each worker makes
-for itself (an engine's health, a tenant's budget from the ledger) and takes the maximum.
+for itself (an engine's health, a tenant's budget from the ledger) and takes the maximum, as
+does `wattgate_apportioner_restarts_total` (each worker shows the parent's count).
 
 Each worker also gets `wattgate_worker_up{worker}` (it answered this scrape) and
 `wattgate_worker_requests_total{worker}` (its completion requests): one series per worker,
@@ -30,6 +31,8 @@ GAUGE_SUM = frozenset({
     "wattgate_accounting_pending_records",
 })
 GAUGE_MIN = frozenset({"wattgate_apportioner_up"})
+# counters every worker reads from the node (the parent's count of the child's restarts)
+COUNTER_MAX = frozenset({"wattgate_apportioner_restarts"})
 REQUESTS = "wattgate_requests_total"  # the sample a worker's traffic is counted by
 
 
@@ -50,7 +53,7 @@ def _rule(family: Metric, sample: Sample) -> Rule:
         return gauge_rule(family.name)
     if sample.name.endswith("_created"):
         return "min"  # the earliest worker's start
-    return "sum"
+    return "max" if family.name in COUNTER_MAX else "sum"
 
 
 class _Merged:

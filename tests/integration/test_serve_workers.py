@@ -200,6 +200,8 @@ def test_the_node_child_killed_is_restarted_and_every_worker_reaches_its_success
     metrics = get(f"{gw}/metrics")[1].decode()
     assert samples(metrics, "wattgate_worker_up") == {'{"worker": "0"}': 1.0,
                                                        '{"worker": "1"}': 1.0}
+    # the parent's count, once for the node (not once per worker)
+    assert samples(metrics, "wattgate_apportioner_restarts_total") == {"{}": 1.0}
 
 
 def test_sigterm_drains_the_workers_then_stops_the_child(node: tuple[str, Any, Path]) -> None:
