@@ -95,6 +95,10 @@ class Worker:
 
 async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> None:
     """Run the node until SIGTERM/SIGINT: child first, workers, then stop in reverse."""
+    stop = asyncio.Event()  # a signal while the child starts stops the node as well
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     env = dict(os.environ)
     # the tenants' rate limits for the whole node (rates.py), before any worker asks
     rates = await serve_buckets(NodeBuckets(), node_dir / RATES_SOCKET)
@@ -107,11 +111,8 @@ async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> N
     workers = [Worker(i, [*plan.worker_argv, "--node-dir", str(node_dir), "--worker-index",
                           str(i), "--node-workers", str(plan.workers)], env)
                for i in range(plan.workers)]
-    tasks = [asyncio.create_task(w.run(), name=f"wattgate-worker-{w.index}") for w in workers]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(w.run(), name=f"wattgate-worker-{w.index}") for w in workers
+             if not stop.is_set()]
     click.echo(f"wattgate: {plan.workers} workers started (parent pid {os.getpid()})", err=True)
     await stop.wait()
     click.echo("wattgate: draining the workers", err=True)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -215,3 +216,15 @@ def test_sigterm_drains_the_workers_then_stops_the_child(node: tuple[str, Any, P
         wait_for(f"process {pid} gone", lambda pid=pid: not Path(f"/proc/{pid}").exists()
                  or "zombie" in Path(f"/proc/{pid}/status").read_text(), 10.0)
     assert set(ids) <= in_ledger(ledger)  # every record written before the child stopped
+
+
+def test_inline_accounting_with_several_workers_is_refused_in_one_line(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "http://127.0.0.1:9", "inline")
+    out = subprocess.run(wattgate_cmd("serve", "--workers", "2", "--config", str(cfg),
+                                      "--port", str(free_port())),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "wattgate: --workers: accounting.apportioner: inline records and apportions in the "
+        "serving process; several workers need `process` (or `external`), or --workers 1"]
+    assert not (tmp_path / "ledger.db").exists()  # refused before anything started

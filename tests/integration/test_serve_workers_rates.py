@@ -2,7 +2,8 @@
 workers lease from the parent's buckets (gateway/workers/rates.py). Twice the limit is sent
 over a new connection per request (the kernel spreads them over both workers), then over one
 keep-alive connection (one worker): each is admitted what one token bucket of the limit
-admits within 2 %, where each worker on its own would admit up to twice that."""
+admits within 2 %, where each worker on its own would admit up to twice that. A joule budget
+and a concurrency cap, kept in the ledger, hold over both workers too."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from tests.integration.test_rate_limit_shared_store import LIMIT, check_one_bucket, traffic
+from tests.integration.test_tenant_budget_replicas import BUDGET_J, CAP, one
 from tests.support.fake_engine import FakeEngine, fake_engine
 from tests.support.gateway import KEY_A, KEY_B, raw_config
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
@@ -66,3 +68,38 @@ async def test_a_tenant_is_admitted_its_node_limit_over_two_workers(tmp_path: Pa
         finally:
             await spread.close()
             await pinned.close()
+
+
+async def test_a_budget_and_a_concurrency_cap_hold_over_two_workers_on_sqlite(
+        tmp_path: Path) -> None:
+    """The burst of the three-replica budget test at one node of two workers sharing a SQLite
+    ledger: exactly the budget's 20 reservations admitted, tenant-b's cap of 5 in flight
+    held across both workers (admissions are SQLite write transactions from two processes)."""
+    async with fake_engine(FakeEngine(model="m", ttft_s=5.0)) as eng:
+        port = free_port()
+        raw = raw_config([{"name": "e1", "url": eng.url, "precision": "bf16"},
+                          {"name": "e2", "url": eng.url, "precision": "int4"}],
+                         listen={"host": "127.0.0.1", "port": port})
+        raw["tenants"][0]["budgets"] = [{"period": "day", "j": BUDGET_J}]
+        raw["tenants"][0]["precisions"] = {"allowed": ["bf16"]}
+        raw["tenants"][1]["limits"] = {"max_concurrent": CAP}
+        raw["accounting"] = {"interval_s": 1, "flush_s": 0.2, "settle_s": 1.0,
+                             "ledger": {"kind": "sqlite", "path": str(tmp_path / "ledger.db")}}
+        cfg = tmp_path / "gw.yaml"
+        cfg.write_text(yaml.safe_dump(raw))
+        url = f"http://127.0.0.1:{port}"
+        with running(wattgate_cmd("serve", "--workers", "2", "--config", str(cfg)),
+                     log=tmp_path / "gw.log"):
+            await asyncio.to_thread(wait_http, url + "/readyz", 90.0)
+            connector = aiohttp.TCPConnector(limit=0, force_close=True)
+            async with aiohttp.ClientSession(
+                    connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
+                burst = [one(s, url) for _ in range(200)]
+                burst += [one(s, url, KEY_B) for _ in range(30)]
+                got_all = await asyncio.gather(*burst)
+                served = await workers_served(s, url)
+    got, got_b = got_all[:200], got_all[200:]
+    assert len(served) == 2 and min(served) > 0, served  # the burst reached both workers
+    assert sum(1 for status, _ in got if status == 200) == 20
+    assert {code for status, code in got if status != 200} == {"budget_exceeded"}
+    assert sorted(status for status, _ in got_b) == [200] * CAP + [429] * (30 - CAP)
