@@ -108,6 +108,11 @@ def test_two_workers_share_the_port_one_ledger_and_one_scrape(
     assert len(families) == len(set(families))  # one valid exposition, no family twice
     assert "wattgate_apportioner_leader 1.0" in metrics  # the one child's series, once
     wait_for("every request apportioned", lambda: final(gw, ids), 45.0)
+    # one admin view: whichever worker a new connection reaches answers the same
+    usage = [json.loads(get(f"{gw}/admin/v1/usage?tenant=tenant-a")[1])["total"]
+             for _ in range(8)]
+    assert all(u == usage[0] for u in usage), usage
+    assert usage[0]["requests"] >= 60
     got = ledger_totals(ledger)
     energy_j = sum(e for _, e, _ in got["intervals"])
     idle_j = sum(i for _, _, i in got["intervals"])
