@@ -68,7 +68,7 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
     config = dataclasses.replace(config, listen=listen)
     count = len(os.sched_getaffinity(0)) if workers is None else workers
     if node_dir is None and count > 1:
-        _refuse_node(config, mode)
+        _refuse_node(mode)
     from gateway.logs import configure
 
     configure(config.logging, log_level)
@@ -86,14 +86,14 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
                       config_path=config_path, log_level=log_level, node=node))
 
 
-def _refuse_node(config: GatewayConfig, mode: AccountingMode) -> None:
-    """The combinations several workers cannot run, refused in one line (exit 2)."""
-    why: str | None = None
+def _refuse_node(mode: AccountingMode) -> None:
+    """What several workers cannot run, refused in one line (exit 2): accounting on the
+    serving process's own loop (`inline`), which would give each worker a ledger writer and
+    an apportioner of its own."""
     if mode.records_here:
-        why = ("accounting.apportioner: inline records and apportions in the serving process; "
-               "several workers need `process` (or `external`), or --workers 1")
-    if why is not None:
-        click.echo(f"wattgate: --workers: {why}", err=True)
+        click.echo("wattgate: --workers: accounting.apportioner: inline records and apportions "
+                   "in the serving process; several workers need `process` (or `external`), or "
+                   "--workers 1", err=True)
         sys.exit(2)
 
 
@@ -133,9 +133,8 @@ async def _serve_node(config: GatewayConfig, mode: AccountingMode, workers: int,
                  if mode.child is not None else None)
         plan = NodePlan(workers, worker_command(config_path, config.listen.host,
                                                 config.listen.port, log_level),
-                        config.drain_timeout_s)
-        click.echo(f"wattgate listening on http://{config.listen.host}:{config.listen.port} "
-                   f"({workers} workers)", err=True)
+                        config.drain_timeout_s,
+                        f"http://{config.listen.host}:{config.listen.port}")
         await run_node(plan, child, node_dir)
     finally:
         remove_node_directory(node_dir)

@@ -45,6 +45,7 @@ class NodePlan:
     workers: int
     worker_argv: Sequence[str]
     drain_s: float
+    url: str  # where the workers listen
 
 
 class Worker:
@@ -113,7 +114,8 @@ async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> N
                for i in range(plan.workers)]
     tasks = [asyncio.create_task(w.run(), name=f"wattgate-worker-{w.index}") for w in workers
              if not stop.is_set()]
-    click.echo(f"wattgate: {plan.workers} workers started (parent pid {os.getpid()})", err=True)
+    click.echo(f"wattgate: {plan.workers} workers starting on {plan.url} (parent pid "
+               f"{os.getpid()})", err=True)
     await stop.wait()
     click.echo("wattgate: draining the workers", err=True)
     for w in workers:
