@@ -49,7 +49,8 @@ def _load_or_exit(path: str) -> GatewayConfig:
               help="Overrides logging.level of the config.")
 @click.option("--workers", default=None, type=click.IntRange(1, 1024),
               help="Worker processes serving the port (SO_REUSEPORT), with one accounting "
-                   "child for them all. Default: the cores this process may use.")
+                   "child for them all. Default: the cores this process may use (its CPU "
+                   "affinity, bounded by its cgroup's CPU quota).")
 @click.option("--node-dir", hidden=True, default=None, type=click.Path(file_okay=False))
 @click.option("--worker-index", hidden=True, default=0, type=int)
 @click.option("--node-workers", hidden=True, default=1, type=int)
@@ -66,7 +67,9 @@ def serve(config_path: str, host: str | None, port: int | None, reuse_port: bool
     listen = dataclasses.replace(config.listen, host=host or config.listen.host,
                                  port=config.listen.port if port is None else port)
     config = dataclasses.replace(config, listen=listen)
-    count = len(os.sched_getaffinity(0)) if workers is None else workers
+    from gateway.workers.parent import default_workers
+
+    count = default_workers() if workers is None else workers
     if node_dir is None and count > 1:
         _refuse_node(mode)
     from gateway.logs import configure

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -141,6 +142,24 @@ async def _reap(workers: list[Worker], deadline_s: float) -> None:
         for w in workers:
             w.signal(signal.SIGKILL)
         await asyncio.wait(pending)
+
+
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+
+
+def default_workers(cpu_max: Path = CPU_MAX) -> int:
+    """The cores this process may use: its CPU affinity, bounded by its cgroup's CPU quota
+    where one is set (a container limited to 2 CPUs on a 64-core host gets 2 workers, not 64)."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    with contextlib.suppress(ValueError, ZeroDivisionError):
+        return max(1, min(cores, math.ceil(int(quota) / int(period))))
+    return cores
 
 
 def node_directory() -> Path:

@@ -1,10 +1,12 @@
 """A node's pieces that are not processes: its workers' expositions merged into one
 (gateway/workers/merge.py: counters and histograms summed, gauges by their rule, one series
-per worker) and its rate store (gateway/workers/rates.py: the parent's buckets over a real
-Unix socket, shared by its workers, down when the parent does not answer)."""
+per worker), its rate store (gateway/workers/rates.py: the parent's buckets over a real
+Unix socket, shared by its workers, down when the parent does not answer) and its default
+number of workers (the CPU affinity, bounded by the cgroup's CPU quota)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.tenancy.rate_store import Ask, RateStoreError
 from gateway.workers.merge import merge
+from gateway.workers.parent import default_workers
 from gateway.workers.rates import NodeBuckets, NodeRateStore, serve_buckets
 
 pytestmark = pytest.mark.timeout(30)
@@ -92,3 +95,17 @@ async def test_two_workers_share_one_bucket_of_the_parent(short_dir: Path) -> No
         await server.wait_closed()
     with pytest.raises(RateStoreError):  # the parent gone: the store is down
         await a.exchange([ask])
+
+
+def test_the_default_workers_follow_the_affinity_and_the_cgroup_quota(tmp_path: Path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert default_workers(tmp_path / "absent") == cores  # no cgroup v2 file
+    cpu_max.write_text("max 100000\n")
+    assert default_workers(cpu_max) == cores  # no quota
+    cpu_max.write_text("150000 100000\n")  # 1.5 CPUs: 2 workers, if the affinity has them
+    assert default_workers(cpu_max) == min(cores, 2)
+    cpu_max.write_text("20000 100000\n")  # a fifth of a CPU: still one worker
+    assert default_workers(cpu_max) == 1
+    cpu_max.write_text(f"{100000 * (cores + 8)} 100000\n")  # more quota than cores
+    assert default_workers(cpu_max) == cores
