@@ -13,6 +13,7 @@ import signal
 import sqlite3
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,10 @@ def node(tmp_path: Path) -> Iterator[tuple[str, Any, Path]]:
                                  "--port", str(gport)),
                     gw + "/readyz", log=tmp_path / "gw.log", timeout_s=90) as proc:
         wait_for("two workers", lambda: len(workers_of(proc.pid)) == 2, 60.0)
+        wait_for("both workers serving", lambda: samples(
+            get(f"{gw}/metrics")[1].decode(), "wattgate_worker_up") == {
+            '{"worker": "0"}': 1.0, '{"worker": "1"}': 1.0}, 60.0)
+        time.sleep(0.5)  # a worker's series answer just before it binds the port
         wait_for("a healthy engine on every worker",
                  lambda: all(healthy(gw) for _ in range(6)), 60.0)
         yield gw, proc, tmp_path / "ledger.db"

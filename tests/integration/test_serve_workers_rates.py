@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,8 +39,25 @@ async def node(tmp_path: Path) -> AsyncIterator[str]:
         url = f"http://127.0.0.1:{port}"
         with running(wattgate_cmd("serve", "--workers", "2", "--config", str(cfg)),
                      log=tmp_path / "gw.log"):
-            await asyncio.to_thread(wait_http, url + "/readyz", 90.0)
+            await both_workers_up(url)
             yield url
+
+
+async def both_workers_up(url: str) -> None:
+    """Both workers serve (the first to listen answers /readyz before the second binds)."""
+    await asyncio.to_thread(wait_http, url + "/readyz", 90.0)
+    deadline = time.monotonic() + 60.0
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(url + "/metrics") as r:
+                up = [line for line in (await r.text()).splitlines()
+                      if line.startswith("wattgate_worker_up{")]
+            if len(up) == 2 and all(line.endswith(" 1.0") for line in up):
+                # a worker's series answer just before it binds the port
+                await asyncio.sleep(0.5)
+                return
+            assert time.monotonic() < deadline, f"workers not both up: {up}"
+            await asyncio.sleep(0.2)
 
 
 def session(*, keep_alive: bool) -> aiohttp.ClientSession:
@@ -90,7 +108,7 @@ async def test_a_budget_and_a_concurrency_cap_hold_over_two_workers_on_sqlite(
         url = f"http://127.0.0.1:{port}"
         with running(wattgate_cmd("serve", "--workers", "2", "--config", str(cfg)),
                      log=tmp_path / "gw.log"):
-            await asyncio.to_thread(wait_http, url + "/readyz", 90.0)
+            await both_workers_up(url)
             connector = aiohttp.TCPConnector(limit=0, force_close=True)
             async with aiohttp.ClientSession(
                     connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as s:
