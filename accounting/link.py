@@ -98,8 +98,12 @@ def _encodable(recs: list[RequestRecord]) -> tuple[list[RequestRecord], bytes]:
 class RecordLink:
     """The gateway's end: queue, ship, hold until acknowledged, re-send to a new child."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time):
+    def __init__(self, *, clock: Callable[[], float] = time.time, eager: bool = False):
+        """`eager`: each record is sent the moment it is recorded when the socket is not
+        backed up (a node's worker: what is in the kernel's socket buffer reaches the child
+        even if this process is killed the next instant), instead of every SHIP_S."""
         self._clock = clock
+        self._eager = eager
         self._pending: list[RequestRecord] = []
         self._held: deque[HeldFrame] = deque()
         self._held_records = 0
@@ -131,7 +135,11 @@ class RecordLink:
     def record(self, rec: RequestRecord) -> None:
         """Queue a finished request for the child (O(1), no I/O)."""
         self._pending.append(rec)
-        if self._timer is None:
+        if self._eager and self._sock is not None and not self._out:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._ship()
+        elif self._timer is None:
             loop = self._loop or asyncio.get_running_loop()
             self._timer = loop.call_later(SHIP_S, self._ship)
 

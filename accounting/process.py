@@ -46,6 +46,7 @@ SERVICE = web.AppKey("service", AccountingService)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 AUTH: web.AppKey[ScrapeCheck] = web.AppKey("auth")
 TOKEN = web.AppKey("token", str)  # "" : none
+INTAKE = web.AppKey("intake", RecordIntake)  # where this child records a gateway's requests
 
 
 class ScrapeCheck(Protocol):
@@ -103,8 +104,12 @@ async def _healthz(request: web.Request) -> web.Response:
     restart would not mend it and, on SQLite, would open a fresh file at the path."""
     service = request.app[SERVICE]
     fault: str | None = getattr(service.ledger, "fault", None)
+    intake = request.app.get(INTAKE)
+    # the floor a successor must start from (intake.py `watermark`), for a node's parent
+    watermark = intake.watermark() if intake is not None else None
     return web.Response(body=orjson.dumps({"status": "ok", "leader": service.is_apportioner,
-                                           "pid": os.getpid(), "ledger_fault": fault}),
+                                           "pid": os.getpid(), "ledger_fault": fault,
+                                           "watermark_s": watermark}),
                         content_type="application/json")
 
 
@@ -133,33 +138,38 @@ async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo
                           port_file: Path | None = None, parent_pid: int | None = None,
                           records_fd: int | None = None, replica: str | None = None,
                           idle_class: bool = False, open_floor: float | None = None,
-                          export: ExportHook | None = None) -> None:
+                          export: ExportHook | None = None,
+                          records_socket: Path | None = None, expect_links: int = 1) -> None:
     """Run the roles of `mode` (mode.py, launched as `wattgate apportioner`) until
     SIGTERM/SIGINT (or, with `parent_pid`, until that process is gone); then store the
     counters and release the lock. Where it records, the requests come from a gateway on the
     socket `records_fd` (link.py) and are recorded under `replica`; with `idle_class`, in the
     idle scheduling class while it keeps up with them (priority.py). `open_floor`: the
     gateway's oldest open or unwritten request when it started this child (link.py,
-    `RecordLink.floor`). `accounting`, `engines` and `auth` are what `wattgate apportioner`
+    `RecordLink.floor`). `records_socket`: instead of `records_fd`, a Unix socket the workers
+    of a node (`wattgate serve --workers N`) connect to, each on a connection of its own.
+    `accounting`, `engines` and `auth` are what `wattgate apportioner`
     (gateway/apportioner_cli.py) read from the gateway's config: this package does not read
     that file."""
-    assert (records_fd is not None) == mode.records_here, mode
+    linked = records_fd is not None or records_socket is not None
+    assert linked == mode.records_here, mode
     registry = CollectorRegistry()
-    linked = mode.records_here
     service = AccountingService(
         accounting, engines, registry=registry, mode=mode,
         replica=(replica or f"{socket.gethostname()}:{os.getppid()}") if linked
         else f"{socket.gethostname()}:{os.getpid()}:apportioner")
     intake: RecordIntake | None = None
-    if records_fd is not None:
+    if linked:
         assert service.recorder is not None
         # Before the service starts: a journal replay's write publishes this gateway's
         # watermark, which must already be the gateway's floor, not "nothing open"
         intake = RecordIntake(service.recorder, Background(
-            idle_class, behind_s=accounting.behind_s), floor=open_floor)
+            idle_class, behind_s=accounting.behind_s), floor=open_floor, expect=expect_links)
     await service.start()
     if intake is not None and records_fd is not None:
         await intake.start(records_fd)
+    elif intake is not None and records_socket is not None:
+        await intake.listen(records_socket)
     # Ready (the port file written) once the meters were read: work a gateway records from
     # then on falls in metered intervals (work before an engine's first reading gets no share).
     await service.first_step()
@@ -167,6 +177,8 @@ async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo
     energy = export(service.apportioner_metrics) if export is not None else None
     app = apportioner_app(service, registry, auth,
                           os.environ.pop(TOKEN_ENV, ""))  # popped: nothing it starts inherits it
+    if intake is not None:
+        app[INTAKE] = intake
     runner = web.AppRunner(app, access_log=None)
     try:
         await runner.setup()

@@ -125,8 +125,7 @@ class ApportionerChild:
             lambda: float(self._spill is not None and self._spill.failing))
 
     def unavailable_s(self) -> float:
-        since = self._down_since
-        return 0.0 if since is None else time.monotonic() - since
+        return 0.0 if self._down_since is None else time.monotonic() - self._down_since
 
     def _went_down(self) -> None:
         if self._down_since is None:
@@ -283,9 +282,10 @@ class ApportionerChild:
         try:
             async with self._session.get(
                     url, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-                await resp.read()
+                body = await resp.read()
                 if resp.status != 200:
                     return f"/healthz answered {resp.status}"
+                self._heard(body)
         except (aiohttp.ClientError, TimeoutError) as exc:
             if out_of_resources(exc):
                 log.warning("could not probe the apportioner child: %s (this gateway's own "
@@ -297,6 +297,9 @@ class ApportionerChild:
         if self._up is not None:
             self._up.set(1.0)
         return None
+
+    def _heard(self, body: bytes) -> None:
+        """The child's /healthz answer (a node's supervisor keeps its watermark)."""
 
     def _kill_hung(self, proc: asyncio.subprocess.Process, misses: int, reason: str) -> None:
         log.warning("apportioner child (pid %d) missed %d liveness probes in a row (last: "
@@ -386,9 +389,7 @@ class ApportionerChild:
 
 def _log_death(task: asyncio.Task[None]) -> None:
     """A supervising task never ends by itself: say so at once if it did."""
-    if task.cancelled():
-        return
-    exc = task.exception()
+    exc = None if task.cancelled() else task.exception()
     if exc is not None:
         log.critical("%s stopped: %s; accounting is unavailable until the gateway restarts",
                      task.get_name(), describe(exc), exc_info=exc)
@@ -396,5 +397,4 @@ def _log_death(task: asyncio.Task[None]) -> None:
 
 def describe(exc: BaseException) -> str:
     """The exception's text, or its type where it has none (a timeout)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -44,6 +44,7 @@ from gateway.routing.learner import RoutingModels, capacity_context
 from gateway.serving_metrics import GatewayMetrics
 from gateway.telemetry.wiring import start_telemetry
 from gateway.tenancy.controls import TenantControls
+from gateway.tenancy.rate_store import BucketStore
 from gateway.upstreams import Upstreams
 from wire.client import ClientSettings, UpstreamClient
 
@@ -58,8 +59,10 @@ def _accounting_service(config: GatewayConfig, mode: AccountingMode,
     engines = [EngineInfo(name=ep.name, model=model, precision=ep.precision, gpus=ep.gpus,
                           kind=ep.kind)
                for model, ep in config.endpoints()]
+    # recorded under the child's replica name: a node's workers share their child's
     return AccountingService(acct, engines, registry=gateway_metrics.registry, mode=mode,
-                             link=child.link if child is not None else None)
+                             link=child.link if child is not None else None,
+                             replica=child.replica if child is not None else None)
 
 
 def _routing_models(config: GatewayConfig, accounting: AccountingService | None,
@@ -129,11 +132,13 @@ ROUTES = (
 def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
               clock: Callable[[], float] = time.monotonic,
               wall: Callable[[], float] = time.time, accounting: AccountingMode | None = None,
-              apportioner: ApportionerChild | None = None) -> web.Application:
+              apportioner: ApportionerChild | None = None,
+              node_store: BucketStore | None = None) -> web.Application:
     """The gateway application; engine sessions and health checks start with the app.
     `accounting`: the accounting mode `wattgate serve` decided (None: an app built in code,
     `accounting_mode(config.accounting, "code")`); `apportioner`: the accounting child
-    `wattgate serve` started where that mode records there."""
+    `wattgate serve` started where that mode records there; `node_store`: a node's rate
+    store, for a worker of `wattgate serve --workers N`."""
     mode = accounting if accounting is not None else accounting_mode(config.accounting, "code")
     assert (apportioner is not None) == (mode.child is not None), mode
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=MIDDLEWARES)
@@ -152,7 +157,7 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         all_sinks.append(service.record)
     controls = app[CONTROLS] = TenantControls(
         config, gateway_metrics.registry, clock=clock, wall=wall,
-        replica=service.replica if service is not None else None)
+        replica=service.replica if service is not None else None, node_store=node_store)
     routing_models = app[ROUTING_MODELS] = _routing_models(config, service, gateway_metrics)
     all_sinks.append(routing_models)
     tracing = start_telemetry(app, config, all_sinks, service.apportioner_metrics

@@ -67,6 +67,12 @@ def _load_or_exit(path: str, *, records_fd: bool, record_only: bool
 @click.option("--records-fd", default=None, type=int,
               help="Read a gateway's finished requests from this socket and record them to "
                    "the ledger for it (set by `wattgate serve`).")
+@click.option("--records-socket", default=None, type=click.Path(dir_okay=False),
+              help="Listen on this Unix socket for the finished requests of a node's workers "
+                   "and record them (set by `wattgate serve --workers N`).")
+@click.option("--expect-links", default=1, type=click.IntRange(1),
+              help="With --records-socket: the workers whose first frames end the "
+                   "--open-floor (set by `wattgate serve --workers N`).")
 @click.option("--idle-class", is_flag=True,
               help="Run in the idle scheduling class while keeping up with --records-fd, in "
                    "the normal class at --nice when behind (set by `wattgate serve`).")
@@ -81,12 +87,14 @@ def _load_or_exit(path: str, *, records_fd: bool, record_only: bool
 def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                 parent_pid: int | None, log_level: str | None, niceness: int,
                 records_fd: int | None, idle_class: bool, record_only: bool,
-                open_floor: float | None, replica: str | None) -> None:
+                open_floor: float | None, replica: str | None,
+                records_socket: str | None, expect_links: int) -> None:
     """Poll the engines' meters and apportion their energy to the ledger's requests, in this
     process; leader-elected through the ledger, so several may run and one apportions. Started
     by `wattgate serve`, it also records that gateway's requests (--records-fd).
     Exits 2 on a bad config, 1 when the ledger cannot be opened or the port bound."""
-    config, mode = _load_or_exit(config_path, records_fd=records_fd is not None,
+    linked = records_fd is not None or records_socket is not None
+    config, mode = _load_or_exit(config_path, records_fd=linked,
                                  record_only=record_only)
     if niceness:
         os.nice(niceness)
@@ -107,6 +115,8 @@ def apportioner(config_path: str, host: str, port: int, port_file: str | None,
                                    parent_pid=parent_pid, records_fd=records_fd,
                                    replica=replica, idle_class=idle_class,
                                    open_floor=open_floor,
+                                   records_socket=Path(records_socket) if records_socket
+                                   else None, expect_links=expect_links,
                                    export=partial(energy_export, config.telemetry)))
     except LedgerError as exc:
         click.echo(f"wattgate apportioner: ledger unavailable: {exc.message}", err=True)

@@ -79,6 +79,10 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, wait_s: float
 
 def wattgate(*args: str) -> list[str]:
     """The `wattgate` CLI run with this interpreter (no console script needed)."""
+    if args[:1] == ("serve",) and "--workers" not in args:
+        # one process, as the tests and the demo have always measured (serve's default is
+        # a worker per core)
+        args = ("serve", "--workers", "1", *args[1:])
     return [sys.executable, "-m", "wattgate_cli", *args]
 
 

@@ -16,7 +16,9 @@ from accounting.ledger.base import LedgerError
 from accounting.metering import make_budget_store
 from gateway.config import GatewayConfig, Tenant
 from gateway.tenancy.admission import Admission
+from gateway.tenancy.config import SharedStoreConfig
 from gateway.tenancy.metrics import TenancyMetrics
+from gateway.tenancy.rate_store import BucketStore
 from gateway.tenancy.ratelimit import TenantRateLimiter
 from gateway.tenancy.shared import SharedRates
 from gateway.tenancy.store import TenancyStore
@@ -25,18 +27,24 @@ from gateway.tenancy.store import TenancyStore
 class TenantControls:
     def __init__(self, config: GatewayConfig, registry: CollectorRegistry, *,
                  clock: Callable[[], float], replica: str | None = None,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, node_store: BucketStore | None = None):
+        """`node_store`: a node's rate store (gateway/workers/rates.py), for the rate limits
+        where no shared store is configured; this process is then one of its replicas."""
         self.config = config
         shared_cfg = config.tenant_controls.shared_store
+        if shared_cfg is None and node_store is not None:
+            shared_cfg = SharedStoreConfig(on_store_down="open")
         rated = {t.name: t.limits for t in config.tenants if t.limits.any}
         self.metrics = TenancyMetrics(registry, shared_store=shared_cfg is not None and
                                       bool(rated))
         self.store: TenancyStore | None = None
         self.shared: SharedRates | None = None
         if shared_cfg is not None and rated:
-            self.shared = SharedRates(shared_cfg, rated,
-                                      replica or f"{socket.gethostname()}:{os.getpid()}",
-                                      clock=clock, metrics=self.metrics)
+            self.shared = SharedRates(
+                shared_cfg, rated, f"{socket.gethostname()}:{os.getpid()}"
+                if replica is None or node_store is not None else replica,
+                clock=clock, metrics=self.metrics,
+                store=node_store if config.tenant_controls.shared_store is None else None)
         acct = config.accounting
         if acct is not None and acct.enabled and replica is not None and any(
                 t.limits.any or t.budgets.budgets for t in config.tenants):

@@ -21,6 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def wattgate_cmd(*args: str) -> list[str]:
     """The `wattgate` CLI run with this interpreter (works without the console script)."""
+    if args[:1] == ("serve",) and "--workers" not in args:
+        # one process, as the tests and the demo have always measured (serve's default is
+        # a worker per core)
+        args = ("serve", "--workers", "1", *args[1:])
     return [sys.executable, "-m", "wattgate_cli", *args]
 
 

@@ -64,10 +64,7 @@ def gateway_end(**kw: Any) -> RecordLink:
 
 
 def watched(intake: RecordIntake) -> RecordIntake:
-    def close() -> None:
-        if intake._transport is not None:
-            intake._transport.close()
-    OPENED.append(close)
+    OPENED.append(intake.close)
     return intake
 
 
@@ -143,8 +140,7 @@ async def test_a_dead_childs_successor_gets_every_record_not_acknowledged() -> N
     for rec in recs[10:]:
         gw.record(rec)
     await until(lambda: len(first.recorder._pending) == 20, "the next twenty in the child")
-    assert first._transport is not None
-    first._transport.close()  # the child dies before writing them
+    first.close()  # the child dies before writing them
     await until(lambda: not gw.attached, "the gateway noticing")
     assert gw.unwritten == 20
 
@@ -192,12 +188,12 @@ async def test_the_child_never_publishes_a_watermark_later_than_the_gateway_coul
     open_since: list[float | None] = [T0_WALL + 50.0]
     gw.watch(lambda: open_since[0])
     gw.step()  # a heartbeat: nothing recorded, the watermark only
-    await until(lambda: intake._frames or intake._open_since is not None, "the heartbeat")
+    await until(lambda: intake._heard, "the heartbeat")
     assert intake.open_since() == T0_WALL + 50.0  # the gateway's oldest open request
     open_since[0] = None
     clock[0] += link_mod.HEARTBEAT_S
     gw.step()
-    await until(lambda: intake._sent_wall == clock[0], "the second heartbeat")
+    await until(lambda: intake._conns[0]._sent_wall == clock[0], "the second heartbeat")
     # nothing open at the gateway then, but a request may have arrived since its last frame
     assert intake.open_since() == clock[0]
     gw.detach()
@@ -269,8 +265,7 @@ async def test_drain_waits_through_a_child_restart() -> None:
     recs = records(2)
     first, _ours, gw = await sent_to_child(recs)
     await until(lambda: len(first.recorder._pending) == 2, "the records in the child")
-    assert first._transport is not None
-    first._transport.close()  # dies before writing them
+    first.close()  # dies before writing them
     await until(lambda: not gw.attached, "the gateway noticing")
     ledger = FlakyLedger(fail=0)
 

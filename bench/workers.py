@@ -1,0 +1,237 @@
+"""`wattgate serve --workers 1` and `--workers 2` side by side: CPU per request and throughput.
+
+    python -m bench.workers            # 3 interleaved runs per cell, ~4 min
+    python -m bench.workers --quick    # 1 short run per cell
+
+The fast engine (bench/overhead/fast_engine.c, one process on four ports) and the load client
+(wrk) run on core 0, as in bench/gateway_overhead.py; the node (its parent, its workers and
+its accounting child, the user configuration with accounting on) may use cores 0 and 1 in
+both cells, so the only difference is the number of workers. CPU is utime+stime of the
+node's whole process tree from /proc, read after a settle window (the child's deferred
+recording and apportioning is charged to the run that caused it). Runs are interleaved
+(1 worker, 2 workers, 1 worker, ...) so drift on a shared machine falls on both.
+
+What a 2-core machine can show: the CPU each request costs the node with one worker and with
+two (the parent and the merged /metrics cost nothing per request; the child's intake takes
+one frame per record from a node's workers instead of one per 20 ms), and that traffic lands
+on both workers. What it cannot show: throughput scaling. The engine and the load client
+already take most of core 0, so a second worker finds no idle core; scaling needs a machine
+with cores to spare beyond the engine and the client.
+Writes bench/results/workers.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.overhead import configs
+from bench.overhead.measure import cpu_s, run_wrk
+from bench.overhead.targets import (
+    Fleet,
+    Target,
+    build_engine,
+    free_port,
+    log,
+    process_tree,
+    start_engine,
+    wait_ready,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+NODE_CORES = "0,1"
+WORKERS = (1, 2)
+MODES = ("nonstream", "stream16")
+# 1: one request at a time, the machine not saturated (CPU per request without contention);
+# 16: the machine saturated (throughput, and CPU per request under contention)
+CONNECTIONS = (1, 16)
+
+
+def start_node(fleet: Fleet, engine_urls: list[str], workers: int) -> Target:
+    port = free_port()
+    cfg = fleet.workdir / f"node-{workers}.yaml"
+    cfg.write_bytes(configs.wattgate_user(engine_urls, port,
+                                          fleet.workdir / f"ledger-{workers}.db"))
+    proc = fleet.spawn(f"node-{workers}", [sys.executable, "-m", "wattgate_cli", "serve",
+                                           "--workers", str(workers), "--config", str(cfg),
+                                           "--log-level", "warning"], NODE_CORES)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + "/readyz", proc, 90)
+    return Target(f"workers={workers}", url, proc, process_tree(proc.pid), accounting=True)
+
+
+def accounting_child(target: Target) -> list[int]:
+    """The node's accounting child (`wattgate apportioner`)."""
+    out = []
+    for pid in target.cpu_pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"apportioner" in cmd:
+            out.append(pid)
+    return out
+
+
+def scrape(target: Target) -> list[str]:
+    with urllib.request.urlopen(target.url + "/metrics", timeout=10) as resp:
+        return list(resp.read().decode().splitlines())
+
+
+def per_worker(target: Target) -> list[float]:
+    """Each worker's completion requests (the node's merged /metrics)."""
+    return [float(line.split()[1]) for line in scrape(target)
+            if line.startswith("wattgate_worker_requests_total{")]
+
+
+def child_restarts(target: Target) -> float:
+    """Times the node's accounting child was restarted (missed liveness probes under load)."""
+    return sum(float(line.split()[1]) for line in scrape(target)
+               if line.startswith("wattgate_apportioner_restarts_total"))
+
+
+def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    fleet = Fleet(workdir)
+    cells: list[dict[str, Any]] = []
+    try:
+        engine_urls = start_engine(fleet, build_engine(workdir))
+        engine_pids = process_tree(fleet.procs[0].pid)
+        nodes = {w: start_node(fleet, engine_urls, w) for w in WORKERS}
+        for target in nodes.values():  # warm-up: connections, learnt models, first intervals
+            run_wrk(target.url, "nonstream", 16, args.warmup, target.cpu_pids, engine_pids)
+        for run, mode, conns in itertools.product(range(args.runs), MODES, CONNECTIONS):
+                for w, target in nodes.items():
+                    child = accounting_child(target)
+                    child0 = cpu_s(child)
+                    res = run_wrk(target.url, mode, conns, args.duration,
+                                  target.cpu_pids, engine_pids, settle_s=args.settle)
+                    # None where the child was restarted meanwhile (its CPU is then in the
+                    # parent's, which the node's total counts)
+                    child_us = ((cpu_s(child) - child0) * 1e6 / max(res.requests, 1)
+                                if accounting_child(target) == child else None)
+                    cells.append({"workers": w, "mode": mode, "connections": conns, "run": run,
+                                  "requests": res.requests, "rps": res.rps,
+                                  "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
+                                  "errors": res.errors, "node_cpu_s": res.proxy_cpu_s,
+                                  "cpu_us_per_req": res.proxy_cpu_us_per_req,
+                                  "child_cpu_us_per_req": child_us,
+                                  "engine_client_core_busy": res.core0_busy})
+                    log(f"run {run} {mode} c={conns} workers={w}: {res.rps:.0f} req/s, "
+                        f"{res.proxy_cpu_us_per_req:.0f} us CPU/req (child {child_us}), "
+                        f"errors {res.errors}")
+        spread = {w: per_worker(t) for w, t in nodes.items()}
+        restarts = {w: child_restarts(t) for w, t in nodes.items()}
+    finally:
+        fleet.stop_all()
+    return {"meta": meta(args), "cells": cells, "summary": summary(cells),
+            "requests_per_worker": {str(w): s for w, s in spread.items()},
+            "child_restarts": {str(w): n for w, n in restarts.items()}}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for mode, conns in itertools.product(MODES, CONNECTIONS):
+        row: dict[str, Any] = {"mode": mode, "connections": conns}
+        for w in WORKERS:
+            mine = [c for c in cells if c["mode"] == mode and c["workers"] == w
+                    and c["connections"] == conns]
+            row[f"cpu_us_per_req_{w}"] = statistics.median(c["cpu_us_per_req"] for c in mine)
+            row[f"rps_{w}"] = statistics.median(c["rps"] for c in mine)
+            row[f"child_cpu_us_per_req_{w}"] = _median([c["child_cpu_us_per_req"]
+                                                        for c in mine])
+        row["cpu_ratio"] = row["cpu_us_per_req_2"] / row["cpu_us_per_req_1"]
+        out.append(row)
+    return out
+
+
+def meta(args: argparse.Namespace) -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    return {"commit": commit, "python": platform.python_version(), "cpus": os.cpu_count(),
+            "node_cores": NODE_CORES, "connections": list(CONNECTIONS),
+            "duration_s": args.duration, "runs": args.runs, "settle_s": args.settle,
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["meta"]
+    lines = [
+        "# `wattgate serve --workers 1` and `--workers 2`", "",
+        f"`python -m bench.workers` at commit {m['commit']}: the user configuration with "
+        f"accounting on, over the fast engine; wrk with 1 and with 16 connections for "
+        f"{m['duration_s']} s per run, {m['runs']} interleaved runs per cell (median shown); "
+        f"the node on cores {m['node_cores']}, the engine and wrk on core 0, "
+        f"{m['cpus']} CPUs in all, load average at the start {' '.join(m['loadavg'])}.", "",
+        "| mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) | ratio "
+        "| req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers (us) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["summary"]:
+        lines.append(f"| {r['mode']} | {r['connections']} | {r['cpu_us_per_req_1']:.0f} | "
+                     f"{r['cpu_us_per_req_2']:.0f} | {r['cpu_ratio']:.2f} | {r['rps_1']:.0f} | "
+                     f"{r['rps_2']:.0f} | {_us(r['child_cpu_us_per_req_1'])} / "
+                     f"{_us(r['child_cpu_us_per_req_2'])} |")
+    spread = result["requests_per_worker"].get("2", [])
+    restarts = result["child_restarts"]
+    lines += ["", f"Requests per worker over the whole run with 2 workers: "
+              f"{', '.join(f'{v:.0f}' for v in spread)}. Accounting child restarted (missed "
+              f"liveness probes while starved): {restarts.get('1', 0):.0f} times with 1 worker, "
+              f"{restarts.get('2', 0):.0f} with 2 (a run where it was has no child share).", "",
+              "CPU per request is the node's whole process tree (parent, workers, accounting "
+              "child), read after a settle window. What this 2-core machine cannot show is "
+              "throughput scaling: the engine and the load client take most of core 0, so a "
+              "second worker finds no idle core and req/s stays where the machine, not the "
+              "gateway, puts it. Measuring scaling needs cores to spare beyond the engine and "
+              "the client.", ""]
+    return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--settle", type=float, default=2.0)
+    p.add_argument("--quick", action="store_true", help="1 run of 3 s per cell, no files")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.runs, args.duration, args.warmup = 1, 3.0, 1.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="wattgate-workers-") as tmp:
+        result = bench(args, Path(tmp))
+    result["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
+    print(markdown(result))
+    if not args.quick:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "workers.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        (RESULTS / "workers.md").write_text(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""The accounting child of a node (`wattgate serve --workers N`) takes many workers on one
+Unix socket (intake.py `listen`): each worker's frames are acknowledged once written, the
+watermark it publishes is the earliest over the workers, a worker that has not sent its
+first frame holds it where it was, a worker that reconnects keeps holding it while it is
+away, and a worker that was killed stops holding it. An eager link (a node's worker) sends
+each record the moment it is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from accounting.intake import RecordIntake
+from accounting.link import RecordLink
+from tests.accounting.test_accounting_recorder import FlakyLedger
+from tests.unit.test_record_link import OPENED, closes, gateway_end, recorder, records, until
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def node_child(tmp: Path, expect: int = 1) -> tuple[RecordIntake, Path]:
+    intake = RecordIntake(recorder(FlakyLedger(fail=0)), floor=1000.0, expect=expect)
+    OPENED.append(intake.close)
+    path = tmp / "records.sock"
+    await intake.listen(path)
+    return intake, path
+
+
+NOW = [0.0]  # the workers' wall clock; a heartbeat is due after HEARTBEAT_S of it
+
+
+def beat(*links: RecordLink, at: float) -> None:
+    """Each link sends its watermark now, its clock at `at`."""
+    NOW[0] = at
+    for gw in links:
+        gw._sent_at = -1e9  # a heartbeat is due
+        gw.step()
+
+
+async def worker(path: Path, open_since: list[float | None], **kw: object) -> RecordLink:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, str(path))
+    gw = gateway_end(clock=lambda: NOW[0], **kw)
+    gw.watch(lambda: open_since[0])
+    gw.attach(sock)
+    return gw
+
+
+@closes
+async def test_two_workers_are_acknowledged_and_the_watermark_is_their_earliest() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp)
+        assert intake.open_since() == 1000.0  # the floor, till a first frame
+        a_open: list[float | None] = [1500.0]
+        b_open: list[float | None] = [1200.0]
+        NOW[0] = 2000.0
+        a = await worker(path, a_open)
+        b = await worker(path, b_open)
+        await until(lambda: intake.connections == 2, "both connected")
+        recs = records(20)
+        for i, rec in enumerate(recs):
+            (a if i % 2 else b).record(rec)
+        await until(lambda: len(intake.recorder._pending) == 20, "the records in the child")
+        assert intake.open_since() == 1200.0  # b's oldest open request
+        b_open[0] = None
+        beat(b, at=2000.0)  # nothing open at b: its last frame's time holds
+        await until(lambda: intake.open_since() == 1500.0, "a's watermark")
+        intake.recorder.ingest()
+        await intake.recorder.flush()
+        await until(lambda: a.unwritten == 0 and b.unwritten == 0, "both acknowledged")
+        ledger = intake.recorder.ledger
+        assert isinstance(ledger, FlakyLedger)
+        assert {r.request_id for r in ledger.requests} == {r.request_id for r in recs}
+
+
+@closes
+async def test_a_worker_connecting_holds_the_watermark_until_its_first_frame() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp)
+        a = await worker(path, [None])
+        beat(a, at=3000.0)
+        await until(lambda: intake.open_since() == 3000.0, "a's heartbeat")
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # no frame yet
+        OPENED.append(raw.close)
+        raw.connect(str(path))
+        await until(lambda: intake.connections == 2, "the second connection")
+        beat(a, at=4000.0)
+        await until(lambda: intake.open_since() == 3000.0 and a._acked, "a's heartbeat")
+        await asyncio.sleep(0.05)
+        assert intake.open_since() == 3000.0  # the silent one holds it where it was
+
+
+@closes
+async def test_a_worker_away_holds_its_watermark_and_a_killed_one_does_not() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp)
+        a = await worker(path, [None])
+        b_open: list[float | None] = [4200.0]
+        b = await worker(path, b_open)
+        beat(a, b, at=5000.0)
+        await until(lambda: intake.open_since() == 4200.0, "b's open request")
+        b.detach()  # the link broke; b's process lives and will reconnect
+        await until(lambda: intake.connections == 1, "b away")
+        assert intake.open_since() == 4200.0  # its open request is not skipped meanwhile
+        b = await worker(path, b_open)
+        b_open[0] = None
+        beat(b, at=5000.0)
+        await until(lambda: intake.open_since() == 5000.0, "b back, nothing open")
+
+        # a worker process killed with a request open: its watermark goes with it
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", KILLED_WORKER,
+                                                    str(path))
+        try:
+            await until(lambda: intake.open_since() == 4100.0, "the other worker's frame")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        await until(lambda: intake.connections == 2, "the killed worker's connection closed")
+        assert intake.open_since() == 5000.0
+
+
+@closes
+async def test_the_floor_holds_until_every_worker_of_the_node_reported() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp, expect=2)  # a successor child of a 2-worker node
+        a = await worker(path, [None])
+        beat(a, at=3000.0)
+        await until(lambda: a._acked, "a's first frame")
+        assert intake.open_since() == 1000.0  # the other worker may have requests open since
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", KILLED_WORKER,
+                                                    str(path))
+        try:
+            await until(lambda: intake.open_since() == 3000.0, "both reported: a's watermark")
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+
+# Sends one frame whose watermark is 4100.0, then waits to be killed
+KILLED_WORKER = """
+import socket, sys, time
+from accounting.link import FRAME_HEAD
+from core.codec import FrameHead, encode_head
+body = encode_head(FrameHead(4100.0, 5000.0))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(FRAME_HEAD.pack(len(body), 1) + body)
+time.sleep(60)
+"""
+
+
+@closes
+async def test_an_eager_link_sends_each_record_at_once() -> None:
+    with _tmp() as tmp:
+        intake, path = await node_child(tmp)
+        gw = await worker(path, [None], eager=True)
+        for rec in records(3):
+            gw.record(rec)
+            assert not gw._pending  # on the socket already, not waiting for the timer
+        await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
+
+
+class _tmp:
+    """A short directory (a Unix socket path holds at most 107 bytes)."""
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        self.path = Path(tempfile.mkdtemp(prefix="wg-"))
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+
