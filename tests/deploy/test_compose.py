@@ -195,3 +195,14 @@ def test_grafana_is_provisioned_with_the_dashboard_and_datasource() -> None:
             if "datasource" in p}
     assert uids == {ds["uid"] for ds in datasources["datasources"]}
     assert urlsplit(datasources["datasources"][0]["url"]).hostname == "prometheus"
+
+
+def test_gateway_command_parses_with_the_real_cli_and_names_its_workers() -> None:
+    """Each gateway replica runs `serve --workers 2` (a container sees the host's cores)."""
+    from gateway.cli import serve
+
+    services = active(merged("compose.yaml"))
+    for name in ("gateway-1", "gateway-2"):
+        command, *args = services[name]["command"]
+        assert command == "serve"
+        assert serve.make_context("serve", list(args)).params["workers"] == 2, name

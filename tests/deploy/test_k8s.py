@@ -438,3 +438,21 @@ def test_agent_serves_the_path_its_service_monitor_scrapes() -> None:
     if not paths <= served:
         pytest.skip(f"wattgate agent does not serve {sorted(paths - served)} yet")
     assert paths <= served
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateway_args_parse_with_the_real_cli_and_name_their_workers(overlay: str) -> None:
+    """A pod without a CPU limit sees every core of its node: `serve`'s default (a worker per
+    core) would start dozens, so the manifest names its workers, no more than the CPU it asks."""
+    from gateway.cli import serve
+
+    pod = find(render(overlay), "Deployment", "wattgate-gateway")["spec"]["template"]
+    (gateway,) = [c for c in containers(pod) if c["name"] == "gateway"]
+    command, *args = gateway["args"]
+    assert command == "serve"
+    params = serve.make_context("serve", list(args)).params
+    assert params["workers"] is not None and params["workers"] >= 2
+    if overlay != "overlays/dev":  # the dev overlay shrinks requests to fit a laptop cluster
+        cpu = gateway["resources"]["requests"]["cpu"]
+        cores = float(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        assert params["workers"] <= cores, (params["workers"], cpu)
