@@ -15,17 +15,10 @@ from typing import Any
 from accounting.chunks import in_chunks
 from accounting.config import AccountingConfig
 from accounting.journal import Journal, recover
-from accounting.ledger.base import (
-    EngineWork,
-    Ledger,
-    LedgerError,
-    RequestRow,
-    Watermark,
-    engine_work,
-)
+from accounting.ledger.base import Ledger, LedgerError, RequestRow, Watermark
 from accounting.metrics import RecorderMetrics
 from accounting.prefill import PrefillRates
-from accounting.work import work_rows
+from accounting.work import Work, work_rows
 from core.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -52,7 +45,7 @@ class LedgerRecorder:
         self._clock = clock
         self._pending: list[RequestRecord] = []
         self._requests: list[RequestRow] = []
-        self._work: list[EngineWork] = []
+        self._work: dict[str, list[Work]] = {}  # by engine, each row a WorkRow's fields
         self._last_flush = 0.0
         self._open_since: Callable[[], float | None] = _nothing_open
         self._published: tuple[float | None, float] | None = None  # (open since, when)
@@ -180,14 +173,19 @@ class LedgerRecorder:
         replica = self.replica
         from_record = RequestRow.from_record
         append = self._requests.append
-        extend = self._work.extend
+        by_engine = self._work
         rates = self.prefill_rates
         observe, rate, tpot = rates.observe, rates.rate, rates.tpot
         for rec in pending:
             observe(rec)
-            work = work_rows(rec, dt, rate(rec.engine, rec.prompt_tokens), tpot(rec.engine))
+            engine = rec.engine
+            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens), tpot(engine))
             append(from_record(rec, dt, replica, work))
-            extend(engine_work(rec.engine, work))
+            if work:  # the ledger packs them by engine (ledger/packs.py): no row is rebuilt
+                if engine in by_engine:
+                    by_engine[engine] += work
+                else:
+                    by_engine[engine] = work
         if self.metrics:
             self.metrics.pending.set(len(self._requests))
 
@@ -197,12 +195,14 @@ class LedgerRecorder:
         if not self._requests and not self._work and not self._watermark_due(since, now):
             return
         requests, work = self._requests, self._work
-        self._requests, self._work = [], []
+        self._requests, self._work = [], {}
         try:
             await self.ledger.append(requests, work, Watermark(self.replica, since, now))
         except LedgerError:
             self._requests[:0] = requests
-            self._work[:0] = work
+            for engine, rows in self._work.items():  # what came since goes after
+                work.setdefault(engine, []).extend(rows)
+            self._work = work
             raise
         self._published = (since, now)
         if self.journal is not None:
@@ -243,7 +243,7 @@ class LedgerRecorder:
     @property
     def unwritten_work(self) -> int:
         """Work rows not yet written to the ledger."""
-        return len(self._work)
+        return sum(map(len, self._work.values()))
 
     def drop_queued(self) -> None:
         """Forget the records queued and not yet ingested (benchmarks of `record` only)."""

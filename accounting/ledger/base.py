@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add
@@ -101,6 +101,21 @@ def engine_work(engine: str, rows: Sequence[Work]) -> list[EngineWork]:
     """The ledger's work rows of one request on `engine`: each a WorkRow's fields (`Work`, in
     its order) and the engine, which EngineWork's fields extend them with."""
     return list(map(EngineWork._make, map(add, rows, repeat((engine,)))))
+
+
+# What `Ledger.append` takes as work: rows by engine (the recorder's: no row is rebuilt with
+# its engine), or EngineWork rows
+WorkByEngine = Mapping[str, Sequence[Work]] | Sequence[EngineWork]
+
+
+def work_by_engine(work: WorkByEngine) -> Mapping[str, Sequence[Work]]:
+    """Work rows by engine, each a `Work` tuple."""
+    if isinstance(work, Mapping):
+        return work
+    out: dict[str, list[Work]] = {}
+    for w in work:
+        out.setdefault(w.engine, []).append(w[:7])
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +228,7 @@ class Ledger(Protocol):
 
     async def close(self) -> None: ...
 
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+    async def append(self, requests: Sequence[RequestRow], work: WorkByEngine,
                      watermark: Watermark | None = None) -> None:
         """Store finished requests and their work rows (idempotent per request id), and the
         replica's watermark in the same transaction."""
