@@ -17,7 +17,7 @@ from accounting.config import AccountingConfig
 from accounting.journal import Journal, recover
 from accounting.ledger.base import Ledger, LedgerError, RequestRow, Watermark
 from accounting.metrics import RecorderMetrics
-from accounting.prefill import PrefillRates
+from accounting.prefill import DEFAULT_TPOT_S, PrefillRates
 from accounting.work import Work, work_rows
 from core.records import RequestRecord
 
@@ -176,10 +176,13 @@ class LedgerRecorder:
         by_engine = self._work
         rates = self.prefill_rates
         observe, rate, tpot = rates.observe, rates.rate, rates.tpot
+        default_tpot = DEFAULT_TPOT_S
         for rec in pending:
             observe(rec)
             engine = rec.engine
-            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens), tpot(engine))
+            # the decode pace places only the decode of a request without a token event
+            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens),
+                             default_tpot if rec.first_token_s is not None else tpot(engine))
             append(from_record(rec, dt, replica, work))
             if work:  # the ledger packs them by engine (ledger/packs.py): no row is rebuilt
                 if engine in by_engine:

@@ -71,14 +71,6 @@ class WorkColumns(NamedTuple):
 
 EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
 
-
-def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
-    """(first, last) interval of one request's rows; None when it has none."""
-    if not rows:
-        return None
-    ks = [k for _rid, k, _prefill, _decode, _residency, _start, _kv in rows]
-    return min(ks), max(ks)
-
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work). From the simulated H100
 # profile (engines/sim/perf.py, power.py): a pair is 4 x layers x heads x head_dim FLOPs at

@@ -171,14 +171,14 @@ class SqlLedger(ABC):
                      watermark: Watermark | None = None) -> None:
         if not requests and not work and watermark is None:
             return
-        by_engine = work_by_engine(work)
+        packed = packs.pack_params(work_by_engine(work))
         # The watermark moves with the rows it accounts for, never ahead of them. Each
         # interval's version is bumped before its pack is written: the pack is keyed by it.
-        # Requests in the order of their rollup rows: two replicas' appends lock those rows
-        # (rollup_schema.py's trigger) in the same order.
+        # Requests in the order of their rollup rows, versions in key order: two replicas'
+        # appends lock those rows (rollup_schema.py's trigger) in the same order.
         await self._transaction([(sql.INSERT_REQUEST, sorted(requests, key=ROLLUP_KEY)),
-                                 (sql.UPSERT_VERSION, packs.intervals_of(by_engine)),
-                                 (packs.INSERT_PACK, packs.pack_params(by_engine)),
+                                 (sql.UPSERT_VERSION, sorted(p[:2] for p in packed)),
+                                 (packs.INSERT_PACK, packed),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
         add = self._tenant_cache.add

@@ -48,11 +48,6 @@ def pack_params(work: Mapping[str, Sequence[Work]]) -> list[tuple[Any, ...]]:
     return out
 
 
-def intervals_of(work: Mapping[str, Sequence[Work]]) -> list[tuple[str, int]]:
-    """The (engine, interval) pairs `work` writes to, in key order."""
-    return sorted({(engine, k) for engine, rows in work.items() for k in map(_interval, rows)})
-
-
 def unpack(legacy: Sequence[Sequence[Any]], packs: Iterable[Sequence[Any]]) -> list[WorkRow]:
     """The work rows of per-row `legacy` rows (written before packs, so first) and of
     SELECT_PACKS' rows, each (request, interval) once: the first written."""

@@ -172,6 +172,8 @@ DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
                 WHERE apportioned = 0""",
         ),
         10: rollup_schema.DIALECT_MIGRATION["sqlite"],
+        # request_hours kept by the append's statement (rollup_schema.ADD_NEW_REQUEST_HOURS)
+        11: ("DROP TRIGGER IF EXISTS requests_hours",),
     },
     "postgres": {10: rollup_schema.DIALECT_MIGRATION["postgres"]},
 }
