@@ -13,9 +13,8 @@ A request id written twice (a journal replayed) keeps its first rows, as the per
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -24,7 +23,6 @@ from accounting.work import Work, WorkRow
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[WorkRow])
-_interval = itemgetter(1)  # a Work tuple's interval
 
 # An append's packs, after it bumped each interval's version: the version is read back in the
 # statement (two replicas' appends to one interval are serialised by that version's row lock).
@@ -37,14 +35,16 @@ SELECT_PACKS = """SELECT packed FROM work_packs
 
 def pack_params(work: Mapping[str, Sequence[Work]]) -> list[tuple[Any, ...]]:
     """INSERT_PACK's parameters for work rows by engine: one pack per (engine, interval), its
-    rows in the order given (a stable sort: of a request's two rows in one interval the first
-    still wins)."""
+    rows in the order given (of a request's two rows in one interval the first still wins).
+    Grouped in one pass (a sort of the rows cost twice as much)."""
     out: list[tuple[Any, ...]] = []
     encode = _encoder.encode
     for engine, rows in work.items():
-        for k, group in groupby(sorted(rows, key=_interval), _interval):
-            part = list(group)
-            out.append((engine, k, engine, k, len(part), encode(part)))
+        groups: defaultdict[int, list[Work]] = defaultdict(list)
+        for row in rows:
+            groups[row[1]].append(row)
+        out += [(engine, k, engine, k, len(groups[k]), encode(groups[k]))
+                for k in sorted(groups)]
     return out
 
 
