@@ -9,9 +9,9 @@ Gateway side first: a `RecordLink` attached to one end of a socket pair ships th
 reach the other end are kept. Child side, timed: a `RecordIntake` reads those bytes from a
 socket pair (decoding every record), hands them to its `LedgerRecorder` (journal on, in a
 temporary directory, as the child runs), which ingests them into ledger rows and writes them
-to a SQLite ledger. CPU time of the whole process (the journal's writer thread and the
-ledger's worker thread count) per record, for each run; the gateway side's CPU per record
-(encoding and shipping) is reported too.
+to a SQLite ledger, the garbage collector set up as the child's (`child_gc`). CPU time of the
+whole process (the journal's writer thread and the ledger's worker thread count) per record,
+for each run; the gateway side's CPU per record (encoding and shipping) is reported too.
 
 With `--baseline DIR` (a checkout of another commit, e.g. `git worktree add ../old <commit>`)
 every run is a fresh interpreter, and the two checkouts' runs alternate (which goes first
@@ -34,12 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from accounting import work
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig
 from accounting.intake import RecordIntake
 from accounting.journal import Journal
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.link import SHIP_S, RecordLink
-from accounting.recorder import LedgerRecorder
+from accounting.recorder import LedgerRecorder, child_gc
 from bench.apportion_workload import cpu_reference_us, make_records
 from bench.provenance import commit
 from core.records import RequestRecord
@@ -85,6 +86,7 @@ async def _child(data: bytes, n: int, tmp: Path) -> float:
     gateway.setblocking(False)
     loop = asyncio.get_running_loop()
     gc.collect()
+    child_gc()  # as the child sets its collector up once started (accounting/process.py)
     c0 = time.process_time()
     await loop.sock_sendall(gateway, data)
     while recorder.queued < n:  # noqa: ASYNC110 (the recorder signals writes, not arrivals)
@@ -107,7 +109,7 @@ def run(n: int, frame: int, repeats: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             child_us.append(asyncio.run(_child(data, n, Path(tmp))) / n * 1e6)
     return {"commit": commit(), "records": n, "frame_records": frame, "repeats": repeats,
-            "frame_bytes_per_record": len(data) / n,
+            "frame_bytes_per_record": len(data) / n, "compiled_loop": work.compiled is not None,
             "gateway_cpu_us_per_record": gateway_cpu_s / n * 1e6,
             "child_cpu_us_per_record": child_us,
             "child_cpu_us_per_record_median": statistics.median(child_us),
