@@ -175,7 +175,8 @@ class SqlLedger(ABC):
         # The watermark moves with the rows it accounts for, never ahead of them. Each
         # interval's version is bumped before its pack is written: the pack is keyed by it.
         # Requests in the order of their rollup rows, versions in key order: two replicas'
-        # appends lock those rows (rollup_schema.py's trigger) in the same order.
+        # appends lock those rows (on PostgreSQL, request_hours by rollup_schema.py's
+        # trigger) in the same order.
         await self._transaction([(sql.INSERT_REQUEST, sorted(requests, key=ROLLUP_KEY)),
                                  (sql.UPSERT_VERSION, sorted(p[:2] for p in packed)),
                                  (packs.INSERT_PACK, packed),
@@ -198,7 +199,8 @@ class SqlLedger(ABC):
         queries = [(q, (engine, first, last)) for first, last in ranges
                    for q in (sql.SELECT_WORK, packs.SELECT_PACKS, sql.SELECT_VERSIONS)]
         results = await self._snapshot(queries)
-        # sql.SELECT_WORK's columns are a WorkRow's; the ranges do not overlap
+        # each range's rows written per row (sql.SELECT_WORK's columns are a WorkRow's) and
+        # in packs, each (request, interval) once
         rows = [w for i in range(0, len(results), 3)
                 for w in packs.unpack(results[i], results[i + 1])]
         versions = {int(k): int(v) for res in results[2::3] for k, v in res}
