@@ -21,6 +21,7 @@ its prefill just before it: what comes first in that span is queueing. Pure: no 
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from statistics import median
 
@@ -43,10 +44,13 @@ def length_class(prompt_tokens: float) -> int:
 
 
 class _EngineRates:
-    __slots__ = ("rates", "samples", "tpots")
+    __slots__ = ("ordered", "rates", "samples", "tpots")
 
     def __init__(self) -> None:
         self.samples: dict[int, deque[float]] = {}
+        # each window's samples in order of value, kept as they come and go: sorting the
+        # window at every sample was a microsecond of every record
+        self.ordered: dict[int, list[float]] = {}
         self.rates: dict[int, float] = {}  # length class -> learnt rate
         self.tpots: deque[float] = deque(maxlen=TPOT_WINDOW)
 
@@ -81,9 +85,14 @@ class PrefillRates:
         window = eng.samples.get(k)
         if window is None:
             window = eng.samples[k] = deque(maxlen=WINDOW)
-        window.append(rec.prompt_tokens / span_s)
-        if len(window) >= MIN_SAMPLES:
-            ordered = sorted(window)
+            eng.ordered[k] = []
+        ordered = eng.ordered[k]
+        if len(window) == WINDOW:
+            ordered.remove(window[0])  # the sample the append below drops
+        sample = rec.prompt_tokens / span_s
+        window.append(sample)
+        insort(ordered, sample)
+        if len(ordered) >= MIN_SAMPLES:
             eng.rates[k] = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
 
     def rate(self, engine: str, prompt_tokens: float = 0.0) -> float:

@@ -34,6 +34,7 @@ from accounting.intake import RecordIntake
 from accounting.metrics import ApportionerMetrics
 from accounting.mode import AccountingMode
 from accounting.priority import Background
+from accounting.recorder import child_gc
 from accounting.service import AccountingService, EngineInfo
 from accounting.supervisor import TOKEN_ENV
 from core.errors import error_body
@@ -173,6 +174,7 @@ async def run_apportioner(accounting: AccountingConfig, engines: list[EngineInfo
     # Ready (the port file written) once the meters were read: work a gateway records from
     # then on falls in metered intervals (work before an engine's first reading gets no share).
     await service.first_step()
+    child_gc()
     # the OTLP export of the counters where the config turns it on (the hook of gateway/telemetry)
     energy = export(service.apportioner_metrics) if export is not None else None
     app = apportioner_app(service, registry, auth,

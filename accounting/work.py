@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
 from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
 from core.records import RequestRecord
+
+compiled: Callable[..., list[Work]] | None  # _streamed_rows' loop in C, where it was built
+try:
+    from accounting._streamed import streamed_rows as compiled
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled = None
 
 
 class WorkRow(NamedTuple):
@@ -70,14 +76,6 @@ class WorkColumns(NamedTuple):
 
 
 EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
-
-
-def interval_span(rows: Sequence[Work]) -> tuple[int, int] | None:
-    """(first, last) interval of one request's rows; None when it has none."""
-    if not rows:
-        return None
-    ks = [k for _rid, k, _prefill, _decode, _residency, _start, _kv in rows]
-    return min(ks), max(ks)
 
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work). From the simulated H100
@@ -331,12 +329,16 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
     the prefill all inside the residency span. Same rows as the general path. With `span`
     (the intervals of the first and last read) events are counted exactly as
     _events_per_interval counts them; without, at each interval's end."""
-    per_event = completion / total
     # One event per read (the usual case): the events before read i are i itself.
     cum = None if total == len(times) else list(accumulate(events))
-    get_p = prefill.get
     attention = prefill_attention(prefill)
     k_r0, k_rl = span if span is not None else (k_first, k_last)
+    if compiled is not None and type(times) is tuple:
+        return compiled(rid, times, cum, total, off, completion, prompt, prefill, attention,
+                        t_disp, t_end, k_first, k_last, interval_s, span is not None, k_r0,
+                        k_rl)
+    per_event = completion / total
+    get_p = prefill.get
     rows: list[Work] = []
     append = rows.append
     done = 0.0

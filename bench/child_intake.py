@@ -2,15 +2,21 @@
 
     python -m bench.child_intake                 # prints median and spread of 5 runs
     python -m bench.child_intake --records 5000 --repeats 3
+    python -m bench.child_intake --repeats 9 --baseline ../old --write   # against another checkout
 
 Gateway side first: a `RecordLink` attached to one end of a socket pair ships the records
 (`--frame` per ship window, as a busy gateway's 20 ms windows carry them); the bytes that
 reach the other end are kept. Child side, timed: a `RecordIntake` reads those bytes from a
 socket pair (decoding every record), hands them to its `LedgerRecorder` (journal on, in a
 temporary directory, as the child runs), which ingests them into ledger rows and writes them
-to a SQLite ledger. CPU time of the whole process (the journal's writer thread and the
-ledger's worker thread count) per record, for each run; the gateway side's CPU per record
-(encoding and shipping) is reported too.
+to a SQLite ledger, the garbage collector set up as the child's (`child_gc`). CPU time of the
+whole process (the journal's writer thread and the ledger's worker thread count) per record,
+for each run; the gateway side's CPU per record (encoding and shipping) is reported too.
+
+With `--baseline DIR` (a checkout of another commit, e.g. `git worktree add ../old <commit>`)
+every run is a fresh interpreter, and the two checkouts' runs alternate (which goes first
+alternates too), so both see the same machine; each encodes its own frames. `--write` keeps
+the result in bench/results/child_intake.{json,md}.
 """
 
 from __future__ import annotations
@@ -18,20 +24,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from accounting import work
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig
 from accounting.intake import RecordIntake
 from accounting.journal import Journal
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.link import SHIP_S, RecordLink
-from accounting.recorder import LedgerRecorder
-from bench.apportion_workload import make_records
+from accounting.recorder import LedgerRecorder, child_gc
+from bench.apportion_workload import cpu_reference_us, make_records
 from bench.provenance import commit
 from core.records import RequestRecord
 
@@ -76,6 +86,7 @@ async def _child(data: bytes, n: int, tmp: Path) -> float:
     gateway.setblocking(False)
     loop = asyncio.get_running_loop()
     gc.collect()
+    child_gc()  # as the child sets its collector up once started (accounting/process.py)
     c0 = time.process_time()
     await loop.sock_sendall(gateway, data)
     while recorder.queued < n:  # noqa: ASYNC110 (the recorder signals writes, not arrivals)
@@ -98,11 +109,71 @@ def run(n: int, frame: int, repeats: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             child_us.append(asyncio.run(_child(data, n, Path(tmp))) / n * 1e6)
     return {"commit": commit(), "records": n, "frame_records": frame, "repeats": repeats,
-            "frame_bytes_per_record": len(data) / n,
+            "frame_bytes_per_record": len(data) / n, "compiled_loop": work.compiled is not None,
             "gateway_cpu_us_per_record": gateway_cpu_s / n * 1e6,
             "child_cpu_us_per_record": child_us,
             "child_cpu_us_per_record_median": statistics.median(child_us),
             "child_cpu_us_per_record_spread": max(child_us) - min(child_us)}
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# One run of a checkout's own `run`, in a fresh interpreter started in that checkout
+_ONE_RUN = ("import json, sys; from bench.child_intake import run; "
+            "print(json.dumps(run(int(sys.argv[1]), int(sys.argv[2]), 1)))")
+
+
+def _one(checkout: Path, n: int, frame: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", _ONE_RUN, str(n), str(frame)], cwd=checkout,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return res
+
+
+def compare(n: int, frame: int, repeats: int, baseline: Path) -> dict[str, Any]:
+    """`repeats` runs of this checkout and of `baseline`, alternated."""
+    sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    here = Path(__file__).resolve().parents[1]
+    for i in range(repeats):
+        order = [("baseline", baseline), ("this", here)]
+        for side, checkout in order if i % 2 == 0 else order[::-1]:
+            sides[side].append(_one(checkout, n, frame))
+    out: dict[str, Any] = {"records": n, "frame_records": frame, "repeats": repeats,
+                           "cpu_reference_us": cpu_reference_us()}
+    for side, runs in sides.items():
+        child = [r["child_cpu_us_per_record"][0] for r in runs]
+        gateway = [r["gateway_cpu_us_per_record"] for r in runs]
+        out[side] = {"commit": runs[0]["commit"],
+                     "frame_bytes_per_record": runs[0]["frame_bytes_per_record"],
+                     "child_cpu_us_per_record": child,
+                     "child_cpu_us_per_record_median": statistics.median(child),
+                     "child_cpu_us_per_record_spread": max(child) - min(child),
+                     "gateway_cpu_us_per_record": gateway,
+                     "gateway_cpu_us_per_record_median": statistics.median(gateway)}
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    rows = [f"| {side} ({r['commit']}) | {r['child_cpu_us_per_record_median']:.1f} | "
+            f"{min(r['child_cpu_us_per_record']):.1f}-{max(r['child_cpu_us_per_record']):.1f} | "
+            f"{r['gateway_cpu_us_per_record_median']:.1f} | {r['frame_bytes_per_record']:.0f} |"
+            for side, r in (("this", res["this"]), ("baseline", res["baseline"]))]
+    return "\n".join([
+        "# The accounting child's CPU per record",
+        "",
+        f"`python -m bench.child_intake --records {res['records']} --frame "
+        f"{res['frame_records']} --repeats {res['repeats']} --baseline DIR --write`: "
+        f"{res['records']} streamed records (bench/apportion_workload.py, 8 engines, about 7 "
+        f"intervals each) in frames of {res['frame_records']}, through the child's intake, "
+        "journal (on) and recorder into a SQLite ledger; CPU time of the whole process per "
+        f"record, {res['repeats']} runs of each checkout, alternated, each in a fresh "
+        f"interpreter. CPU yardstick (sum(range(1000))): {res['cpu_reference_us']:.1f} us.",
+        "",
+        "| code | child CPU us/record, median | range over the runs | gateway CPU us/record "
+        "(encode, ship), median | frame bytes/record |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+    ])
 
 
 def main() -> None:
@@ -110,7 +181,19 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--frame", type=int, default=80, help="records per ship window")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="a checkout of another commit to alternate with")
+    ap.add_argument("--write", action="store_true",
+                    help="write bench/results/child_intake.{json,md} (with --baseline)")
     a = ap.parse_args()
+    if a.baseline is not None:
+        res = compare(a.records, a.frame, a.repeats, a.baseline)
+        md = markdown(res)
+        print(md)
+        if a.write:
+            RESULTS.mkdir(exist_ok=True)
+            (RESULTS / "child_intake.json").write_text(json.dumps(res, indent=2) + "\n")
+            (RESULTS / "child_intake.md").write_text(md)
+        return
     res = run(a.records, a.frame, a.repeats)
     runs = ", ".join(f"{u:.1f}" for u in res["child_cpu_us_per_record"])
     print(f"commit {res['commit']}: {res['records']} records, {res['frame_records']} per frame, "

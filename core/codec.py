@@ -13,6 +13,10 @@ Versions:
 - 1: the same fields without the leading version (lines written before the format had
   one); read, never written.
 - 2: the version first.
+- 3: the read times as one string, the base64 of their little-endian 64-bit floats, not a
+  JSON number each: a stream's read times were most of its line's bytes, and turning each
+  into decimal and back most of the time encoding and decoding it took (the same bits come
+  back either way).
 A change of fields is a new version; the old ones stay readable as long as a journal written
 by a release that wrote them may be replayed.
 
@@ -23,6 +27,8 @@ the samples would make a line kilobytes long.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from array import array
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
@@ -33,7 +39,7 @@ from core.records import RequestRecord
 from core.timing import Latency
 from core.vocab import Precision, PromptSource
 
-VERSION: Final = 2
+VERSION: Final = 3
 # A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # A request's token count: past this an engine's usage is its error, not a count (the gateway
@@ -79,8 +85,14 @@ class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
     e2e_s: float | None
 
 
+class VersionTwoLine(UnversionedLine, tag=2):
+    """Version 2: the fields of version 1 behind the version number."""
+
+
 class RecordLine(UnversionedLine, tag=VERSION):
-    """The current version: the fields of version 1 behind the version number."""
+    """The current version: version 2's fields, the read times packed (`pack_times`)."""
+
+    read_times: bytes  # type: ignore[assignment]
 
 
 class FrameHead(msgspec.Struct, array_like=True, gc=False, tag=VERSION):
@@ -92,33 +104,68 @@ class FrameHead(msgspec.Struct, array_like=True, gc=False, tag=VERSION):
 
 
 _encoder = msgspec.json.Encoder()
-_line = msgspec.json.Decoder(RecordLine)
+_line = msgspec.json.Decoder(RecordLine | VersionTwoLine)
 _unversioned = msgspec.json.Decoder(UnversionedLine)
 _lines = msgspec.json.Decoder(list[RecordLine])
 _head = msgspec.json.Decoder(FrameHead)
+_BIG_ENDIAN = sys.byteorder == "big"
+_UNDER_2_33 = bytes(range(0x42))  # the top bytes of a double's from +0 to under 2**33
 DecodeError = msgspec.DecodeError  # a line or frame that is torn, not JSON, or not a record
 EncodeError = msgspec.EncodeError  # a value no line can hold (TypeError: one of no JSON type)
 
 
+def pack_times(times: Sequence[float]) -> bytes:
+    """Times as version 3 carries them: little-endian 64-bit floats, one after another."""
+    packed = array("d", times)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_times(data: bytes) -> tuple[float, ...]:
+    """`pack_times`'s times; ValueError for bytes that are not times a clock reaches."""
+    if len(data) % 8:
+        raise ValueError("read times: not whole 64-bit floats")
+    times = array("d")
+    times.frombytes(data)
+    if _BIG_ENDIAN:
+        times.byteswap()
+    out = tuple(times)
+    # Each float's top byte (sign and exponent's top bits) below 0x42: from +0 to under 2**33
+    # s, in one C pass over the bytes; the exact check only where one is not (a NaN anywhere
+    # makes the sum NaN, which equals nothing, itself included)
+    if data[7::8].translate(None, _UNDER_2_33) and not (
+            min(out) >= 0.0 and max(out) <= MAX_TIME_S and (t := sum(out)) == t):
+        raise ValueError("read times: outside 0..MAX_TIME_S")
+    return out
+
+
 # A line's values read from a record by name, in the line's order (the latency's three by
-# their dotted path), in one C call: positional construction of the line, half the time of
-# keywords (a record is encoded on the gateway's event loop)
+# their dotted path), in one C call each side of the read times: positional construction of
+# the line, half the time of keywords (a record is encoded on the gateway's event loop)
 _LATENCY_ON_LINE = ("ttft_s", "tpot_s", "e2e_s")
-_line_values = attrgetter(*(f"latency.{name}" if name in _LATENCY_ON_LINE else name
-                            for name in UnversionedLine.__struct_fields__))
+_LINE_FIELDS = [f"latency.{name}" if name in _LATENCY_ON_LINE else name
+                for name in UnversionedLine.__struct_fields__]
+_AT_TIMES = _LINE_FIELDS.index("read_times")
+_line_before_times = attrgetter(*_LINE_FIELDS[:_AT_TIMES])
+_line_after_times = attrgetter(*_LINE_FIELDS[_AT_TIMES + 1:])
 
 
 def line_of(rec: RequestRecord) -> RecordLine:
-    return RecordLine(*_line_values(rec))
+    values: tuple[Any, ...] = (*_line_before_times(rec), pack_times(rec.read_times),
+                               *_line_after_times(rec))
+    return RecordLine(*values)
 
 
-# RequestRecord's fields before and after its latency, in its order, each read from a line by
-# name (one C call per side): a record is built positionally, a third of the time of keywords
-# (it is most of a line's decoding after msgspec's). A field the line lacks, or one after the
+# RequestRecord's fields around its read times and its latency, in its order, each read from
+# a line by name (one C call each): a record is built positionally, a third of the time of
+# keywords (it is most of a line's decoding after msgspec's). A field the line lacks, or one after the
 # trace (which is never carried, and is last so it may be left to its default), fails here.
 _RECORD_FIELDS = [f.name for f in dataclasses.fields(RequestRecord)]
 _AT_LATENCY = _RECORD_FIELDS.index("latency")
-_before_latency = attrgetter(*_RECORD_FIELDS[:_AT_LATENCY])
+_AT_READ_TIMES = _RECORD_FIELDS.index("read_times")
+_before_times = attrgetter(*_RECORD_FIELDS[:_AT_READ_TIMES])
+_times_to_latency = attrgetter(*_RECORD_FIELDS[_AT_READ_TIMES + 1:_AT_LATENCY])
 _after_latency = attrgetter(*_RECORD_FIELDS[_AT_LATENCY + 1:-1])
 _missing = set(_RECORD_FIELDS) - {"latency", "trace"} - set(UnversionedLine.__struct_fields__)
 if _missing or _RECORD_FIELDS[-1] != "trace":
@@ -127,8 +174,11 @@ if _missing or _RECORD_FIELDS[-1] != "trace":
 
 
 def record_of(line: UnversionedLine) -> RequestRecord:
-    """The record a line carries (any version), its latency without ITL samples."""
-    values: tuple[Any, ...] = (*_before_latency(line),
+    """The record a line carries (any version), its latency without ITL samples; ValueError
+    for version 3's read times that are not times."""
+    times = (unpack_times(line.read_times) if isinstance(line, RecordLine)
+             else line.read_times)
+    values: tuple[Any, ...] = (*_before_times(line), times, *_times_to_latency(line),
                                Latency(line.ttft_s, line.tpot_s, line.e2e_s, (), ()),
                                *_after_latency(line))
     return RequestRecord(*values)
@@ -156,7 +206,7 @@ def decode(line: bytes) -> RequestRecord | None:
     """The record of one line of any version; None for a line that is torn or not a record."""
     try:
         return record_of(_line.decode(line))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, ValueError):
         pass
     try:
         return record_of(_unversioned.decode(line))
@@ -173,17 +223,24 @@ def decode_lines(lines: bytes) -> tuple[list[RequestRecord], int]:
         # the lines as one JSON array (a line holds no raw newline: JSON escapes them)
         got = _lines.decode(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
     except msgspec.DecodeError:
-        out: list[RequestRecord] = []
-        bad = 0
-        for line in lines.split(b"\n"):
-            if line:
-                rec = decode(line)
-                if rec is None:
-                    bad += 1
-                else:
-                    out.append(rec)
-        return out, bad
-    return [record_of(line) for line in got], 0
+        return _one_by_one(lines)
+    try:
+        return [record_of(line) for line in got], 0
+    except ValueError:  # a line's read times are not times: line by line, to skip it
+        return _one_by_one(lines)
+
+
+def _one_by_one(lines: bytes) -> tuple[list[RequestRecord], int]:
+    out: list[RequestRecord] = []
+    bad = 0
+    for line in lines.split(b"\n"):
+        if line:
+            rec = decode(line)
+            if rec is None:
+                bad += 1
+            else:
+                out.append(rec)
+    return out, bad
 
 
 def encode_head(head: FrameHead) -> bytes:

@@ -12,18 +12,19 @@ import orjson
 from accounting.chunks import in_chunks
 from accounting.counters import CounterState
 from accounting.failed import BILL_ALL, bill_until
-from accounting.ledger import retention, rollups, sql
+from accounting.ledger import packs, retention, rollups, sql
 from accounting.ledger.base import (
     EngineState,
-    EngineWork,
     IntervalRow,
     PendingWork,
     RequestRow,
     ShareRow,
     UsageData,
     Watermark,
+    WorkByEngine,
     WorkSnapshot,
     hour_of,
+    work_by_engine,
 )
 from accounting.ledger.budget_store import Batch, Decide, Query
 from accounting.ledger.tenant_cache import TenantCache
@@ -166,18 +167,19 @@ class SqlLedger(ABC):
         return [(str(p), int(pt or 0), int(ct or 0), float(e or 0), float(c or 0),
                  float(u or 0)) for p, pt, ct, e, c, u in rows]
 
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+    async def append(self, requests: Sequence[RequestRow], work: WorkByEngine,
                      watermark: Watermark | None = None) -> None:
         if not requests and not work and watermark is None:
             return
-        # The rows are their statements' parameters already: nothing is rebuilt here. The
-        # watermark moves with the rows it accounts for, never ahead of them.
-        versions = sorted({(w.engine, w.interval_idx) for w in work})  # written to
-        # Requests in the order of their rollup rows: two replicas' appends lock those rows
-        # (rollup_schema.py's trigger) in the same order.
+        packed = packs.pack_params(work_by_engine(work))
+        # The watermark moves with the rows it accounts for, never ahead of them. Each
+        # interval's version is bumped before its pack is written: the pack is keyed by it.
+        # Requests in the order of their rollup rows, versions in key order: two replicas'
+        # appends lock those rows (on PostgreSQL, request_hours by rollup_schema.py's
+        # trigger) in the same order.
         await self._transaction([(sql.INSERT_REQUEST, sorted(requests, key=ROLLUP_KEY)),
-                                 (sql.INSERT_WORK, work),
-                                 (sql.UPSERT_VERSION, versions),
+                                 (sql.UPSERT_VERSION, sorted(p[:2] for p in packed)),
+                                 (packs.INSERT_PACK, packed),
                                  (sql.UPSERT_REPLICA, [] if watermark is None else [watermark])])
         # The apportioner reads these requests' work back soon: their tenants need no lookup.
         add = self._tenant_cache.add
@@ -195,21 +197,23 @@ class SqlLedger(ABC):
 
     async def snapshot(self, engine: str, ranges: Sequence[tuple[int, int]]) -> WorkSnapshot:
         queries = [(q, (engine, first, last)) for first, last in ranges
-                   for q in (sql.SELECT_WORK, sql.SELECT_VERSIONS)]
+                   for q in (sql.SELECT_WORK, packs.SELECT_PACKS, sql.SELECT_VERSIONS)]
         results = await self._snapshot(queries)
-        rows = [r for res in results[0::2] for r in res]
-        versions = {int(k): int(v) for res in results[1::2] for k, v in res}
+        # each range's rows written per row (sql.SELECT_WORK's columns are a WorkRow's) and
+        # in packs, each (request, interval) once
+        rows = [w for i in range(0, len(results), 3)
+                for w in packs.unpack(results[i], results[i + 1])]
+        versions = {int(k): int(v) for res in results[2::3] for k, v in res}
         return WorkSnapshot(await self._with_tenants(rows), versions)
 
-    async def _with_tenants(self, rows: list[tuple[Any, ...]]) -> list[PendingWork]:
-        tenants, cuts = await self._tenants({rid for rid, *_ in rows})
+    async def _with_tenants(self, rows: list[WorkRow]) -> list[PendingWork]:
+        tenants, cuts = await self._tenants({w[0] for w in rows})
         tenant_of, cut_of = tenants.get, cuts.get
         out: list[PendingWork] = []
         make = PendingWork._make
         async for part in in_chunks(rows, WORK_CHUNK):  # a busy interval holds thousands
-            work = list(map(WorkRow._make, part))  # sql.SELECT_WORK's columns: a WorkRow's
             out += [make((tenant_of(w.request_id, ""), w, cut_of(w.request_id, BILL_ALL)))
-                    for w in work]
+                    for w in part]
         return out
 
     async def _tenants(self, request_ids: set[str]) -> tuple[dict[str, str], dict[str, float]]:

@@ -33,12 +33,16 @@ PRUNE_EVERY_S = 60.0  # how often to look again once nothing is left to prune
 _ENGINES = "SELECT engine, next_interval FROM engine_state"
 _FIRST_DIRTY = "SELECT MIN(interval_idx) FROM work_versions WHERE engine = ? AND dirty = 1"
 _FIRST_INTERVAL = "SELECT MIN(interval_idx) FROM intervals WHERE engine = ?"
-_FIRST_WORK = "SELECT MIN(interval_idx) FROM work WHERE engine = ?"
-# The interval of the work row `batch_rows` rows on: prune below it and a batch holds fewer.
-_WORK_AT = """SELECT interval_idx FROM work WHERE engine = ? AND interval_idx < ?
-    ORDER BY interval_idx LIMIT 1 OFFSET ?"""
+# Work is in packs (packs.py), and in per-row `work` where written before them
+_WORK_TABLES = ("work", "work_packs")
+_FIRST_WORK = tuple(f"SELECT MIN(interval_idx) FROM {table} WHERE engine = ?"
+                    for table in _WORK_TABLES)
+# The interval of the work row (or pack) `batch_rows` rows on: prune below it and a batch
+# holds fewer.
+_WORK_AT = tuple(f"""SELECT interval_idx FROM {table} WHERE engine = ? AND interval_idx < ?
+    ORDER BY interval_idx LIMIT 1 OFFSET ?""" for table in _WORK_TABLES)
 _DELETE_BELOW = tuple(f"DELETE FROM {table} WHERE engine = ? AND interval_idx < ?"
-                      for table in ("work", "shares", "intervals", "work_versions"))
+                      for table in (*_WORK_TABLES, "shares", "intervals", "work_versions"))
 _FINAL_REQUESTS = """SELECT request_id FROM requests WHERE finished_s < ? AND engine = ?
     AND last_interval < ? LIMIT ?"""
 _UNRUN_REQUESTS = """SELECT request_id FROM requests WHERE finished_s < ?
@@ -81,16 +85,16 @@ async def _interval_batch(fetch: Fetch, engine: str, below: int, batch_rows: int
                           ) -> tuple[int | None, bool]:
     """The interval to prune `engine` below in this batch (None: nothing), and whether older
     intervals than `below` remain after it."""
-    firsts = [r[0][0] for r in (await fetch(_FIRST_INTERVAL, (engine,)),
-                                await fetch(_FIRST_WORK, (engine,)))]
+    firsts = [(await fetch(q, (engine,)))[0][0] for q in (_FIRST_INTERVAL, *_FIRST_WORK)]
     known = [int(f) for f in firsts if f is not None]
     if not known or min(known) >= below:
         return None, False
     start = min(known)
     hi = min(below, start + batch_rows)  # intervals hold a row each: at most batch_rows
-    at = await fetch(_WORK_AT, (engine, hi, batch_rows))
-    if at:
-        hi = max(int(at[0][0]), start + 1)  # a lone interval with more work goes whole
+    for query in _WORK_AT:
+        at = await fetch(query, (engine, hi, batch_rows))
+        if at:
+            hi = max(int(at[0][0]), start + 1)  # a lone interval with more work goes whole
     return hi, hi < below
 
 

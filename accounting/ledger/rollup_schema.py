@@ -71,6 +71,23 @@ def request_values(prefix: str) -> str:
 INSERT_REQUEST_HOURS = (f"INSERT INTO request_hours ({REQUEST_DIMS}, {REQUEST_SUMS}, "
                         "first_arrived_s, last_finished_s)")
 
+
+def request_hours_of(where: str) -> str:
+    """`request_hours` rows summed from the requests `where` selects."""
+    return f"""{INSERT_REQUEST_HOURS}
+        SELECT tenant, finished_hour, engine, model, precision, slo_class, COUNT(*),
+        SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END), SUM(prompt_tokens),
+        SUM(completion_tokens), SUM(slo_met), {", ".join(
+            f"SUM({_outcome('', o)})" for o in ("served", "refused", "failed", "cancelled"))},
+        MIN(arrived_s), MAX(finished_s) FROM requests {where}
+        GROUP BY tenant, finished_hour, engine, model, precision, slo_class"""
+
+
+# SQLite from schema version 11: the requests an append inserted (rowids above the largest
+# before it; a request id already there inserts nothing) added to `request_hours` in one
+# statement after them, not by a trigger per row (3 us of the child's CPU per record)
+ADD_NEW_REQUEST_HOURS = f"{request_hours_of('WHERE rowid > ?')} {UPSERT_REQUEST_HOURS}"
+
 MIGRATION: tuple[str, ...] = (
     f"""CREATE TABLE request_hours (
         tenant TEXT NOT NULL, hour_idx {{BIGINT}} NOT NULL, engine TEXT NOT NULL,
@@ -81,13 +98,7 @@ MIGRATION: tuple[str, ...] = (
         cancelled {{BIGINT}} NOT NULL, first_arrived_s {{REAL}} NOT NULL,
         last_finished_s {{REAL}} NOT NULL, PRIMARY KEY ({REQUEST_DIMS}))""",
     "CREATE INDEX request_hours_hour ON request_hours (hour_idx)",
-    f"""{INSERT_REQUEST_HOURS}
-        SELECT tenant, finished_hour, engine, model, precision, slo_class, COUNT(*),
-        SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END), SUM(prompt_tokens),
-        SUM(completion_tokens), SUM(slo_met), {", ".join(
-            f"SUM({_outcome('', o)})" for o in ("served", "refused", "failed", "cancelled"))},
-        MIN(arrived_s), MAX(finished_s) FROM requests
-        GROUP BY tenant, finished_hour, engine, model, precision, slo_class""",
+    request_hours_of(""),
     f"""CREATE TABLE share_hours (
         tenant TEXT NOT NULL, hour_idx {{BIGINT}} NOT NULL, engine TEXT NOT NULL,
         model TEXT NOT NULL, precision TEXT NOT NULL, slo_class TEXT NOT NULL,

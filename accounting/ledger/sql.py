@@ -140,6 +140,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
     # Hourly rollups kept for ever (rollup_schema.py), so per-request rows can be pruned.
     (10, rollup_schema.MIGRATION),
+    # Work in packs, one row per (engine, interval) and append (packs.py): a B-tree insert
+    # per interval an append writes to, not per request and interval. The per-row table
+    # stays for the rows written before, read with the packs until retention prunes them.
+    (11, (
+        """CREATE TABLE work_packs (
+            engine TEXT NOT NULL, interval_idx {BIGINT} NOT NULL, version {BIGINT} NOT NULL,
+            n_rows INTEGER NOT NULL, packed {BLOB} NOT NULL,
+            PRIMARY KEY (engine, interval_idx, version))""",
+    )),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -163,6 +172,8 @@ DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
                 WHERE apportioned = 0""",
         ),
         10: rollup_schema.DIALECT_MIGRATION["sqlite"],
+        # request_hours kept by the append's statement (rollup_schema.ADD_NEW_REQUEST_HOURS)
+        11: ("DROP TRIGGER IF EXISTS requests_hours",),
     },
     "postgres": {10: rollup_schema.DIALECT_MIGRATION["postgres"]},
 }
@@ -321,8 +332,8 @@ USAGE_IDLE = """SELECT engine, model, precision, hour_idx, SUM(idle_j), SUM(idle
 
 
 def schema(dialect: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    types = ({"REAL": "REAL", "BIGINT": "INTEGER"} if dialect == "sqlite"
-             else {"REAL": "DOUBLE PRECISION", "BIGINT": "BIGINT"})
+    types = ({"REAL": "REAL", "BIGINT": "INTEGER", "BLOB": "BLOB"} if dialect == "sqlite"
+             else {"REAL": "DOUBLE PRECISION", "BIGINT": "BIGINT", "BLOB": "BYTEA"})
     extra = DIALECT_MIGRATIONS.get(dialect, {})
     return tuple((v, tuple(s.format(**types) for s in (*stmts, *extra.get(v, ()))))
                  for v, stmts in MIGRATIONS)

@@ -26,7 +26,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
-from accounting.ledger import sql
+from accounting.ledger import rollup_schema, sql
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, Decide
 from accounting.ledger.common import SqlLedger
@@ -174,6 +174,7 @@ class SqliteLedger(SqlLedger):
 
 ROWS_PER_STATEMENT = 256  # at most; fewer where the build allows fewer bound parameters
 _WORK_KEY = attrgetter("engine", "interval_idx", "request_id")  # an EngineWork's key
+_LAST_REQUEST = "SELECT MAX(rowid) FROM requests"
 _MULTI_ROW = frozenset({sql.INSERT_REQUEST, sql.INSERT_WORK, sql.INSERT_SHARE})
 
 
@@ -184,7 +185,17 @@ def execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[
     is a thread switch per row (about twice the CPU per row, measured in the gateway), in
     blocks one per block. Block sizes are powers of two, so few statement texts exist, and
     a block's parameters stay within the library's limit (32,766 since SQLite 3.32, 999
-    before)."""
+    before). Requests inserted are added to their hourly rollup after them."""
+    if statement == sql.INSERT_REQUEST:
+        # the rollup of the rows inserted (rowids above the largest before them)
+        (before,), = c.execute(_LAST_REQUEST).fetchall()
+        _execute_rows(c, statement, rows)
+        c.execute(rollup_schema.ADD_NEW_REQUEST_HOURS, (before or 0,))
+    else:
+        _execute_rows(c, statement, rows)
+
+
+def _execute_rows(c: sqlite3.Connection, statement: str, rows: Sequence[Sequence[Any]]) -> None:
     limit = c.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
     if statement not in _MULTI_ROW or len(rows) < 2:
         c.executemany(statement, rows)

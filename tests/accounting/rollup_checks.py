@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from accounting.ledger import sql
 from accounting.ledger.base import HOUR_S, Ledger
 from accounting.ledger.postgres import PostgresLedger
 from accounting.ledger.sqlite import SqliteLedger
@@ -106,7 +107,7 @@ async def check_migrated_bills(ledger: Any) -> None:
     place, every bill as schema 9's code read it."""
     want = expected_bills()
     version = await ledger._fetch("SELECT MAX(version) FROM schema_version", ())
-    assert int(version[0][0]) == 10
+    assert int(version[0][0]) == sql.SCHEMA_VERSION
     for name, (since, until) in windows().items():
         for tenant in (None, "t1"):
             key = f"{name}:{tenant or '*'}"
@@ -144,7 +145,7 @@ async def check_pruned_bills_unchanged(ledger: SqlLedger) -> None:
     # what is left: the last interval apportioned, whose requests are not final yet (the
     # interval after it is not apportioned), and the intervals after it, not apportioned
     (nxt,), = await ledger._fetch("SELECT next_interval FROM engine_state", ())
-    for table in ("work", "shares", "intervals", "work_versions"):
+    for table in ("work", "work_packs", "shares", "intervals", "work_versions"):
         old = await ledger._fetch(f"SELECT COUNT(*) FROM {table} WHERE interval_idx < ?",
                                   (int(nxt) - 1,))
         assert int(old[0][0]) == 0, table
@@ -160,7 +161,7 @@ async def check_pruned_bills_unchanged(ledger: SqlLedger) -> None:
 async def check_unfinal_rows_kept(ledger: SqlLedger) -> None:
     """An interval waiting for late work keeps itself, every later interval, and every
     request whose work reaches it."""
-    (lo, hi), = await ledger._fetch("SELECT MIN(interval_idx), MAX(interval_idx) FROM work",
+    (lo, hi), = await ledger._fetch("SELECT MIN(interval_idx), MAX(interval_idx) FROM work_packs",
                                     ())
     waiting = (int(lo) + int(hi)) // 2
     await ledger._transaction([("UPDATE work_versions SET dirty = 1 WHERE interval_idx = ?",
@@ -172,5 +173,5 @@ async def check_unfinal_rows_kept(ledger: SqlLedger) -> None:
     left = await ledger._fetch("SELECT MIN(interval_idx) FROM intervals", ())
     assert int(left[0][0]) == waiting
     assert await count(ledger, "requests") == int(reaching[0][0]) > 0
-    pruned = await ledger._fetch("SELECT COUNT(*) FROM work WHERE interval_idx < ?", (waiting,))
+    pruned = await ledger._fetch("SELECT COUNT(*) FROM work_packs WHERE interval_idx < ?", (waiting,))
     assert int(pruned[0][0]) == 0

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
-from accounting.prefill import DEFAULT_TOKENS_PER_S, MIN_SAMPLES, PrefillRates
+from accounting.prefill import (
+    DEFAULT_TOKENS_PER_S,
+    MIN_SAMPLES,
+    QUANTILE,
+    WINDOW,
+    PrefillRates,
+)
 from core.records import RequestRecord
 from core.timing import latency
 
@@ -73,3 +80,22 @@ def test_decode_pace_is_the_median_of_recent_tpots() -> None:
         rates.observe(rec(10, 0.1, latency=latency(0.0, ((1.0, 1), (1.0 + 9 * tpot, 1)), 10,
                                                    None)))
     assert rates.tpot("e") == pytest.approx(0.02)
+
+
+def test_the_rate_is_the_quantile_of_the_window_of_recent_samples_as_they_come_and_go() -> None:
+    """Over many samples, some equal, the window sliding: each rate learnt is the quantile
+    of the last WINDOW samples of its length class, sorted."""
+    rnd = random.Random(5)
+    rates = PrefillRates()
+    seen: dict[int, list[float]] = {}
+    for i in range(400):
+        prompt = rnd.choice((200, 300, 5_000))
+        span_s = rnd.choice((0.25, 0.5, 1.0, 0.125 + i / 1000))
+        rates.observe(rec(prompt, span_s))
+        window = seen.setdefault(prompt.bit_length(), [])
+        window.append(prompt / ((1.0 + span_s) - 1.0))  # the span as the record gives it
+        del window[:-WINDOW]
+        if len(window) >= MIN_SAMPLES:
+            ordered = sorted(window)
+            assert rates.rate("e", prompt) == ordered[min(len(ordered) - 1,
+                                                          int(QUANTILE * len(ordered)))]

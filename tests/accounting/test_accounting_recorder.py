@@ -9,8 +9,15 @@ from collections.abc import Sequence
 import pytest
 
 from accounting.config import JournalConfig
-from accounting.ledger.base import EngineWork, LedgerError, RequestRow, Watermark
+from accounting.ledger.base import (
+    LedgerError,
+    RequestRow,
+    Watermark,
+    WorkByEngine,
+    work_by_engine,
+)
 from accounting.recorder import LedgerRecorder
+from accounting.work import Work
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
 from tests.accounting.test_ledger_sqlite import Clock, make_config
 
@@ -23,15 +30,20 @@ class FlakyLedger:
     def __init__(self, fail: int) -> None:
         self.fail = fail
         self.requests: list[RequestRow] = []
-        self.work: list[EngineWork] = []
+        self.work: list[tuple[str, Work]] = []  # (engine, row)
 
-    async def append(self, requests: Sequence[RequestRow], work: Sequence[EngineWork],
+    async def append(self, requests: Sequence[RequestRow], work: WorkByEngine,
                      watermark: Watermark | None = None) -> None:
         if self.fail:
             self.fail -= 1
             raise LedgerError("down")
         self.requests += requests
-        self.work += work
+        self.work += _flat(work)
+
+
+def _flat(work: WorkByEngine) -> list[tuple[str, Work]]:
+    """(engine, row) of each work row, engine by engine."""
+    return [(engine, row) for engine, rows in work_by_engine(work).items() for row in rows]
 
 
 async def test_a_flush_writes_each_engines_rows_and_a_failed_one_keeps_them() -> None:
@@ -48,18 +60,21 @@ async def test_a_flush_writes_each_engines_rows_and_a_failed_one_keeps_them() ->
     recorder.ingest()
     engine_of = {r.request_id: r.engine for r in recs}
     assert recorder.unwritten_work > 25
-    first = list(recorder._work)
+    first = _flat(recorder._work)
     with pytest.raises(LedgerError):
         await recorder.flush()
-    assert recorder.unwritten == 25 and recorder._work == first
+    assert recorder.unwritten == 25 and _flat(recorder._work) == first
     for rec in recs[25:]:
         recorder.record(rec)
     recorder.ingest()
-    rows = list(recorder._work)
-    assert rows[:len(first)] == first and len(rows) > len(first)  # the failed batch first
-    assert all(w.engine == engine_of[w.request_id] for w in rows)
+    rows = _flat(recorder._work)
+    for engine in ("e0", "e1"):  # the failed batch first, engine by engine
+        old = [r for r in first if r[0] == engine]
+        assert [r for r in rows if r[0] == engine][:len(old)] == old
+    assert len(rows) > len(first)
+    assert all(engine == engine_of[w[0]] for engine, w in rows)
     await recorder.flush()
     assert [r.request_id for r in ledger.requests] == [r.request_id for r in recs]
     assert ledger.work == rows
-    assert {w.engine for w in ledger.work} == {"e0", "e1"}
+    assert {engine for engine, _ in ledger.work} == {"e0", "e1"}
     assert recorder.unwritten == recorder.unwritten_work == 0

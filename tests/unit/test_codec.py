@@ -3,7 +3,11 @@ the vocabularies checked on the way in, one bad line costing only itself."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import math
+import struct
+from pathlib import Path
 
 import orjson
 
@@ -17,6 +21,8 @@ from core.codec import (
     encode,
     encode_lines,
     line_of,
+    pack_times,
+    unpack_times,
 )
 from core.records import RequestRecord
 from core.timing import Latency
@@ -101,3 +107,40 @@ def test_the_struct_carries_every_record_field_the_ledger_reads() -> None:
     assert fields <= set(RecordLine.__struct_fields__)
     assert {"ttft_s", "tpot_s", "e2e_s"} <= set(RecordLine.__struct_fields__)
     assert line_of(fixture_records()[0]).request_id == "r-stream"
+
+
+def test_read_times_travel_as_the_base64_of_little_endian_doubles_and_keep_their_bits() -> None:
+    times = (0.1 + 0.2, 1e-300, 5e-324, 123456.78901234567, MAX_TIME_S)
+    rec = dataclasses.replace(fixture_records()[0], read_times=times, read_events=(1,) * 5)
+    values = orjson.loads(encode(rec))
+    assert base64.b64decode(values[1 + RecordLine.__struct_fields__.index("read_times")]) == (
+        struct.pack("<5d", *times))
+    got = decode(encode(rec))
+    assert got is not None and got.read_times == times
+    assert all(type(t) is float for t in got.read_times)
+    assert unpack_times(pack_times(())) == ()
+
+
+def test_read_times_that_are_no_clock_s_are_not_a_record() -> None:
+    rec = fixture_records()[0]
+    good = encode(rec)
+    at = 1 + RecordLine.__struct_fields__.index("read_times")
+    for bad in (struct.pack("<2d", 100.0, math.nan), struct.pack("<d", -1.0),
+                struct.pack("<d", math.inf), struct.pack("<d", MAX_TIME_S * 2),
+                struct.pack("<d", 100.0)[:7]):
+        values = orjson.loads(good)
+        values[at] = base64.b64encode(bad).decode()
+        line = orjson.dumps(values) + b"\n"
+        assert decode(line) is None
+        assert decode_lines(good + line + good) == ([_as_journalled(rec)] * 2, 1)
+
+
+def test_lines_the_previous_version_wrote_are_read() -> None:
+    """tests/accounting/fixtures/lines-v2.jsonl: `fixture_records()` as version 2's code
+    encoded them (the read times a JSON number each)."""
+    lines = (Path(__file__).parents[1] / "accounting" / "fixtures" / "lines-v2.jsonl"
+             ).read_bytes()
+    assert orjson.loads(lines.split(b"\n")[0])[0] == 2
+    want = [_as_journalled(r) for r in fixture_records()]
+    assert decode_lines(lines) == (want, 0)
+    assert [decode(line) for line in lines.split(b"\n") if line] == want

@@ -1,0 +1,161 @@
+/* accounting/work.py's _streamed_rows loop, compiled: the same rows, bit for bit.
+
+   A stream's work rows, one per interval of its residency, were most of the accounting
+   child's CPU per record spent in Python (one bisection, a dozen float operations and a
+   tuple per interval). Every operation below is the one work.py performs, in its order, on
+   IEEE doubles (built with -ffp-contract=off: no fused multiply-add, which would round
+   differently), so the rows are equal to the Python loop's; tests/accounting/
+   test_streamed_compiled.py compares the two on random records. work.py falls back to its
+   Python loop where this module was not built. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* bisect.bisect_left over a tuple of floats */
+static Py_ssize_t bisect_left(PyObject *times, double x, int *failed) {
+    Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(times);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, mid));
+        if (t == -1.0 && PyErr_Occurred()) {
+            *failed = 1;
+            return 0;
+        }
+        if (t < x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, double d,
+                      double res, double start, double kv) {
+    double values[5] = {p, d, res, start, kv};
+    PyObject *row = PyTuple_New(7);
+    if (row == NULL)
+        return -1;
+    Py_INCREF(rid);
+    PyTuple_SET_ITEM(row, 0, rid);
+    Py_INCREF(k_obj);
+    PyTuple_SET_ITEM(row, 1, k_obj);
+    for (int i = 0; i < 5; i++) {
+        PyObject *v = PyFloat_FromDouble(values[i]);
+        if (v == NULL) {
+            Py_DECREF(row);
+            return -1;
+        }
+        PyTuple_SET_ITEM(row, 2 + i, v);
+    }
+    int rc = PyList_Append(rows, row);
+    Py_DECREF(row);
+    return rc;
+}
+
+/* dict.get(k, 0.0) of a {interval: float} dict; -1 with an error set on failure */
+static int get_float(PyObject *dict, PyObject *k_obj, double *out, int *found) {
+    PyObject *v = PyDict_GET_SIZE(dict) ? PyDict_GetItemWithError(dict, k_obj) : NULL;
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        *out = 0.0;
+        *found = 0;
+        return 0;
+    }
+    *out = PyFloat_AsDouble(v);
+    *found = 1;
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *streamed_rows(PyObject *self, PyObject *args) {
+    PyObject *rid, *times, *cum, *prefill, *attention;
+    long long total, completion, k_first, k_last, k_r0, k_rl;
+    double off, prompt, t_disp, t_end, interval_s;
+    int span;
+    if (!PyArg_ParseTuple(args, "UO!OLdLdO!O!ddLLdpLL", &rid, &PyTuple_Type, &times, &cum,
+                          &total, &off, &completion, &prompt, &PyDict_Type, &prefill,
+                          &PyDict_Type, &attention, &t_disp, &t_end, &k_first, &k_last,
+                          &interval_s, &span, &k_r0, &k_rl))
+        return NULL;
+    if (cum != Py_None && !PyList_Check(cum)) {
+        PyErr_SetString(PyExc_TypeError, "cum: a list or None");
+        return NULL;
+    }
+    /* completion / total: both exact in a double (at most 2**53), one rounding as Python's */
+    double per_event = (double)completion / (double)total;
+    PyObject *rows = PyList_New(0);
+    if (rows == NULL)
+        return NULL;
+    double done = 0.0;
+    long long prev = 0;
+    for (long long k = k_first; k <= k_last; k++) {
+        double lo = (double)k * interval_s;
+        double hi = lo + interval_s;
+        long long c;
+        if (k >= k_rl) {
+            c = total;
+        } else if (k < k_r0) {
+            c = 0;
+        } else {
+            int failed = 0;
+            double edge = (span ? (double)(k + 1) * interval_s : hi) - off;
+            Py_ssize_t i = bisect_left(times, edge, &failed);
+            if (failed)
+                goto error;
+            if (cum == Py_None) {
+                c = i;
+            } else if (i == 0) {
+                c = 0;
+            } else {
+                c = PyLong_AsLongLong(PyList_GET_ITEM(cum, i - 1));
+                if (c == -1 && PyErr_Occurred())
+                    goto error;
+            }
+        }
+        double start = t_disp > lo ? t_disp : lo;
+        double res = (t_end < hi ? t_end : hi) - start;
+        PyObject *k_obj = PyLong_FromLongLong(k);
+        if (k_obj == NULL)
+            goto error;
+        double p, a;
+        int has_p, has_a, rc = 0;
+        if (get_float(prefill, k_obj, &p, &has_p) < 0 || get_float(attention, k_obj, &a, &has_a) < 0) {
+            Py_DECREF(k_obj);
+            goto error;
+        }
+        if (c > prev) {
+            double d = (double)(c - prev) * per_event;
+            double kv = d * (prompt + done + d / 2.0);
+            if (has_a)
+                kv = kv + a;
+            done += d;
+            prev = c;
+            if (res > 0.0)
+                rc = append_row(rows, rid, k_obj, p, d, res, start - lo, kv);
+            else
+                rc = append_row(rows, rid, k_obj, p, d, 0.0, 0.0, kv);
+        } else if (res > 0.0) {
+            rc = append_row(rows, rid, k_obj, p, 0.0, res, start - lo, a);
+        } else if (p != 0.0) {
+            rc = append_row(rows, rid, k_obj, p, 0.0, 0.0, 0.0, a);
+        }
+        Py_DECREF(k_obj);
+        if (rc < 0)
+            goto error;
+    }
+    return rows;
+error:
+    Py_DECREF(rows);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"streamed_rows", streamed_rows, METH_VARARGS,
+     "work.py's _streamed_rows loop: (rid, times, cum | None, total, off, completion, prompt, "
+     "prefill, attention, t_disp, t_end, k_first, k_last, interval_s, span, k_r0, k_rl)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_streamed", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__streamed(void) { return PyModule_Create(&module); }
