@@ -39,6 +39,7 @@ from accounting.supervisor import (
     _log_death,
     describe,
 )
+from core.tasks import cancel_and_wait
 
 log = logging.getLogger("wattgate.apportioner")
 
@@ -189,11 +190,8 @@ class WorkerLink(ApportionerChild):
         """Let go of the child (it is the parent's to stop): what it has not acknowledged
         goes to the spill journal."""
         self._stopping = True
-        if self._connect is not None:
-            self._connect.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._connect
-            self._connect = None
+        await cancel_and_wait(self._connect)
+        self._connect = None
         self.link.detach()
         if self._spill is not None:
             await asyncio.to_thread(self._spill.close)

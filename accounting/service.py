@@ -20,7 +20,6 @@ and hand every finished RequestRecord to `service.record(rec)`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -44,6 +43,7 @@ from accounting.mode import INLINE, AccountingMode
 from accounting.prefill import PrefillRates
 from accounting.recorder import INGEST_CHUNK, LedgerRecorder, pending_request
 from core.records import RequestRecord
+from core.tasks import cancel_and_wait
 from engines.meters.base import Meter
 
 log = logging.getLogger("wattgate.accounting")
@@ -126,11 +126,8 @@ class AccountingService:
         """Stop the loop, write everything recorded, store the counters, close the ledger
         (which releases the apportioner lock)."""
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.recorder is not None:
             await self.recorder.stop()
         if self.link is not None:

@@ -40,6 +40,7 @@ from accounting.config import CHILD_NICE
 from accounting.journal import Journal
 from accounting.link import RecordLink
 from accounting.mode import INLINE, AccountingMode
+from core.tasks import cancel_and_wait
 
 log = logging.getLogger("wattgate.apportioner")
 
@@ -313,10 +314,7 @@ class ApportionerChild:
         """SIGTERM, wait up to `deadline_s` for its clean stop, then SIGKILL."""
         self._stopping = True
         for task in (self._watch, self._probe):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         self._watch = self._probe = None
         proc = self.proc
         if proc is not None and proc.returncode is None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
+from core.tasks import cancel_and_wait
 from engines.adapters import EngineAdapter, EngineLoad, MetricsParseError, adapter_for
 from gateway.config import Endpoint, GatewayConfig
 from gateway.config_upstream import HealthCheck
@@ -289,6 +290,4 @@ class Upstreams:
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)

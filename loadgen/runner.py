@@ -4,13 +4,13 @@ pure plan and summary functions."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from core.tasks import cancel_and_wait
 from loadgen import energy, run_summary
 from loadgen.client import ClientOptions, Target, run_plan
 from loadgen.results import Progress, RequestResult
@@ -97,9 +97,7 @@ async def execute(plan: Sequence[PlannedRequest], target: Target, concurrency: i
                               progress=progress)
     finally:
         if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            await cancel_and_wait(reporter)
             if tty:
                 write("\n")
 

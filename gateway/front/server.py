@@ -16,6 +16,7 @@ import logging
 
 from aiohttp import web
 
+from core.tasks import cancel_and_wait
 from gateway.appkeys import CONNECTIONS, METRICS, PROXY
 from gateway.config import GatewayConfig
 from gateway.front.aiohttp_errors import (
@@ -54,9 +55,7 @@ class RunningGateway:
     async def stop(self) -> None:
         """Stop accepting, answer new requests 503 while in-flight ones finish (bounded by
         `drain_timeout_s`), then close every connection and run the app's cleanup."""
-        self._sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._sweeper
+        await cancel_and_wait(self._sweeper)
         self.server.close()
         proxy = self.runner.app[PROXY]
         proxy.draining = True

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from core.errors import OverloadedError
+from core.tasks import cancel_and_wait
 from gateway.tenancy.config import SharedStoreConfig, TenantLimits
 from gateway.tenancy.lease import Exchange, Lease
 from gateway.tenancy.metrics import TenancyMetrics
@@ -261,11 +262,8 @@ class SharedRates:
 
     async def stop(self) -> None:
         """Give every lease back, leave the live replicas, close."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self.up:
             for leases in self.leases.values():
                 for lease in leases.values():

@@ -31,6 +31,7 @@ from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, BudgetStore
 from accounting.pricing import Pricing
+from core.tasks import cancel_and_wait
 from gateway.config import Tenant
 from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, period_start_hour, spends
 from gateway.tenancy.config import TenantControlsConfig
@@ -194,10 +195,7 @@ class TenancyStore:
         self._task = asyncio.get_running_loop().create_task(self.run(on_refresh))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         with contextlib.suppress(LedgerError):
             await self.flush()

@@ -29,6 +29,7 @@ import click
 
 from accounting.node import NodeChild
 from accounting.supervisor import TOKEN_ENV
+from core.tasks import cancel_and_wait
 from gateway.workers.rates import RATES_SOCKET, NodeBuckets, serve_buckets
 
 log = logging.getLogger("wattgate.workers")
@@ -124,9 +125,7 @@ async def run_node(plan: NodePlan, child: NodeChild | None, node_dir: Path) -> N
         w.signal(signal.SIGTERM)
     await _reap(workers, plan.drain_s + STOP_MARGIN_S)
     for task in tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
     rates.close()
     if child is not None:
         await child.stop()
