@@ -170,7 +170,9 @@ async def _serve(config: GatewayConfig, mode: AccountingMode, *, reuse_port: boo
         if child is not None:
             await child.stop()
         sys.exit(1)
-    click.echo(f"wattgate listening on http://{config.listen.host}:{running.port}", err=True)
+    where = f"http://{config.listen.host}:{running.port}"
+    click.echo(f"wattgate listening on {where}" if node is None
+               else f"wattgate worker {node.index} listening on {where}", err=True)
     # Everything built at start-up (config, app, imports) lives as long as the process: keep
     # it out of full collections, which otherwise walk it all and stall the loop.
     gc.collect()

@@ -221,7 +221,7 @@ class SharedRates:
         self.on_replicas(self.replicas)
         if not self.up:
             self.up = self.told = True
-            log.info("tenant controls: rate-limit store reachable; %d live replicas",
+            log.info("tenant controls: rate-limit store reachable; live replicas: %d",
                      self.replicas)
             self._gauge()
 
