@@ -198,9 +198,10 @@ async def test_the_budget_wave_spread_over_three_replicas_stays_within_the_budge
     are learnt from the attacker's own bills, so it is billed at most 5 % past its budget."""
     with postgres_server() as server, sim_engine(tmp_path) as engine:
         dsn = await fresh_database(server, "budget")
-        extra = {"attacker": {"budgets": [{"period": "month", "j": BUDGET_J}],
-                              "limits": {"requests_per_second": FAR_RPS}},
-                 "neighbour": {"limits": {"requests_per_second": FAR_RPS}}}
+        far = {"requests_per_second": FAR_RPS}
+        extra: dict[str, dict[str, Any]] = {
+            "attacker": {"budgets": [{"period": "month", "j": BUDGET_J}], "limits": far},
+            "neighbour": {"limits": far}}
         raw = fleet_config({SPEC.name: engine}, (SPEC,), ("neighbour", "attacker"),
                            tmp_path / "unused.db", 0, extra)
         raw["accounting"]["ledger"] = {"kind": "postgres", "dsn": dsn}
