@@ -58,6 +58,7 @@ def fit(samples: list[Sample], warmup_s: float, rss_key: str = "rss_mb",
 
 
 async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    ran_on = commit()  # what ran, not what the tree holds half an hour later
     engines: list[Engine] = []
     logs = []
     for name, precision in ENGINES:
@@ -95,7 +96,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     slopes = [f.get("rss_slope_mb_per_h") for f in fits.values()]
     child_pids = sorted({s.child_pid for s in samples if s.child_pid is not None})
     return {
-        "commit": commit(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "commit": ran_on, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "settings": {k: getattr(args, k) for k in
                      ("duration_s", "warmup_s", "rate", "churn_s", "down_s", "sample_s")},
         "sent": tally.sent, "ok": tally.ok, "client_disconnects": tally.disconnects,
