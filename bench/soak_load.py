@@ -1,5 +1,6 @@
 """The soak benchmark's moving parts: a steady open-loop load with client disconnects, engine
-churn (SIGKILL and restart of a `wattgate sim` process), and /proc samples of the gateway."""
+churn (SIGKILL and restart of a `wattgate sim` process), and /proc samples of the gateway and
+its accounting child."""
 
 from __future__ import annotations
 
@@ -147,16 +148,60 @@ def proc_sample(pid: int) -> tuple[float, int]:
     return rss_kb / 1024.0, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def sample(pid: int, every_s: float, until: float, t0: float,
-                 out: list[tuple[float, float, int]], progress_s: float, tally: Tally) -> None:
+def accounting_child(gateway_pid: int) -> int | None:
+    """The pid of the gateway's accounting child (`wattgate_cli apportioner ...`), if one runs."""
+    kids: list[int] = []
+    for task in Path(f"/proc/{gateway_pid}/task").iterdir():
+        try:
+            kids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue  # the thread ended while we looked
+    for kid in kids:
+        try:
+            argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"apportioner" in argv:
+            return kid
+    return None
+
+
+@dataclass
+class Sample:
+    """One /proc reading: seconds since the start; the gateway's RSS (MB) and fds; the
+    accounting child's pid, RSS and fds (None while it is not running)."""
+    t_s: float
+    rss_mb: float
+    fds: int
+    child_pid: int | None = None
+    child_rss_mb: float | None = None
+    child_fds: int | None = None
+
+
+def read_sample(gateway_pid: int, t_s: float) -> Sample:
+    rss_mb, fds = proc_sample(gateway_pid)
+    out = Sample(t_s, rss_mb, fds)
+    kid = accounting_child(gateway_pid)
+    if kid is not None:
+        try:
+            out.child_rss_mb, out.child_fds = proc_sample(kid)
+            out.child_pid = kid
+        except (OSError, ValueError):
+            pass  # it exited between the two reads
+    return out
+
+
+async def sample(pid: int, every_s: float, until: float, t0: float, out: list[Sample],
+                 progress_s: float, tally: Tally) -> None:
     last_print = t0
     while time.monotonic() < until:
-        rss_mb, fds = proc_sample(pid)
+        got = read_sample(pid, time.monotonic() - t0)
+        out.append(got)
         now = time.monotonic()
-        out.append((now - t0, rss_mb, fds))
         if now - last_print >= progress_s:
             last_print = now
-            print(f"soak {now - t0:7.0f} s  rss {rss_mb:7.1f} MB  fds {fds:4d}  sent "
+            print(f"soak {got.t_s:7.0f} s  rss {got.rss_mb:7.1f} MB  fds {got.fds:4d}  child "
+                  f"rss {got.child_rss_mb or 0:7.1f} MB  fds {got.child_fds or 0:4d}  sent "
                   f"{tally.sent}  ok {tally.ok}  disconnects {tally.disconnects}  kills "
                   f"{len(tally.kills)}  injected errors {tally.injected_errors}  other errors "
                   f"{sum(tally.errors.values())}", flush=True)

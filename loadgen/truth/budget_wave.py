@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -58,9 +58,11 @@ async def standing(url: str, tenant: str, deadline_s: float = 60.0) -> Standing:
             await asyncio.sleep(0.5)
 
 
-async def run(url: str, plan: WavePlan, say: Callable[[str], None]
-              ) -> tuple[list[Sent], list[list[Sent]]]:
-    """(the neighbour's requests, the tenant's waves)."""
+async def run(url: str, plan: WavePlan, say: Callable[[str], None],
+              spread: Sequence[str] = ()) -> tuple[list[Sent], list[list[Sent]]]:
+    """(the neighbour's requests, the tenant's waves). With `spread` (replicas' URLs) each
+    wave's requests go to them in turn; else all to `url`, as do the neighbour's."""
+    targets = list(spread) or [url]
     rnd = random.Random(plan.seed)
     gap_s = plan.neighbour_s / max(1, plan.neighbour_streams)
     cheap = [Planned(gap_s * i, Shape("cheap", plan.neighbour, 50, 200))
@@ -72,7 +74,8 @@ async def run(url: str, plan: WavePlan, say: Callable[[str], None]
         for k in range(plan.waves):
             shapes = [Shape("wave-long", plan.tenant, rnd.randint(*plan.prompt_tokens),
                             rnd.randint(*plan.max_tokens)) for _ in range(plan.wave)]
-            got = await asyncio.gather(*(send(http, url, s) for s in shapes))
+            got = await asyncio.gather(*(send(http, targets[i % len(targets)], s)
+                                         for i, s in enumerate(shapes)))
             waves.append(list(got))
             admitted = sum(1 for g in got if g.http_status == 200)
             say(f"  wave {k + 1}: {admitted} of {len(got)} admitted")

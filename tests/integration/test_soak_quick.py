@@ -1,6 +1,6 @@
 """bench.soak --quick kept working: a real gateway under steady load with client drops and an
-engine SIGKILLed and restarted, its RSS and fds sampled from /proc, the three result files
-written, and no error but the injected ones."""
+engine SIGKILLed and restarted, its RSS and fds and its accounting child's sampled from /proc,
+the three result files written, and no error but the injected ones."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_quick_soak_samples_the_gateway_and_sees_only_injected_errors(tmp_path: Path) -> None:
+def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--duration-s", "30",
                            "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=110)
@@ -28,8 +28,15 @@ def test_quick_soak_samples_the_gateway_and_sees_only_injected_errors(tmp_path: 
     assert res["other_errors"] == {}, res["other_errors"]
     assert res["ok"] >= 0.7 * res["sent"]
     samples = res["samples"]
-    assert len(samples) >= 20 and all(rss > 10 and fds > 3 for _, rss, fds in samples)
+    assert len(samples) >= 20 and all(s["rss_mb"] > 10 and s["fds"] > 3 for s in samples)
     assert "rss_slope_mb_per_h" in res["fit"]
+    # the accounting child is a process of its own, sampled beside the gateway
+    child = [s for s in samples if s["child_pid"] is not None]
+    assert len(child) >= 0.9 * len(samples)
+    assert all(s["child_pid"] != 0 and s["child_rss_mb"] > 10 for s in child)
+    assert res["child_pids"] and all(p not in (0, None) for p in res["child_pids"])
+    assert "rss_slope_mb_per_h" in res["child_fit"]
+    assert "accounting child" in (tmp_path / "soak.md").read_text()
     # fds are not leaking at the rate of requests (one per request would be hundreds)
     assert res["fit"]["fd_max"] < 200
     assert (tmp_path / "soak.md").read_text().startswith("# Soak")
