@@ -16,7 +16,7 @@ SQLite ledger in a temporary directory. By default the requests span a month, so
 rollups hold a month of hours and a month's report from them is measured; reads of the
 per-request rows grow with the rows read (the run times them over parts of the month too),
 so for 10M requests they are the measured ones scaled by 10M over the rows written, unless
-`--rows 10000000` measures them. Bytes are SQLite's pages in use per table and index
+`--requests 10000000` measures them. Bytes are SQLite's pages in use per table and index
 (`dbstat`).
 """
 
@@ -344,6 +344,9 @@ def markdown(m: dict[str, Any], mo: dict[str, Any], meta: dict[str, Any]) -> str
         f"{mo['bytes_after_steady'] / 1e9:.1f} GB ({RETENTION_DAYS:g} days of rows, "
         f"{mo['rollup_bytes_per_year'] / mb:.0f} MB of rollups) |",
         "",
+        "The year is twelve of these months: per-request bytes for the retention, rollup "
+        "bytes for every hour (a row per hour per tenant, engine, model, precision and SLO "
+        "class, whatever the request rate)." if scale == "measured" else
         "Scaling: per-request bytes and reads by the month's rows over the run's, rollup "
         "bytes and reads by the month's hours over the run's (the rollups hold a row per hour "
         "per tenant, engine, model, precision and SLO class, whatever the request rate).",
@@ -354,7 +357,7 @@ def markdown(m: dict[str, Any], mo: dict[str, Any], meta: dict[str, Any]) -> str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", "--rows", dest="rows", type=int, default=1_000_000,
+    ap.add_argument("--requests", "--rows", dest="requests", type=int, default=1_000_000,
                     help="requests (default 1M)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="where the temporary ledger goes (default: the system's temp dir)")
@@ -366,7 +369,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="50k requests, print only")
     args = ap.parse_args()
     ran_on = commit()
-    rows = 50_000 if args.quick else args.rows
+    rows = 50_000 if args.quick else args.requests
     days = 1.5 if args.quick else args.days
     retention = args.retention_days if args.retention_days is not None else days / 3
     with tempfile.TemporaryDirectory(prefix="wattgate-ledger-bench-", dir=args.dir) as tmp:
