@@ -56,10 +56,10 @@ def unpack(legacy: Sequence[Sequence[Any]], packs: Iterable[Sequence[Any]]) -> l
         rows += _decoder.decode(packed)
     if not legacy and len(rows) < 2:
         return rows
-    seen = {(r[0], r[1]) for r in rows}
+    seen = {(r.request_id, r.interval_idx) for r in rows}
     if len(seen) == len(rows):
         return rows
     first: dict[tuple[str, int], WorkRow] = {}
     for r in rows:
-        first.setdefault((r[0], r[1]), r)
+        first.setdefault((r.request_id, r.interval_idx), r)
     return list(first.values())
