@@ -33,7 +33,7 @@ import pytest
 
 from loadgen.procs import stop
 from tests.support.block_runner import environment, run_block
-from tests.support.doc_commands import Block, Command, blocks, gpu_only
+from tests.support.doc_commands import Block, Command, blocks_of, blocks, gpu_only
 from tests.support.procs import REPO, free_port, wait_http
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -192,8 +192,15 @@ def test_the_docs_hold_commands_that_run_here() -> None:
     assert {"README.md", "docs/loadgen.md", "docs/operations.md", "docs/real-engines.md",
             "docs/simulator.md"} <= where
     texts = [c.text for _, cmds in RUNNABLE for c in cmds]
-    assert any(t.startswith("for i in") and t.endswith("done") for t in texts)  # one command
     assert not any(t.endswith("\\") for t in texts)  # continuations joined
+
+
+def test_a_loop_over_several_lines_is_one_command() -> None:
+    """bash runs a `for ... done` block as one command: so does the extraction."""
+    doc = "```\nfor i in 1 2; do\n  echo $i &\ndone\nwait\n```\n"
+    (block,) = blocks_of("docs/x.md", doc)
+    assert [c.text for c in block.commands()] == ["for i in 1 2; do\n  echo $i &\ndone",
+                                                  "wait"]
 
 
 BROKEN = {

@@ -121,11 +121,11 @@ def blocks(root: Path) -> list[Block]:
     found: list[Block] = []
     for pattern in DOCS:
         for path in sorted(root.glob(pattern)):
-            found.extend(_blocks_of(path.relative_to(root).as_posix(), path.read_text()))
+            found.extend(blocks_of(path.relative_to(root).as_posix(), path.read_text()))
     return found
 
 
-def _blocks_of(doc: str, text: str) -> list[Block]:
+def blocks_of(doc: str, text: str) -> list[Block]:
     found: list[Block] = []
     lines = text.splitlines()
     i = 0
