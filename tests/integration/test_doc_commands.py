@@ -33,7 +33,7 @@ import pytest
 
 from loadgen.procs import stop
 from tests.support.block_runner import environment, run_block
-from tests.support.doc_commands import Block, Command, blocks_of, blocks, gpu_only
+from tests.support.doc_commands import Block, Command, blocks, blocks_of, gpu_only
 from tests.support.procs import REPO, free_port, wait_http
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
