@@ -37,7 +37,6 @@ from accounting.supervisor import (
     TOKEN_ENV,
     ApportionerChild,
     _log_death,
-    describe,
 )
 from core.tasks import cancel_and_wait
 
@@ -83,18 +82,7 @@ class NodeChild(ApportionerChild):
     async def start(self) -> None:
         self._stopping = False
         self.port_file = self.node_dir / PORT_FILE
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
-            headers={"Authorization": f"Bearer {self._token}"})
-        try:
-            await self._spawn()
-        except OSError as exc:
-            self._went_down()
-            log.error("could not start the accounting child (%s): retrying", describe(exc))
-        self._watch = asyncio.create_task(self._supervise(), name="wattgate-accounting-child")
-        self._probe = asyncio.create_task(self._liveness(), name="wattgate-accounting-probe")
-        for task in (self._watch, self._probe):
-            task.add_done_callback(_log_death)
+        await self._launch("accounting")
 
     async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):

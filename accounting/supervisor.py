@@ -160,6 +160,10 @@ class ApportionerChild:
             self.link.spill_to(spill)
         self._dir = Path(tempfile.mkdtemp(prefix="wattgate-apportioner-"))
         self.port_file = self._dir / "port"
+        await self._launch("apportioner")
+
+    async def _launch(self, what: str) -> None:
+        """Spawn the child (the watcher retries a failure), then its watcher and probe."""
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
             headers={"Authorization": f"Bearer {self._token}"})
@@ -167,9 +171,9 @@ class ApportionerChild:
             await self._spawn()
         except OSError as exc:
             self._went_down()
-            log.error("could not start the apportioner child (%s): retrying", describe(exc))
-        self._watch = asyncio.create_task(self._supervise(), name="wattgate-apportioner-child")
-        self._probe = asyncio.create_task(self._liveness(), name="wattgate-apportioner-probe")
+            log.error("could not start the %s child (%s): retrying", what, describe(exc))
+        self._watch = asyncio.create_task(self._supervise(), name=f"wattgate-{what}-child")
+        self._probe = asyncio.create_task(self._liveness(), name=f"wattgate-{what}-probe")
         for task in (self._watch, self._probe):
             task.add_done_callback(_log_death)
 
@@ -379,9 +383,7 @@ class ApportionerChild:
 
     async def energy_check(self) -> dict[str, Any] | None:
         body = await self._get("/energy-check")
-        if body is None:
-            return None
-        got = orjson.loads(body)
+        got = None if body is None else orjson.loads(body)
         return got if isinstance(got, dict) else None
 
 
