@@ -34,7 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple, cast
 
-from accounting.link import ACK, FRAME_HEAD, MAX_FRAME
+from accounting.link import ACK, FRAME_HEAD, MAX_FRAME, SHIP_S
 from accounting.priority import Background
 from accounting.recorder import LedgerRecorder
 from core.codec import DecodeError, decode_head, decode_lines
@@ -45,6 +45,12 @@ log = logging.getLogger("wattgate.accounting")
 FLOOR_HOLD_S = 10.0  # the floor holds at most this long for the workers' first frames
 GHOST_S = 30.0  # a closed connection of a live worker holds its watermark this long at most
 PEERCRED = struct.Struct("3i")  # pid, uid, gid
+# A node worker sends each record the moment its request ends (so a SIGKILL loses no answered
+# one); the child reads a worker's socket at most this often, so that the records of this
+# span share one read, one journal write and one acknowledgement (one wake-up of each side)
+# as a single gateway's batches do. What waits is in the kernel's socket buffer, which
+# outlives the worker.
+READ_EVERY_S = SHIP_S
 
 
 class ReceivedFrame(NamedTuple):
@@ -303,6 +309,15 @@ class IntakeConnection(asyncio.Protocol):
             if self._transport is None or self._transport.is_closing():
                 break
         self.intake.hand_over()
+        transport = self._transport
+        if not self.pair and transport is not None and not transport.is_closing():
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(READ_EVERY_S, self._resume)
+
+    def _resume(self) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return False
