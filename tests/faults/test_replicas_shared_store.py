@@ -225,7 +225,6 @@ async def test_the_budget_wave_spread_over_three_replicas_stays_within_the_budge
           f"{st.held_j:.1f} J still reserved; store statements {statements}; learnt {st.rates}")
     assert set(statuses) <= {200, 429}
     assert admitted >= 3, "the budget let some of the attack in"
-    assert sum(n > 0 for n in per_replica) >= 2, "the attack was admitted on several replicas"
     assert st.held_j == 0
     assert overshoot <= OVERSHOOT
     assert all(n > 0 for n in statements)

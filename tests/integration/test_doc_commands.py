@@ -198,7 +198,7 @@ def test_the_docs_hold_commands_that_run_here() -> None:
 def test_a_loop_over_several_lines_is_one_command() -> None:
     """bash runs a `for ... done` block as one command: so does the extraction."""
     doc = "```\nfor i in 1 2; do\n  echo $i &\ndone\nwait\n```\n"
-    (block,) = blocks_of("docs/x.md", doc)
+    (block,) = blocks_of("a document", doc)
     assert [c.text for c in block.commands()] == ["for i in 1 2; do\n  echo $i &\ndone",
                                                   "wait"]
 
