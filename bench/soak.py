@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -191,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress-s", type=float, default=None, help="default 30 (quick: 5)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    # SIGTERM (a `kill` or a timeout) ends the run through its cleanup: the gateway and the
+    # engines it started are stopped, not left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     q = args.quick
     for name, full, quick in (("duration_s", 1800.0, 40.0), ("warmup_s", 120.0, 10.0),
                               ("churn_s", 60.0, 12.0), ("sample_s", 5.0, 1.0),
