@@ -36,11 +36,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import socket
 import struct
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from accounting.journal import Journal
@@ -129,6 +132,15 @@ class RecordLink:
     def spill_to(self, journal: Journal) -> None:
         """Where records go on disk while no child is attached (an open journal)."""
         self._spill = journal
+
+    async def open_spill(self, directory: Path, retry_s: float) -> Journal:
+        """Open this process's own spill journal in `directory` (off the loop) and spill to
+        it; a failed write is tried again every `retry_s`."""
+        journal = Journal(directory, owner=f"gateway-{os.getpid()}-{secrets.token_hex(4)}",
+                          retry_s=retry_s)
+        await asyncio.to_thread(journal.open)
+        self.spill_to(journal)
+        return journal
 
     # --- hot path ---------------------------------------------------------------------------
 

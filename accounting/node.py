@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import socket
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from accounting.journal import Journal
 from accounting.link import RecordLink
 from accounting.mode import AccountingMode
 from accounting.supervisor import (
@@ -118,11 +116,7 @@ class WorkerLink(ApportionerChild):
     async def start(self) -> None:
         self._stopping = False
         if self._spill_dir is not None and self._spill is None:
-            spill = Journal(self._spill_dir, owner=f"gateway-{os.getpid()}-"
-                            f"{secrets.token_hex(4)}", retry_s=SPILL_RETRY_S)
-            await asyncio.to_thread(spill.open)
-            self._spill = spill
-            self.link.spill_to(spill)
+            self._spill = await self.link.open_spill(self._spill_dir, SPILL_RETRY_S)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
             headers={"Authorization": f"Bearer {self._token}"})

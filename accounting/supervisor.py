@@ -153,11 +153,7 @@ class ApportionerChild:
     async def start(self) -> None:
         self._stopping = False
         if self._spill_dir is not None and self._spill is None:
-            spill = Journal(self._spill_dir, owner=f"gateway-{os.getpid()}-"
-                            f"{secrets.token_hex(4)}", retry_s=SPILL_RETRY_S)
-            await asyncio.to_thread(spill.open)
-            self._spill = spill
-            self.link.spill_to(spill)
+            self._spill = await self.link.open_spill(self._spill_dir, SPILL_RETRY_S)
         self._dir = Path(tempfile.mkdtemp(prefix="wattgate-apportioner-"))
         self.port_file = self._dir / "port"
         await self._launch("apportioner")
