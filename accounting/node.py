@@ -174,10 +174,4 @@ class WorkerLink(ApportionerChild):
         self._stopping = True
         await cancel_and_wait(self._connect)
         self._connect = None
-        self.link.detach()
-        if self._spill is not None:
-            await asyncio.to_thread(self._spill.close)
-            self._spill = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._let_go()

@@ -158,6 +158,16 @@ class ApportionerChild:
         self.port_file = self._dir / "port"
         await self._launch("apportioner")
 
+    async def _let_go(self) -> None:
+        """Detach the link (the unacknowledged go to the spill); close the spill, the session."""
+        self.link.detach()
+        if self._spill is not None:
+            await asyncio.to_thread(self._spill.close)
+            self._spill = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
     async def _launch(self, what: str) -> None:
         """Spawn the child (the watcher retries a failure), then its watcher and probe."""
         self._session = aiohttp.ClientSession(
@@ -328,13 +338,7 @@ class ApportionerChild:
                 await proc.wait()
         if self._up is not None:
             self._up.set(0.0)
-        self.link.detach()  # what the child has not acknowledged goes to the spill
-        if self._spill is not None:
-            await asyncio.to_thread(self._spill.close)
-            self._spill = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._let_go()
         if self._dir is not None:
             with contextlib.suppress(OSError):
                 self.port_file.unlink(missing_ok=True)
