@@ -3,6 +3,8 @@ ledger written by schema version 9 (tests/accounting/fixtures) migrated in place
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +177,32 @@ async def check_unfinal_rows_kept(ledger: SqlLedger) -> None:
     assert await count(ledger, "requests") == int(reaching[0][0]) > 0
     pruned = await ledger._fetch("SELECT COUNT(*) FROM work_packs WHERE interval_idx < ?", (waiting,))
     assert int(pruned[0][0]) == 0
+
+
+async def write_old_postgres_ledger(dsn: str, version: int, fixture: str,
+                                    tables: Sequence[str]) -> None:
+    """Schema `version` on PostgreSQL, by that version's own statements, holding the rows of
+    the SQLite fixture `fixture` (a ledger written by that version's code)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    src = sqlite3.connect(FIXTURES / fixture)
+    try:
+        await conn.execute(sql.CREATE_VERSION)
+        for number, statements in sql.schema("postgres"):
+            if number > version:
+                break
+            for statement in statements:
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", number)
+        for table in tables:
+            cur = src.execute(f"SELECT * FROM {table}")
+            columns = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+            if rows:
+                marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
+                await conn.executemany(
+                    f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+    finally:
+        src.close()
+        await conn.close()

@@ -6,22 +6,19 @@ migrated in place with its bills unchanged."""
 from __future__ import annotations
 
 import itertools
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-import asyncpg
 import pytest
 
-from accounting.ledger import sql
 from accounting.ledger.postgres import PostgresLedger
 from tests.accounting.rollup_checks import (
-    FIXTURES,
     check_migrated_bills,
     check_pruned_bills_unchanged,
     check_rollups_equal_rows,
     check_unfinal_rows_kept,
     served_with_revisions,
+    write_old_postgres_ledger,
 )
 from tests.support.postgres import fresh_database, postgres_server
 
@@ -58,28 +55,7 @@ async def test_pruning_on_postgres(pg: str, check: Callable[[Any], Awaitable[Non
 
 
 async def _write_v9(dsn: str) -> None:
-    """Version 9's schema, by its own statements, holding the SQLite fixture's rows."""
-    conn = await asyncpg.connect(dsn)
-    src = sqlite3.connect(FIXTURES / "ledger_v9.db")
-    try:
-        await conn.execute(sql.CREATE_VERSION)
-        for version, statements in sql.schema("postgres"):
-            if version > 9:
-                break
-            for statement in statements:
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
-        for table in V9_TABLES:
-            cur = src.execute(f"SELECT * FROM {table}")
-            columns = [d[0] for d in cur.description]
-            rows = cur.fetchall()
-            if rows:
-                marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
-                await conn.executemany(
-                    f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
-    finally:
-        src.close()
-        await conn.close()
+    await write_old_postgres_ledger(dsn, 9, "ledger_v9.db", V9_TABLES)
 
 
 async def test_a_v9_ledger_on_postgres_is_migrated_in_place_with_its_bills_unchanged(

@@ -6,11 +6,9 @@ version 10's code made; and a request written twice keeping its first rows."""
 from __future__ import annotations
 
 import itertools
-import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import orjson
 import pytest
 
@@ -18,7 +16,7 @@ from accounting.ledger import sql
 from accounting.ledger.postgres import PostgresLedger
 from accounting.work import WorkRow
 from tests.accounting.fixtures.make_ledger_v10 import second_half
-from tests.accounting.rollup_checks import FIXTURES, same
+from tests.accounting.rollup_checks import FIXTURES, same, write_old_postgres_ledger
 from tests.accounting.test_ledger_work_packs import _request, _work
 from tests.support.postgres import fresh_database, postgres_server
 
@@ -36,28 +34,7 @@ def pg() -> Iterator[str]:
 
 
 async def _write_v10(dsn: str) -> None:
-    """Version 10's schema, by its own statements, holding the SQLite fixture's rows."""
-    conn = await asyncpg.connect(dsn)
-    src = sqlite3.connect(FIXTURES / "ledger_v10.db")
-    try:
-        await conn.execute(sql.CREATE_VERSION)
-        for version, statements in sql.schema("postgres"):
-            if version > 10:
-                break
-            for statement in statements:
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
-        for table in V10_TABLES:
-            cur = src.execute(f"SELECT * FROM {table}")
-            columns = [d[0] for d in cur.description]
-            rows = cur.fetchall()
-            if rows:
-                marks = ", ".join(f"${i + 1}" for i in range(len(columns)))
-                await conn.executemany(
-                    f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
-    finally:
-        src.close()
-        await conn.close()
+    await write_old_postgres_ledger(dsn, 10, "ledger_v10.db", V10_TABLES)
 
 
 async def test_a_v10_ledger_on_postgres_is_finished_with_the_same_bills(pg: str) -> None:
