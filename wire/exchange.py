@@ -37,7 +37,8 @@ class ServerExchange(Protocol):
 
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
-        """Answer in one piece (ignored once a stream has started)."""
+        """Answer in one piece (ignored once a stream has started). The server may hold the
+        write until the request's handling is over (its record sent first)."""
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         """Begin a 200 event-stream answer; the body follows in `write_now` calls."""
@@ -61,7 +62,8 @@ class ServerExchange(Protocol):
 
     async def end_stream(self, last: bytes = b"") -> None:
         """Send `last` (if any) after every piece written, and end the stream, in one write
-        where the server can (the client may already be gone)."""
+        where the server can (the client may already be gone); as with `reply`, the server
+        may hold that write until the request's handling is over."""
 
 
 class UpstreamBody(Protocol):

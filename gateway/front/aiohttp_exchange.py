@@ -5,6 +5,10 @@ aiohttp writes only from a coroutine, so `write_now` starts one write task and r
 exchange paused until it is done: the relay stops the engine meanwhile and resumes it from
 `when_drained`, one write in flight at a time, as the lean front does when its socket is full.
 This path carries little of the traffic; the front serves the completion routes itself.
+
+As on the front, the answer's last write waits for `finish`, after the proxy's `serve` (and
+so the request's record) is done: a whole answer aiohttp writes once the handler returns, a
+stream's end `finish` writes.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ class AiohttpExchange:
         self._writing: asyncio.Task[None] | None = None  # the write in flight
         self._on_drain: Callable[[], None] | None = None
         self._lost = False
-        self._ended = False  # the stream's end went out
-        self._tail: bytes | None = None  # an error that came after the stream began
+        self._ended = False  # the stream's end is decided (held in `_tail` for `finish`)
+        self._tail: bytes | None = None  # the stream's last piece, written by `finish`
 
     def header(self, name: str) -> str | None:
         return self._request.headers.get(name)
@@ -60,6 +64,7 @@ class AiohttpExchange:
             # a stream already began (a request deadline cut it): the error is its last
             # event, written by `finish` (aiohttp writes only from a coroutine)
             if not self._ended:
+                self._ended = True
                 self._tail = b"data: " + body + b"\n\n"
             return
         self.response = web.Response(status=status, body=body, content_type=content_type,
@@ -99,22 +104,24 @@ class AiohttpExchange:
             self._on_drain = callback
 
     async def finish(self) -> None:
-        """End a stream that an error cut after it began with that error as its last event
-        (as a stall's ends); nothing to do otherwise."""
-        if self._tail is not None and not self._ended:
-            await self.end_stream(self._tail)
-
-    async def end_stream(self, last: bytes = b"") -> None:
+        """Write a stream's end, held since `end_stream` (or the error that cut the stream,
+        as its last event, as a stall's ends); nothing to do for a whole answer."""
+        tail, self._tail = self._tail, None
+        if tail is None:
+            return
         assert self.response is not None
-        self._ended = True
         if self._writing is not None:
             await self._writing
         if self._lost:
             return
         try:
-            await self.response.write_eof(last)
+            await self.response.write_eof(tail)
         except ConnectionError:
             pass
+
+    async def end_stream(self, last: bytes = b"") -> None:
+        self._ended = True
+        self._tail = last
 
     async def _write(self, data: bytes, before: asyncio.Task[None] | None) -> None:
         if before is not None:  # a caller that wrote on past `write_paused`: keep the order

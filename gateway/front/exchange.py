@@ -1,6 +1,11 @@
 """One request on a front connection, answered with raw HTTP/1.1 bytes encoded by
 wire/response_encoder.py: a whole answer in one `transport.write`, a stream as chunked pieces
-(its head rides with the first piece)."""
+(its head rides with the first piece).
+
+The answer's last write (a whole answer, or a stream's end) is held until `flush`, which the
+connection calls once the proxy's `serve` has returned: by then the request's record has gone
+to the accounting child (a worker sends it at once), so a process killed at any instant has
+either not answered the request or already handed its record to the kernel."""
 
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ class Connection(Protocol):
 class FrontExchange:
     """A `wire.exchange.ServerExchange` over a front connection."""
 
-    __slots__ = ("_body", "_conn", "_head", "_pending_head", "content_length", "finished",
-                 "path", "started")
+    __slots__ = ("_body", "_conn", "_final", "_head", "_pending_head", "content_length",
+                 "finished", "path", "started")
 
     def __init__(self, conn: Connection, head: RequestHead, body: bytes):
         self._conn = conn
@@ -36,6 +41,7 @@ class FrontExchange:
         self.started = False
         self.finished = False
         self._pending_head = b""
+        self._final = b""  # the answer's last write, held until `flush`
 
     def header(self, name: str) -> str | None:
         value = self._head.headers.get(name.encode())
@@ -57,13 +63,13 @@ class FrontExchange:
                 # a stream already went out (a request deadline cut it): the error is its last
                 # event, and the stream ends properly, as a stall's does
                 self.finished = True
-                self._conn.send(chunk(b"data: " + body + b"\n\n") + LAST_CHUNK)
+                self._final = chunk(b"data: " + body + b"\n\n") + LAST_CHUNK
                 return
             # the stream's head is still held back: nothing went out, answer plainly
             self._pending_head = b""
         self.started = self.finished = True
-        self._conn.send(encode_response(status, body, content_type, headers,
-                                        self._head.keep_alive))
+        self._final = encode_response(status, body, content_type, headers,
+                                      self._head.keep_alive)
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         # sent with the first piece: one write instead of two, and the client learns nothing
@@ -100,5 +106,11 @@ class FrontExchange:
     async def end_stream(self, last: bytes = b"") -> None:
         self.finished = True
         frame = chunk(last) + LAST_CHUNK if last else LAST_CHUNK
-        self._conn.send(self._pending_head + frame)
+        self._final = self._pending_head + frame
         self._pending_head = b""
+
+    def flush(self) -> None:
+        """Send the answer's last write (after the request's record went out)."""
+        final, self._final = self._final, b""
+        if final:
+            self._conn.send(final)

@@ -174,6 +174,7 @@ class FrontProtocol(asyncio.Protocol):
             await self.settings.serve(exchange)
         finally:
             self.task = None
+            exchange.flush()  # the last write, now that the record has gone
         if self.lost:
             return
         if not exchange.finished or not head.keep_alive or self.connections.closing:
