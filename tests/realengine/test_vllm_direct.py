@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from engines.adapters import adapter_for
+from engines.adapters.base import EngineLoad
 from tests.realengine.conftest import MAX_NUM_SEQS, SERVED_NAME, VllmServer
 
 pytestmark = [pytest.mark.realengine, pytest.mark.timeout(600)]
@@ -71,25 +72,17 @@ def test_vllm_adapter_reads_real_idle_metrics(vllm_servers: tuple[VllmServer, ..
         assert 0.0 <= load.kv_usage <= 1.0
 
 
-async def test_vllm_adapter_sees_running_and_waiting_requests(
-        vllm_servers: tuple[VllmServer, ...]) -> None:
-    """Under more sequences than --max-num-seqs, real /metrics shows running, waiting, KV > 0.
-
-    One request with n = 48 * MAX_NUM_SEQS + 1 puts all its sequences in vLLM's scheduler at
-    once (parallel sampling fans out into one engine request per sequence), so the overlap
-    does not hang on how fast a busy API server admits separate requests, and the scheduler
-    stays full with a queue for 48 waves of decoding: long enough for a scrape of a busy
-    server's /metrics to land in it (CI saw one scrape take 6 s while four waves, n = 17, ran
-    to the end, and on a faster machine one take 12 s while sixteen waves, n = 65, did). The
-    client hangs up as soon as a scrape shows the queue; vLLM aborts the rest.
-    """
-    server = vllm_servers[0]
+async def _fill_and_scrape(server: VllmServer) -> tuple[EngineLoad | None, list[object]]:
+    """One request of n = 48 * MAX_NUM_SEQS + 1 sequences, /metrics scraped until a scrape
+    shows the scheduler full with a queue, or the request ends: the fullest load seen, and
+    every scrape as (seconds, running, waiting), then how the request ended."""
     adapter = adapter_for("vllm")
     async with _client(server) as client:
         task = asyncio.create_task(client.completions.create(
             model=SERVED_NAME, prompt=PROMPT, max_tokens=400, temperature=1.0, seed=1,
             n=48 * MAX_NUM_SEQS + 1, extra_body={"ignore_eos": True}))
-        best, seen = None, []
+        best: EngineLoad | None = None
+        seen: list[object] = []
         started = time.monotonic()
         try:
             while time.monotonic() - started < 60 and not task.done():
@@ -101,14 +94,41 @@ async def test_vllm_adapter_sees_running_and_waiting_requests(
                     break
                 await asyncio.sleep(0.02)
         finally:
+            ended = ("still running" if not task.done() else
+                     "cancelled" if task.cancelled() else repr(task.exception() or "answered"))
+            seen.append(ended)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+    return best, seen
+
+
+async def test_vllm_adapter_sees_running_and_waiting_requests(
+        vllm_servers: tuple[VllmServer, ...]) -> None:
+    """Under more sequences than --max-num-seqs, real /metrics shows running, waiting, KV > 0.
+
+    One request with n = 48 * MAX_NUM_SEQS + 1 puts all its sequences in vLLM's scheduler at
+    once (parallel sampling fans out into one engine request per sequence), so the overlap
+    does not hang on how fast a busy API server admits separate requests, and the scheduler
+    stays full with a queue for 48 waves of decoding. A scrape of a busy server's /metrics
+    can still take as long as all of them (CI saw one take 36 s and land after the request
+    ended), so a request that ends before any scrape lands in it is tried again. The client
+    hangs up as soon as a scrape shows the queue; vLLM aborts the rest.
+    """
+    server = vllm_servers[0]
+    adapter = adapter_for("vllm")
+    started = time.monotonic()
+    tries: list[list[object]] = []
+    for _ in range(3):
+        best, seen = await _fill_and_scrape(server)
+        tries.append(seen)
+        if best is not None and best.running == MAX_NUM_SEQS and best.waiting > 0:
+            break
     assert best is not None
-    assert (best.running, best.waiting > 0) == (MAX_NUM_SEQS, True), seen
+    assert (best.running, best.waiting > 0) == (MAX_NUM_SEQS, True), tries
     assert best.kv_usage is not None
     assert 0.0 < best.kv_usage <= 1.0
     after = best
-    while time.monotonic() - started < 120 and (after.running, after.waiting) != (0.0, 0.0):
+    while time.monotonic() - started < 300 and (after.running, after.waiting) != (0.0, 0.0):
         await asyncio.sleep(0.1)
         after = await asyncio.to_thread(lambda: adapter.parse_load(server.metrics()))
     assert (after.running, after.waiting) == (0.0, 0.0)
