@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: demo test test-extras lint typecheck unit bench install install-run clean
+.PHONY: demo test test-extras test-workers lint typecheck unit bench install install-run clean
 
 # what serving and the demo need (pyproject's dependencies), without the dev toolchain
 $(RUN_STAMP): pyproject.toml setup.py accounting/_streamed.c
@@ -43,6 +43,14 @@ test-extras: $(STAMP)
 	$(BIN)/mypy
 	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q $(EXTRAS_SUITES)
 	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q -m postgres
+
+# The fault tests that run `wattgate serve` as a process, again on 2 workers: the node's
+# parent, workers and one accounting child under the same faults (`.ci/run` runs it).
+WORKERS_SUITES := tests/faults/test_failed_energy.py tests/faults/test_log_safety.py \
+	tests/faults/test_outcome_grading.py tests/faults/test_slow_clients.py \
+	tests/faults/test_fd_exhaustion.py tests/faults/test_fd_flood_accounting.py
+test-workers: $(STAMP)
+	WATTGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q $(WORKERS_SUITES)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.apportion

@@ -24,7 +24,7 @@ import pytest
 
 from tests.faults.helpers import ep, gateway_process, write_config
 from tests.support.gateway import ADMIN_KEY, KEY_A
-from tests.support.procs import free_port, running
+from tests.support.procs import TEST_WORKERS, free_port, running
 
 pytestmark = pytest.mark.timeout(120)
 TIMEOUTS = {"connect_s": 2, "first_byte_s": 1.5, "read_s": 1.5, "total_s": 30}
@@ -82,7 +82,8 @@ def stack(tmp_path: Path, setting: str) -> Iterator[tuple[str, Path]]:
     ledger = tmp_path / "ledger.db"
     config, port = write_config(tmp_path, [ep(engine)], timeouts=TIMEOUTS, accounting={
         "interval_s": 1, "settle_s": 1, "poll_s": 0.1, "flush_s": 0.3, "hold_s": 5,
-        "apportioner": "inline", "failed_energy": setting,
+        # inline where one process serves; several workers share the node's child
+        "apportioner": "inline" if TEST_WORKERS == 1 else "process", "failed_energy": setting,
         "ledger": {"kind": "sqlite", "path": str(ledger)}})
     with running([sys.executable, "-m", "tests.support.fault_engine", "--port", str(eport)],
                  engine + "/health", timeout_s=30), \

@@ -14,17 +14,19 @@ from pathlib import Path
 
 from loadgen.procs import free_port, stop
 
-__all__ = ["REPO", "free_port", "running", "stop", "wait_http", "wattgate_cmd"]
+__all__ = ["REPO", "TEST_WORKERS", "free_port", "running", "stop", "wait_http", "wattgate_cmd"]
 
 REPO = Path(__file__).resolve().parents[2]
+# `wattgate serve`'s workers where a test does not name them: 1, as the tests and the demo have
+# always measured (serve's default is a worker per core); `make test-workers` runs the
+# process-level fault tests again on 2
+TEST_WORKERS = int(os.environ.get("WATTGATE_TEST_WORKERS", "1"))
 
 
 def wattgate_cmd(*args: str) -> list[str]:
     """The `wattgate` CLI run with this interpreter (works without the console script)."""
     if args[:1] == ("serve",) and "--workers" not in args:
-        # one process, as the tests and the demo have always measured (serve's default is
-        # a worker per core)
-        args = ("serve", "--workers", "1", *args[1:])
+        args = ("serve", "--workers", str(TEST_WORKERS), *args[1:])
     return [sys.executable, "-m", "wattgate_cli", *args]
 
 
