@@ -102,11 +102,14 @@ class RecordLink:
     """The gateway's end: queue, ship, hold until acknowledged, re-send to a new child."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time, eager: bool = False):
-        """`eager`: each record is sent the moment it is recorded when the socket is not
-        backed up (a node's worker: what is in the kernel's socket buffer reaches the child
-        even if this process is killed the next instant), instead of every SHIP_S."""
+        """`eager`: the records of one turn of the event loop are sent together at the start
+        of the next turn, instead of every SHIP_S (a node's worker: what is in the kernel's socket
+        buffer reaches the child even if this process is killed the next instant); answers
+        held with `after_sent` go out right after them."""
         self._clock = clock
         self._eager = eager
+        self._soon = False  # an eager ship is scheduled for the end of this turn
+        self._after: list[Callable[[], None]] = []  # waiting for that ship
         self._pending: list[RequestRecord] = []
         self._held: deque[HeldFrame] = deque()
         self._held_records = 0
@@ -147,13 +150,35 @@ class RecordLink:
     def record(self, rec: RequestRecord) -> None:
         """Queue a finished request for the child (O(1), no I/O)."""
         self._pending.append(rec)
-        if self._eager and self._sock is not None and not self._out:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._ship()
+        if self._eager:
+            if not self._soon:
+                self._soon = True
+                (self._loop or asyncio.get_running_loop()).call_soon(self._ship_soon)
         elif self._timer is None:
             loop = self._loop or asyncio.get_running_loop()
             self._timer = loop.call_later(SHIP_S, self._ship)
+
+    def after_sent(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the records queued so far are on the child's socket (or in
+        the spill journal): at once where none waits (a link that is not eager ships on its
+        timer and holds nothing back)."""
+        if self._soon:
+            self._after.append(callback)
+        else:
+            callback()
+
+    def _ship_soon(self) -> None:
+        self._soon = False
+        if self._pending:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._ship()
+        after, self._after = self._after, []
+        for callback in after:
+            try:
+                callback()
+            except Exception:  # one answer's failure is not the others'
+                log.exception("an answer held for its record failed")
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """Where to learn the wall-clock arrival of the oldest request being served."""

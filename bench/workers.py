@@ -1,19 +1,22 @@
 """`wattgate serve --workers 1` and `--workers 2` side by side: CPU per request and throughput.
 
-    python -m bench.workers            # 3 interleaved runs per cell, ~4 min
+    python -m bench.workers            # 3 interleaved runs per cell, ~9 min
     python -m bench.workers --quick    # 1 short run per cell
 
 The fast engine (bench/overhead/fast_engine.c, one process on four ports) and the load client
-(wrk) run on core 0, as in bench/gateway_overhead.py; the node (its parent, its workers and
-its accounting child, the user configuration with accounting on) may use cores 0 and 1 in
-both cells, so the only difference is the number of workers. CPU is utime+stime of the
+(wrk) run on core 0, as in bench/gateway_overhead.py. The node (its parent, its workers and
+its accounting child, the user configuration with accounting on) runs in two layouts, each
+with 1 and with 2 workers, so within a layout the only difference is the number of workers:
+on core 1 alone (what the worker design itself costs per request: two workers share the core
+one worker had) and on cores 0 and 1 (a second worker also competes with the engine and the
+client for core 0). CPU is utime+stime of the
 node's whole process tree from /proc, read after a settle window (the child's deferred
 recording and apportioning is charged to the run that caused it). Runs are interleaved
 (1 worker, 2 workers, 1 worker, ...) so drift on a shared machine falls on both.
 
 What a 2-core machine can show: the CPU each request costs the node with one worker and with
-two (the parent and the merged /metrics cost nothing per request; the child's intake takes
-one frame per record from a node's workers instead of one per 20 ms), and that traffic lands
+two (the parent and the merged /metrics cost nothing per request; a node's worker sends a
+frame per turn of its event loop instead of one per 20 ms), and that traffic lands
 on both workers. What it cannot show: throughput scaling. The engine and the load client
 already take most of core 0, so a second worker finds no idle core; scaling needs a machine
 with cores to spare beyond the engine and the client.
@@ -51,7 +54,7 @@ from bench.overhead.targets import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-NODE_CORES = "0,1"
+LAYOUTS = ("1", "0,1")  # the node's cores
 WORKERS = (1, 2)
 MODES = ("nonstream", "stream16")
 # 1: one request at a time, the machine not saturated (CPU per request without contention);
@@ -59,14 +62,14 @@ MODES = ("nonstream", "stream16")
 CONNECTIONS = (1, 16)
 
 
-def start_node(fleet: Fleet, engine_urls: list[str], workers: int) -> Target:
+def start_node(fleet: Fleet, engine_urls: list[str], cores: str, workers: int) -> Target:
     port = free_port()
-    cfg = fleet.workdir / f"node-{workers}.yaml"
-    cfg.write_bytes(configs.wattgate_user(engine_urls, port,
-                                          fleet.workdir / f"ledger-{workers}.db"))
-    proc = fleet.spawn(f"node-{workers}", [sys.executable, "-m", "wattgate_cli", "serve",
-                                           "--workers", str(workers), "--config", str(cfg),
-                                           "--log-level", "warning"], NODE_CORES)
+    name = f"node-{cores.replace(',', '')}-{workers}"
+    cfg = fleet.workdir / f"{name}.yaml"
+    cfg.write_bytes(configs.wattgate_user(engine_urls, port, fleet.workdir / f"{name}.db"))
+    proc = fleet.spawn(name, [sys.executable, "-m", "wattgate_cli", "serve",
+                              "--workers", str(workers), "--config", str(cfg),
+                              "--log-level", "warning"], cores)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url + "/readyz", proc, 90)
     return Target(f"workers={workers}", url, proc, process_tree(proc.pid), accounting=True)
@@ -108,31 +111,35 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         engine_urls = start_engine(fleet, build_engine(workdir))
         engine_pids = process_tree(fleet.procs[0].pid)
-        nodes = {w: start_node(fleet, engine_urls, w) for w in WORKERS}
+        nodes = {(cores, w): start_node(fleet, engine_urls, cores, w)
+                 for cores in LAYOUTS for w in WORKERS}
         for target in nodes.values():  # warm-up: connections, learnt models, first intervals
             run_wrk(target.url, "nonstream", 16, args.warmup, target.cpu_pids, engine_pids)
-        for run, mode, conns in itertools.product(range(args.runs), MODES, CONNECTIONS):
-                for w, target in nodes.items():
-                    child = accounting_child(target)
-                    child0 = cpu_s(child)
-                    res = run_wrk(target.url, mode, conns, args.duration,
-                                  target.cpu_pids, engine_pids, settle_s=args.settle)
-                    # None where the child was restarted meanwhile (its CPU is then in the
-                    # parent's, which the node's total counts)
-                    child_us = ((cpu_s(child) - child0) * 1e6 / max(res.requests, 1)
-                                if accounting_child(target) == child else None)
-                    cells.append({"workers": w, "mode": mode, "connections": conns, "run": run,
-                                  "requests": res.requests, "rps": res.rps,
-                                  "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
-                                  "errors": res.errors, "node_cpu_s": res.proxy_cpu_s,
-                                  "cpu_us_per_req": res.proxy_cpu_us_per_req,
-                                  "child_cpu_us_per_req": child_us,
-                                  "engine_client_core_busy": res.core0_busy})
-                    log(f"run {run} {mode} c={conns} workers={w}: {res.rps:.0f} req/s, "
-                        f"{res.proxy_cpu_us_per_req:.0f} us CPU/req (child {child_us}), "
-                        f"errors {res.errors}")
-        spread = {w: per_worker(t) for w, t in nodes.items()}
-        restarts = {w: child_restarts(t) for w, t in nodes.items()}
+        for run, cores, mode, conns in itertools.product(range(args.runs), LAYOUTS, MODES,
+                                                         CONNECTIONS):
+            for w in WORKERS:
+                target = nodes[cores, w]
+                child = accounting_child(target)
+                child0 = cpu_s(child)
+                res = run_wrk(target.url, mode, conns, args.duration,
+                              target.cpu_pids, engine_pids, settle_s=args.settle)
+                # None where the child was restarted meanwhile (its CPU is then in the
+                # parent's, which the node's total counts)
+                child_us = ((cpu_s(child) - child0) * 1e6 / max(res.requests, 1)
+                            if accounting_child(target) == child else None)
+                cells.append({"cores": cores, "workers": w, "mode": mode,
+                              "connections": conns, "run": run,
+                              "requests": res.requests, "rps": res.rps,
+                              "p50_ms": res.p50_ms, "p99_ms": res.p99_ms,
+                              "errors": res.errors, "node_cpu_s": res.proxy_cpu_s,
+                              "cpu_us_per_req": res.proxy_cpu_us_per_req,
+                              "child_cpu_us_per_req": child_us,
+                              "engine_client_core_busy": res.core0_busy})
+                log(f"run {run} cores {cores} {mode} c={conns} workers={w}: "
+                    f"{res.rps:.0f} req/s, {res.proxy_cpu_us_per_req:.0f} us CPU/req "
+                    f"(child {child_us}), errors {res.errors}")
+        spread = {f"{c}/{w}": per_worker(t) for (c, w), t in nodes.items() if w > 1}
+        restarts = {f"{c}/{w}": child_restarts(t) for (c, w), t in nodes.items()}
     finally:
         fleet.stop_all()
     return {"meta": meta(args), "cells": cells, "summary": summary(cells),
@@ -147,16 +154,25 @@ def _median(values: list[float | None]) -> float | None:
 
 def summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for mode, conns in itertools.product(MODES, CONNECTIONS):
-        row: dict[str, Any] = {"mode": mode, "connections": conns}
+    for cores, mode, conns in itertools.product(LAYOUTS, MODES, CONNECTIONS):
+        row: dict[str, Any] = {"cores": cores, "mode": mode, "connections": conns}
         for w in WORKERS:
             mine = [c for c in cells if c["mode"] == mode and c["workers"] == w
-                    and c["connections"] == conns]
+                    and c["connections"] == conns and c["cores"] == cores]
             row[f"cpu_us_per_req_{w}"] = statistics.median(c["cpu_us_per_req"] for c in mine)
+            row[f"cpu_us_per_req_{w}_range"] = [min(c["cpu_us_per_req"] for c in mine),
+                                                max(c["cpu_us_per_req"] for c in mine)]
             row[f"rps_{w}"] = statistics.median(c["rps"] for c in mine)
             row[f"child_cpu_us_per_req_{w}"] = _median([c["child_cpu_us_per_req"]
                                                         for c in mine])
-        row["cpu_ratio"] = row["cpu_us_per_req_2"] / row["cpu_us_per_req_1"]
+        # each run's 2-worker cell against the 1-worker cell measured right before it
+        ratios = sorted(b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(
+            [c for c in cells if (c["cores"], c["mode"], c["connections"], c["workers"])
+             == (cores, mode, conns, 1)],
+            [c for c in cells if (c["cores"], c["mode"], c["connections"], c["workers"])
+             == (cores, mode, conns, 2)], strict=True))
+        row["cpu_ratio"] = statistics.median(ratios)
+        row["cpu_ratio_range"] = [ratios[0], ratios[-1]]
         out.append(row)
     return out
 
@@ -165,7 +181,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     return {"commit": commit, "python": platform.python_version(), "cpus": os.cpu_count(),
-            "node_cores": NODE_CORES, "connections": list(CONNECTIONS),
+            "layouts": list(LAYOUTS), "connections": list(CONNECTIONS),
             "duration_s": args.duration, "runs": args.runs, "settle_s": args.settle,
             "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
@@ -176,29 +192,39 @@ def markdown(result: dict[str, Any]) -> str:
         "# `wattgate serve --workers 1` and `--workers 2`", "",
         f"`python -m bench.workers` at commit {m['commit']}: the user configuration with "
         f"accounting on, over the fast engine; wrk with 1 and with 16 connections for "
-        f"{m['duration_s']} s per run, {m['runs']} interleaved runs per cell (median shown); "
-        f"the node on cores {m['node_cores']}, the engine and wrk on core 0, "
-        f"{m['cpus']} CPUs in all, load average at the start {' '.join(m['loadavg'])}.", "",
-        "| mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) | ratio "
-        "| req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers (us) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        f"{m['duration_s']} s per run, {m['runs']} interleaved runs per cell (median, and the "
+        "range over the runs); the engine and wrk on core 0; the node on core 1 alone, or on "
+        f"cores 0 and 1; {m['cpus']} CPUs in all, load average at the start "
+        f"{' '.join(m['loadavg'])}. The ratio is the median over the runs of each run's "
+        "2-worker CPU per request over the 1-worker one measured just before it.", "",
+        "| node's cores | mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) "
+        "| ratio (range) | req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers "
+        "(us) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["summary"]:
-        lines.append(f"| {r['mode']} | {r['connections']} | {r['cpu_us_per_req_1']:.0f} | "
-                     f"{r['cpu_us_per_req_2']:.0f} | {r['cpu_ratio']:.2f} | {r['rps_1']:.0f} | "
-                     f"{r['rps_2']:.0f} | {_us(r['child_cpu_us_per_req_1'])} / "
-                     f"{_us(r['child_cpu_us_per_req_2'])} |")
-    spread = result["requests_per_worker"].get("2", [])
-    restarts = result["child_restarts"]
-    lines += ["", f"Requests per worker over the whole run with 2 workers: "
-              f"{', '.join(f'{v:.0f}' for v in spread)}. Accounting child restarted (missed "
-              f"liveness probes while starved): {restarts.get('1', 0):.0f} times with 1 worker, "
-              f"{restarts.get('2', 0):.0f} with 2 (a run where it was has no child share).", "",
+        lo, hi = r["cpu_ratio_range"]
+        lines.append(
+            f"| {r['cores']} | {r['mode']} | {r['connections']} | "
+            f"{r['cpu_us_per_req_1']:.0f} | {r['cpu_us_per_req_2']:.0f} | "
+            f"{r['cpu_ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {r['rps_1']:.0f} | {r['rps_2']:.0f} | "
+            f"{_us(r['child_cpu_us_per_req_1'])} / {_us(r['child_cpu_us_per_req_2'])} |")
+    spread = "; ".join(f"cores {k.split('/')[0]}: {', '.join(f'{v:.0f}' for v in vals)}"
+                       for k, vals in result["requests_per_worker"].items())
+    restarts = ", ".join(f"{v:.0f} (cores {k.split('/')[0]}, {k.split('/')[1]} worker"
+                         f"{'s' if k.split('/')[1] != '1' else ''})"
+                         for k, v in result["child_restarts"].items())
+    lines += ["", f"Requests per worker over the whole run with 2 workers: {spread}. "
+              f"Accounting child restarted (missed liveness probes while starved): {restarts} "
+              "(a run where it was has no child share).", "",
               "CPU per request is the node's whole process tree (parent, workers, accounting "
-              "child), read after a settle window. What this 2-core machine cannot show is "
-              "throughput scaling: the engine and the load client take most of core 0, so a "
-              "second worker finds no idle core and req/s stays where the machine, not the "
-              "gateway, puts it. Measuring scaling needs cores to spare beyond the engine and "
-              "the client.", ""]
+              "child), read after a settle window. On core 1 alone, two workers take turns on "
+              "the core one worker had: the difference is what the worker design costs per "
+              "request (a record frame per request, two event loops). On cores 0 and 1, a "
+              "second worker also competes with the engine and the load client for core 0. "
+              "What this 2-core machine cannot show is throughput scaling: the engine and the "
+              "load client take most of core 0, so a second worker finds no idle core and "
+              "req/s stays where the machine, not the gateway, puts it. Measuring scaling "
+              "needs cores to spare beyond the engine and the client.", ""]
     return "\n".join(lines)
 
 

@@ -168,7 +168,10 @@ def build_app(config: GatewayConfig, *, sinks: Sequence[Sink] = (),
         client = upstream_client(config)
         app[PROXY] = proxy = Proxy(config, upstreams, client, gateway_metrics, all_sinks,
                                    clock=clock, wall=wall, counter=counter,
-                                   admission=controls.admission, tracing=tracing)
+                                   admission=controls.admission, tracing=tracing,
+                                   after_records=service.link.after_sent
+                                   if service is not None and service.link is not None
+                                   else None)
         if service is not None:
             service.watch(proxy.open_since)
         async with upstreams.running(session):

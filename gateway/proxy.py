@@ -9,6 +9,7 @@ draining and the accounting watermark). Every request, good or bad, ends in exac
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -44,9 +45,14 @@ class Proxy:
     def __init__(self, config: GatewayConfig, upstreams: Upstreams, client: UpstreamClient,
                  metrics: GatewayMetrics, sinks: Sequence[Sink], *, clock: Callable[[], float],
                  wall: Callable[[], float], counter: PromptCounter | None = None,
-                 admission: Admission | None = None, tracing: TraceStarter | None = None):
-        """`tracing`: starts each request's trace context (telemetry on), else None."""
+                 admission: Admission | None = None, tracing: TraceStarter | None = None,
+                 after_records: Callable[[Callable[[], None]], None] | None = None):
+        """`tracing`: starts each request's trace context (telemetry on), else None;
+        `after_records(callback)`: calls back once the records published so far are out of
+        this process (a node worker's link to its accounting child), the answer's last write
+        held until then; None: at once."""
         self.config = config
+        self.after_records = after_records or _at_once
         self.tracing = tracing
         self.clock = clock
         self.wall = wall
@@ -88,6 +94,10 @@ class Proxy:
         deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
         exchange = AiohttpExchange(request, deadline_s)
         await self.serve(exchange)
+        if self.after_records is not _at_once:  # aiohttp writes the answer after this
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.after_records(functools.partial(_settle, sent))
+            await sent
         await exchange.finish()
         assert exchange.response is not None
         return exchange.response
@@ -159,3 +169,12 @@ class Proxy:
             await self.publisher.count_prompt(flight)
         finally:
             self._done(flight, finished)
+
+
+def _at_once(callback: Callable[[], None]) -> None:
+    callback()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

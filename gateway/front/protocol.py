@@ -16,6 +16,7 @@ stream piece (the stream head rides with the first piece).
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Callable
 from typing import cast
@@ -172,9 +173,17 @@ class FrontProtocol(asyncio.Protocol):
         exchange = FrontExchange(self, head, body)
         try:
             await self.settings.serve(exchange)
-        finally:
+        except BaseException:
             self.task = None
-            exchange.flush()  # the last write, now that the record has gone
+            exchange.flush()
+            raise
+        # the answer's last write once the request's record is out of this process; the
+        # connection counts as busy till then
+        self.settings.after_records(functools.partial(self._answered, exchange, head))
+
+    def _answered(self, exchange: FrontExchange, head: RequestHead) -> None:
+        self.task = None
+        exchange.flush()
         if self.lost:
             return
         if not exchange.finished or not head.keep_alive or self.connections.closing:

@@ -98,7 +98,7 @@ async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool
                         body_timeout_s=listen.body_timeout_s,
                         body_min_bytes_per_s=listen.body_min_bytes_per_s,
                         keepalive_s=listen.keepalive_s, max_connections=cap)
-    settings = FrontSettings(serve=app[PROXY].serve,
+    settings = FrontSettings(serve=app[PROXY].serve, after_records=app[PROXY].after_records,
                              handoff=safe_handler_factory(aiohttp_server, on_reject),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
                              cancel_on_disconnect=cancel_on_disconnect, limits=limits,

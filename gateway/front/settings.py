@@ -30,18 +30,25 @@ class EdgeLimits:
 
 
 class FrontSettings:
-    __slots__ = ("cancel_on_disconnect", "handoff", "limits", "max_body_bytes", "on_reject",
-                 "routes", "serve")
+    __slots__ = ("after_records", "cancel_on_disconnect", "handoff", "limits", "max_body_bytes",
+                 "on_reject", "routes", "serve")
 
     def __init__(self, serve: Callable[[ServerExchange], Awaitable[None]],
                  handoff: Callable[[], asyncio.Protocol], routes: Sequence[str],
                  max_body_bytes: int, cancel_on_disconnect: bool = True,
                  limits: EdgeLimits | None = None,
-                 on_reject: Callable[[str], None] | None = None):
+                 on_reject: Callable[[str], None] | None = None,
+                 after_records: Callable[[Callable[[], None]], None] | None = None):
         self.serve = serve  # the proxy's `serve(exchange)` coroutine function
+        # the proxy's `after_records`: an answer's last write waits for its record
+        self.after_records = after_records or _at_once
         self.handoff = handoff  # makes the aiohttp protocol that takes a handed-over connection
         self.routes = frozenset(r.encode() for r in routes)
         self.max_body_bytes = max_body_bytes
         self.cancel_on_disconnect = cancel_on_disconnect
         self.limits = limits or EdgeLimits()
         self.on_reject = on_reject  # counts connections the edge closed, by reason
+
+
+def _at_once(callback: Callable[[], None]) -> None:
+    callback()

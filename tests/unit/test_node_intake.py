@@ -3,7 +3,8 @@ Unix socket (intake.py `listen`): each worker's frames are acknowledged once wri
 watermark it publishes is the earliest over the workers, a worker that has not sent its
 first frame holds it where it was, a worker that reconnects keeps holding it while it is
 away, and a worker that was killed stops holding it. An eager link (a node's worker) sends
-each record the moment it is recorded."""
+the records of one turn of the event loop together at the start of the next, and only then
+lets the answers held for them go."""
 
 from __future__ import annotations
 
@@ -157,14 +158,29 @@ time.sleep(60)
 
 
 @closes
-async def test_an_eager_link_sends_each_record_at_once() -> None:
+async def test_an_eager_link_sends_a_turns_records_in_one_frame_before_the_answers() -> None:
     with _tmp() as tmp:
         intake, path = await node_child(tmp)
         gw = await worker(path, [None], eager=True)
+        seen: list[tuple[str, int]] = []
+        seq = gw._seq
         for rec in records(3):
             gw.record(rec)
-            assert not gw._pending  # on the socket already, not waiting for the timer
+        gw.after_sent(lambda: seen.append(("answer", len(gw._pending))))
+        assert seen == [] and len(gw._pending) == 3  # this turn: nothing sent, answer held
+        await asyncio.sleep(0)
+        assert seen == [("answer", 0)]  # the records went first
+        assert gw._seq == seq + 1  # in one frame
+        gw.after_sent(lambda: seen.append(("at once", len(gw._pending))))
+        assert seen[-1] == ("at once", 0)  # nothing waiting: no answer is held
         await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
+
+
+def test_a_link_that_is_not_eager_holds_no_answer() -> None:
+    link = RecordLink()
+    seen: list[str] = []
+    link.after_sent(lambda: seen.append("answer"))
+    assert seen == ["answer"]
 
 
 class _tmp:
