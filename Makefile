@@ -44,11 +44,13 @@ test-extras: $(STAMP)
 	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q $(EXTRAS_SUITES)
 	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q -m postgres
 
-# The fault tests that run `wattgate serve` as a process, again on 2 workers: the node's
-# parent, workers and one accounting child under the same faults (`.ci/run` runs it).
+# The fault tests that run `wattgate serve` as a process, and the quick soak, again on 2
+# workers: the node's parent, workers and one accounting child under the same faults
+# (`.ci/run` runs it).
 WORKERS_SUITES := tests/faults/test_failed_energy.py tests/faults/test_log_safety.py \
 	tests/faults/test_outcome_grading.py tests/faults/test_slow_clients.py \
-	tests/faults/test_fd_exhaustion.py tests/faults/test_fd_flood_accounting.py
+	tests/faults/test_fd_exhaustion.py tests/faults/test_fd_flood_accounting.py \
+	tests/integration/test_soak_quick.py
 test-workers: $(STAMP)
 	WATTGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q $(WORKERS_SUITES)
 

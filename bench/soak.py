@@ -3,14 +3,16 @@
     python -m bench.soak                      # 30 min, writes bench/results/soak.{json,md,png}
     python -m bench.soak --duration-s 600     # shorter
     python -m bench.soak --quick --out DIR    # about 40 s, for the test suite
+    python -m bench.soak --workers 2          # a node: parent, 2 workers, one child
 
 One `wattgate serve` (accounting on: SQLite ledger, request journal, `sim` meters) in front of
 two `wattgate sim` engine processes. A steady open-loop load (`--rate` requests/s, a third
 non-streamed, a tenth of the streams dropped by the client after the first chunk), and every
 `--churn-s` one engine is SIGKILLed and restarted `--down-s` later. The RSS and open file
 descriptors of the gateway and of its accounting child (found among the gateway's children)
-are read from /proc every `--sample-s`. After `--warmup-s` a least-squares line is fitted to
-each process's RSS over time. Targets: both RSS slopes at most 2 MB/h, no error but the
+are read from /proc every `--sample-s` (with `--workers N` > 1: the parent, each worker and
+the node's child). After `--warmup-s` a least-squares line is fitted to each process's RSS
+over time. Targets: both RSS slopes at most 2 MB/h, no error but the
 injected ones (client drops; failures within a few seconds of an engine kill).
 """
 
@@ -39,23 +41,36 @@ from bench.soak_procs import free_port, gateway_config, process, wait_http, watt
 RESULTS = Path(__file__).resolve().parent / "results"
 SLOPE_TARGET_MB_PER_H = 2.0  # issue 31: "RSS flat after warm-up (<= 2 MB/h)"
 ENGINES = (("sim-bf16", "bf16"), ("sim-fp8", "fp8"))
-PROCS = (("gateway", "rss_mb", "fds"), ("child", "child_rss_mb", "child_fds"))
 
 
-def fit(samples: list[Sample], warmup_s: float, rss_key: str = "rss_mb",
-        fd_key: str = "fds") -> dict[str, float]:
+def fit(points: list[tuple[float, float, float]], warmup_s: float) -> dict[str, float]:
     """Slopes per hour of one process's RSS (MB) and fds after the warm-up, with their
-    ranges (samples where it was not running are left out)."""
-    after = [s for s in samples if s.t_s >= warmup_s and getattr(s, rss_key) is not None]
+    ranges, from its (seconds, RSS, fds) readings."""
+    after = [p for p in points if p[0] >= warmup_s]
     if len(after) < 3:
         return {}
-    t_h = [s.t_s / 3600.0 for s in after]
-    rss = [float(getattr(s, rss_key)) for s in after]
-    fds = [float(getattr(s, fd_key)) for s in after]
+    t_h = [t / 3600.0 for t, _, _ in after]
+    rss = [r for _, r, _ in after]
+    fds = [f for _, _, f in after]
     return {"rss_slope_mb_per_h": statistics.linear_regression(t_h, rss).slope,
             "fd_slope_per_h": statistics.linear_regression(t_h, fds).slope,
             "rss_min_mb": min(rss), "rss_max_mb": max(rss),
             "fd_min": min(fds), "fd_max": max(fds), "samples": float(len(after))}
+
+
+def series(samples: list[Sample], workers: int) -> dict[str, list[tuple[float, float, float]]]:
+    """Each process's (seconds, RSS, fds) readings, by name: the gateway (the parent with
+    several workers), each worker by its rank among the workers' pids, the child (readings
+    where it was not running are left out)."""
+    out: dict[str, list[tuple[float, float, float]]] = {
+        "gateway" if workers == 1 else "parent": [(s.t_s, s.rss_mb, s.fds) for s in samples]}
+    if workers > 1:
+        for i in range(workers):
+            out[f"worker {i + 1}"] = [(s.t_s, w[1], w[2]) for s in samples
+                                      if len(s.workers) == workers for w in (s.workers[i],)]
+    out["accounting child"] = [(s.t_s, s.child_rss_mb, s.child_fds) for s in samples
+                               if s.child_rss_mb is not None and s.child_fds is not None]
+    return out
 
 
 async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -74,8 +89,8 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                              work / "ledger.db", port)
         (work / "gateway.yaml").write_text(yaml.safe_dump(cfg))
         with (work / "gateway.log").open("wb") as glog, process(
-                wattgate("serve", "--config", str(work / "gateway.yaml"), "--log-level",
-                         "warning"), glog) as gw:
+                wattgate("serve", "--workers", str(args.workers), "--config",
+                         str(work / "gateway.yaml"), "--log-level", "warning"), glog) as gw:
             url = f"http://127.0.0.1:{port}"
             await asyncio.to_thread(wait_http, f"{url}/readyz", gw, 60)
             tally = Tally()
@@ -92,19 +107,22 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             await asyncio.to_thread(eng.stop)
         for log in logs:
             log.close()
-    fits = {name: fit(samples, args.warmup_s, rss, fds) for name, rss, fds in PROCS}
+    fits = {name: fit(points, args.warmup_s)
+            for name, points in series(samples, args.workers).items()}
     errors = sum(tally.errors.values())
     slopes = [f.get("rss_slope_mb_per_h") for f in fits.values()]
     child_pids = sorted({s.child_pid for s in samples if s.child_pid is not None})
+    worker_pids = sorted({w[0] for s in samples for w in s.workers})
     return {
         "commit": ran_on, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "settings": {k: getattr(args, k) for k in
-                     ("duration_s", "warmup_s", "rate", "churn_s", "down_s", "sample_s")},
+        "settings": {k: getattr(args, k) for k in ("duration_s", "warmup_s", "rate", "churn_s",
+                                                   "down_s", "sample_s", "workers")},
         "sent": tally.sent, "ok": tally.ok, "client_disconnects": tally.disconnects,
         "engine_kills": len(tally.kills), "injected_errors": tally.injected_errors,
         "other_errors": dict(tally.errors), "gateway_alive": alive,
-        "fit": fits["gateway"], "child_fit": fits["child"], "child_pids": child_pids,
-        "samples": samples,
+        "fits": fits, "fit": fits["gateway" if args.workers == 1 else "parent"],
+        "child_fit": fits["accounting child"], "child_pids": child_pids,
+        "worker_pids": worker_pids, "samples": samples,
         "target_met": bool(alive and errors == 0 and all(
             s is not None and s <= SLOPE_TARGET_MB_PER_H for s in slopes)),
     }
@@ -112,20 +130,30 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     st = res["settings"]
-    f, c = res["fit"], res["child_fit"]
+    workers = st.get("workers", 1)
+    fits: dict[str, dict[str, float]] = res["fits"]
+    names = list(fits)
 
-    def both(fmt: str, key: str, unit: str = "") -> str:
-        return " | ".join(_num(x.get(key), fmt) + unit for x in (f, c))
+    def row(label: str, fmt: str, key: str, unit: str = "") -> str:
+        return f"| {label} | " + " | ".join(_num(fits[n].get(key), fmt) + unit
+                                            for n in names) + " |"
 
-    def span(lo: str, hi: str, fmt: str) -> str:
-        return " | ".join(f"{_num(x.get(lo), fmt)}-{_num(x.get(hi), fmt)}" for x in (f, c))
+    def span(label: str, lo: str, hi: str, fmt: str) -> str:
+        return f"| {label} | " + " | ".join(
+            f"{_num(fits[n].get(lo), fmt)}-{_num(fits[n].get(hi), fmt)}" for n in names) + " |"
 
+    node = ("the gateway" if workers == 1 else
+            f"the parent, each of its {workers} workers")
+    flag = "" if workers == 1 else f" --workers {workers}"
+    restarts = ("" if workers == 1 else
+                f"| worker pids seen ({workers} at the start; a restart adds one) | "
+                f"{len(res.get('worker_pids', []))} |\n")
     return f"""# Soak
 
-`python -m bench.soak --duration-s {st['duration_s']:.0f}` on commit {res['commit']},
+`python -m bench.soak --duration-s {st['duration_s']:.0f}{flag}` on commit {res['commit']},
 {res['machine']}: {st['rate']:.0f} requests/s offered, one engine of two SIGKILLed and
-restarted every {st['churn_s']:.0f} s (down {st['down_s']:.0f} s), RSS and fds of the gateway
-and of its accounting child sampled every {st['sample_s']:.0f} s, a line fitted to each after a
+restarted every {st['churn_s']:.0f} s (down {st['down_s']:.0f} s), RSS and fds of {node}
+and of the accounting child sampled every {st['sample_s']:.0f} s, a line fitted to each after a
 {st['warmup_s']:.0f} s warm-up. Accounting on: SQLite ledger, request journal, `sim` meters.
 
 | | |
@@ -135,17 +163,17 @@ and of its accounting child sampled every {st['sample_s']:.0f} s, a line fitted 
 | engine kills / errors within their windows (injected) | {res['engine_kills']} / {res['injected_errors']} |
 | other errors | {sum(res['other_errors'].values())} {res['other_errors'] or ''} |
 | accounting child pids seen (a respawn adds one) | {len(res['child_pids'])} |
+{restarts}
+| after warm-up | {' | '.join(names)} |
+| --- |{' ---: |' * len(names)}
+{span('RSS min-max (MB)', 'rss_min_mb', 'rss_max_mb', '.1f')}
+{row(f'RSS slope (target <= {SLOPE_TARGET_MB_PER_H:g} MB/h)', '+.2f', 'rss_slope_mb_per_h', ' MB/h')}
+{span('open fds min-max', 'fd_min', 'fd_max', '.0f')}
+{row('fd slope', '+.1f', 'fd_slope_per_h', ' per h')}
 
-| after warm-up | gateway | accounting child |
-| --- | ---: | ---: |
-| RSS min-max (MB) | {span('rss_min_mb', 'rss_max_mb', '.1f')} |
-| RSS slope (target <= {SLOPE_TARGET_MB_PER_H:g} MB/h) | {both('+.2f', 'rss_slope_mb_per_h', ' MB/h')} |
-| open fds min-max | {span('fd_min', 'fd_max', '.0f')} |
-| fd slope | {both('+.1f', 'fd_slope_per_h', ' per h')} |
+Target met (every slope, no other error, gateway alive): {'yes' if res['target_met'] else 'no'}
 
-Target met (both slopes, no other error, gateway alive): {'yes' if res['target_met'] else 'no'}
-
-![RSS and fds of both processes](soak.png)
+![RSS and fds of each process](soak.png)
 """
 
 
@@ -159,15 +187,15 @@ def plot(res: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    samples = res["samples"]
     fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for (name, rss, fds), color in zip(PROCS, ("tab:blue", "tab:green"), strict=True):
-        got = [s for s in samples if s[rss] is not None]
-        t = [s["t_s"] / 60.0 for s in got]
-        slope = res["fit" if name == "gateway" else "child_fit"].get("rss_slope_mb_per_h")
-        label = f"{name} ({_num(slope, '+.2f')} MB/h)"
-        a.plot(t, [s[rss] for s in got], lw=1, color=color, label=label)
-        b.plot(t, [s[fds] for s in got], lw=1, color=color, label=name)
+    workers = res["settings"].get("workers", 1)
+    samples = [Sample(**{**s, "workers": [tuple(w) for w in s.get("workers", [])]})
+               for s in res["samples"]]
+    for name, points in series(samples, workers).items():
+        t = [p[0] / 60.0 for p in points]
+        slope = res["fits"][name].get("rss_slope_mb_per_h")
+        a.plot(t, [p[1] for p in points], lw=1, label=f"{name} ({_num(slope, '+.2f')} MB/h)")
+        b.plot(t, [p[2] for p in points], lw=1, label=name)
     for ax in (a, b):
         ax.axvline(res["settings"]["warmup_s"] / 60.0, color="grey", ls="--", lw=0.8)
         ax.legend(loc="lower right", fontsize=8)
@@ -190,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--down-s", type=float, default=2.0)
     p.add_argument("--sample-s", type=float, default=None, help="default 5 (quick: 1)")
     p.add_argument("--progress-s", type=float, default=None, help="default 30 (quick: 5)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="`wattgate serve --workers` (default 1: one serving process)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     # SIGTERM (a `kill` or a timeout) ends the run through its cleanup: the gateway and the

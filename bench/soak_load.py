@@ -148,46 +148,54 @@ def proc_sample(pid: int) -> tuple[float, int]:
     return rss_kb / 1024.0, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def accounting_child(gateway_pid: int) -> int | None:
-    """The pid of the gateway's accounting child (`wattgate_cli apportioner ...`), if one runs."""
+def children(gateway_pid: int) -> list[tuple[int, list[bytes]]]:
+    """The gateway's child processes, each with its argv."""
     kids: list[int] = []
     for task in Path(f"/proc/{gateway_pid}/task").iterdir():
         try:
             kids += [int(p) for p in (task / "children").read_text().split()]
         except OSError:
             continue  # the thread ended while we looked
+    out = []
     for kid in kids:
         try:
-            argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+            out.append((kid, Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")))
         except OSError:
             continue
-        if b"apportioner" in argv:
-            return kid
-    return None
+    return out
+
+
+def accounting_child(gateway_pid: int) -> int | None:
+    """The pid of the gateway's accounting child (`wattgate_cli apportioner ...`), if one runs."""
+    return next((kid for kid, argv in children(gateway_pid) if b"apportioner" in argv), None)
 
 
 @dataclass
 class Sample:
-    """One /proc reading: seconds since the start; the gateway's RSS (MB) and fds; the
-    accounting child's pid, RSS and fds (None while it is not running)."""
+    """One /proc reading: seconds since the start; the gateway's RSS (MB) and fds (the parent,
+    with `--workers N` > 1); the accounting child's pid, RSS and fds (None while it is not
+    running); each worker's (pid, RSS, fds), by pid, with `--workers N` > 1."""
     t_s: float
     rss_mb: float
     fds: int
     child_pid: int | None = None
     child_rss_mb: float | None = None
     child_fds: int | None = None
+    workers: list[tuple[int, float, int]] = field(default_factory=list)
 
 
 def read_sample(gateway_pid: int, t_s: float) -> Sample:
     rss_mb, fds = proc_sample(gateway_pid)
     out = Sample(t_s, rss_mb, fds)
-    kid = accounting_child(gateway_pid)
-    if kid is not None:
+    for kid, argv in sorted(children(gateway_pid)):
         try:
-            out.child_rss_mb, out.child_fds = proc_sample(kid)
-            out.child_pid = kid
+            kid_rss, kid_fds = proc_sample(kid)
         except (OSError, ValueError):
-            pass  # it exited between the two reads
+            continue  # it exited between the two reads
+        if b"apportioner" in argv:
+            out.child_rss_mb, out.child_fds, out.child_pid = kid_rss, kid_fds, kid
+        elif b"serve" in argv:
+            out.workers.append((kid, kid_rss, kid_fds))
     return out
 
 
@@ -200,7 +208,8 @@ async def sample(pid: int, every_s: float, until: float, t0: float, out: list[Sa
         now = time.monotonic()
         if now - last_print >= progress_s:
             last_print = now
-            print(f"soak {got.t_s:7.0f} s  rss {got.rss_mb:7.1f} MB  fds {got.fds:4d}  child "
+            workers = "".join(f"  worker rss {w[1]:7.1f} MB  fds {w[2]:4d}" for w in got.workers)
+            print(f"soak {got.t_s:7.0f} s  rss {got.rss_mb:7.1f} MB  fds {got.fds:4d}{workers}  child "
                   f"rss {got.child_rss_mb or 0:7.1f} MB  fds {got.child_fds or 0:4d}  sent "
                   f"{tally.sent}  ok {tally.ok}  disconnects {tally.disconnects}  kills "
                   f"{len(tally.kills)}  injected errors {tally.injected_errors}  other errors "

@@ -1,6 +1,7 @@
 """bench.soak --quick kept working: a real gateway under steady load with client drops and an
 engine SIGKILLed and restarted, its RSS and fds and its accounting child's sampled from /proc,
-the three result files written, and no error but the injected ones."""
+the three result files written, and no error but the injected ones (with `make test-workers`,
+a node of 2 workers, each sampled and fitted)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.procs import TEST_WORKERS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -18,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(120)
 def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--duration-s", "30",
-                           "--out", str(tmp_path)],
+                           "--workers", str(TEST_WORKERS), "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "soak " in proc.stdout  # progress lines
@@ -41,3 +44,9 @@ def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_
     assert res["fit"]["fd_max"] < 200
     assert (tmp_path / "soak.md").read_text().startswith("# Soak")
     assert (tmp_path / "soak.png").stat().st_size > 5_000
+    if TEST_WORKERS > 1:  # each worker sampled beside the parent and the child
+        whole = [s for s in samples if len(s["workers"]) == TEST_WORKERS]
+        assert len(whole) >= 0.9 * len(samples)
+        for i in range(1, TEST_WORKERS + 1):
+            assert "rss_slope_mb_per_h" in res["fits"][f"worker {i}"]
+            assert res["fits"][f"worker {i}"]["rss_min_mb"] > 10
