@@ -94,13 +94,18 @@ class Proxy:
         deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
         exchange = AiohttpExchange(request, deadline_s)
         await self.serve(exchange)
-        if self.after_records is not _at_once:  # aiohttp writes the answer after this
-            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self.after_records(functools.partial(_settle, sent))
-            await sent
+        await self.answers_sent()  # aiohttp writes the answer after this
         await exchange.finish()
         assert exchange.response is not None
         return exchange.response
+
+    async def answers_sent(self) -> None:
+        """Wait until the records published so far are out of this process, and with them
+        the answers' last writes held for them (at once where none is held)."""
+        if self.after_records is not _at_once:
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.after_records(functools.partial(_settle, sent))
+            await sent
 
     async def serve(self, exchange: Exchange) -> None:
         """Serve one completion request; always ends in exactly one record to the sinks."""

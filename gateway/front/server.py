@@ -64,6 +64,7 @@ class RunningGateway:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.config.drain_timeout_s):
                 await proxy.idle.wait()
+                await proxy.answers_sent()  # the last writes held for their records
         self.connections.abort_all()
         await self.runner.cleanup()
 

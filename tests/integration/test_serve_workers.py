@@ -127,10 +127,10 @@ def test_two_workers_share_the_port_one_ledger_and_one_scrape(
     assert status == 200 and json.loads(check)["engines"]["e0"]["alarm"] is False
 
 
-def short(gw: str, stream: bool = False) -> str:
+def short(gw: str, stream: bool = False, max_tokens: int = 2) -> str:
     """One short completion (many per second: many records in flight when a worker dies);
     a streamed one is read to its end."""
-    body = {"model": MODEL, "prompt": [1] * 20, "max_tokens": 2, "stream": stream}
+    body = {"model": MODEL, "prompt": [1] * 20, "max_tokens": max_tokens, "stream": stream}
     req = urllib.request.Request(
         f"{gw}/v1/completions", data=json.dumps(body).encode(), method="POST",
         headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"})
@@ -229,6 +229,38 @@ def test_sigterm_drains_the_workers_then_stops_the_child(node: tuple[str, Any, P
         wait_for(f"process {pid} gone", lambda pid=pid: not Path(f"/proc/{pid}").exists()
                  or "zombie" in Path(f"/proc/{pid}/status").read_text(), 10.0)
     assert set(ids) <= in_ledger(ledger)  # every record written before the child stopped
+
+
+def test_sigterm_under_load_ends_every_answer_it_began(node: tuple[str, Any, Path]) -> None:
+    """Streams and whole answers in flight when the parent gets SIGTERM: each one the node
+    began to answer ends whole (none cut off), and each is in the ledger."""
+    gw, proc, ledger = node
+    answered: list[str] = []
+    cut: list[str] = []
+    stop = threading.Event()
+
+    def client(stream: bool) -> None:
+        while not stop.is_set():
+            try:
+                answered.append(short(gw, stream, max_tokens=30))
+            except http.client.IncompleteRead as exc:  # an answer begun and not ended
+                cut.append(repr(exc)[:200])
+            except (OSError, http.client.HTTPException):
+                time.sleep(0.05)  # refused (503, or the port closed): not begun
+
+    threads = [threading.Thread(target=client, args=(i % 2 == 0,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for("traffic", lambda: len(answered) >= 40, 60.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not cut, cut[:3]
+    assert set(answered) <= in_ledger(ledger)
 
 
 def test_inline_accounting_with_several_workers_is_refused_in_one_line(tmp_path: Path) -> None:
