@@ -169,16 +169,18 @@ class RecordLink:
 
     def _ship_soon(self) -> None:
         self._soon = False
-        if self._pending:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._ship()
-        after, self._after = self._after, []
-        for callback in after:
-            try:
-                callback()
-            except Exception:  # one answer's failure is not the others'
-                log.exception("an answer held for its record failed")
+        try:
+            if self._pending:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._ship()
+        finally:  # the answers go out whatever became of their records
+            after, self._after = self._after, []
+            for callback in after:
+                try:
+                    callback()
+                except Exception:  # one answer's failure is not the others'
+                    log.exception("an answer held for its record failed")
 
     def watch(self, open_since: Callable[[], float | None]) -> None:
         """Where to learn the wall-clock arrival of the oldest request being served."""

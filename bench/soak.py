@@ -60,14 +60,17 @@ def fit(points: list[tuple[float, float, float]], warmup_s: float) -> dict[str, 
 
 def series(samples: list[Sample], workers: int) -> dict[str, list[tuple[float, float, float]]]:
     """Each process's (seconds, RSS, fds) readings, by name: the gateway (the parent with
-    several workers), each worker by its rank among the workers' pids, the child (readings
-    where it was not running are left out)."""
+    several workers), each worker by its rank among the first full set of workers' pids (a
+    restarted worker's readings, and every worker's after a restart, are left out: a fit
+    would mix two processes), the child (readings where it was not running are left out)."""
     out: dict[str, list[tuple[float, float, float]]] = {
         "gateway" if workers == 1 else "parent": [(s.t_s, s.rss_mb, s.fds) for s in samples]}
     if workers > 1:
+        first = next(([w[0] for w in s.workers] for s in samples
+                      if len(s.workers) == workers), [])
+        same = [s for s in samples if [w[0] for w in s.workers] == first]
         for i in range(workers):
-            out[f"worker {i + 1}"] = [(s.t_s, w[1], w[2]) for s in samples
-                                      if len(s.workers) == workers for w in (s.workers[i],)]
+            out[f"worker {i + 1}"] = [(s.t_s, s.workers[i][1], s.workers[i][2]) for s in same]
     out["accounting child"] = [(s.t_s, s.child_rss_mb, s.child_fds) for s in samples
                                if s.child_rss_mb is not None and s.child_fds is not None]
     return out

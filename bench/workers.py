@@ -219,7 +219,7 @@ def markdown(result: dict[str, Any]) -> str:
               "CPU per request is the node's whole process tree (parent, workers, accounting "
               "child), read after a settle window. On core 1 alone, two workers take turns on "
               "the core one worker had: the difference is what the worker design costs per "
-              "request (a record frame per request, two event loops). On cores 0 and 1, a "
+              "request (a record frame per turn of each event loop, two event loops). On cores 0 and 1, a "
               "second worker also competes with the engine and the load client for core 0. "
               "What this 2-core machine cannot show is throughput scaling: the engine and the "
               "load client take most of core 0, so a second worker finds no idle core and "

@@ -53,6 +53,7 @@ class Proxy:
         held until then; None: at once."""
         self.config = config
         self.after_records = after_records or _at_once
+        self.holds_last = after_records is not None  # answers' last writes wait for records
         self.tracing = tracing
         self.clock = clock
         self.wall = wall
@@ -92,7 +93,7 @@ class Proxy:
         listen = self.config.listen
         length = request.content_length
         deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
-        exchange = AiohttpExchange(request, deadline_s)
+        exchange = AiohttpExchange(request, deadline_s, self.holds_last)
         await self.serve(exchange)
         await self.answers_sent()  # aiohttp writes the answer after this
         await exchange.finish()
@@ -102,7 +103,7 @@ class Proxy:
     async def answers_sent(self) -> None:
         """Wait until the records published so far are out of this process, and with them
         the answers' last writes held for them (at once where none is held)."""
-        if self.after_records is not _at_once:
+        if self.holds_last:
             sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.after_records(functools.partial(_settle, sent))
             await sent

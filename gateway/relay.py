@@ -176,6 +176,10 @@ class Relay:
         stream), None if the client went away."""
         clock = self.clock
         last = b""
+        # where the server holds the answer's last write for its record, the engine's `[DONE]`
+        # and what follows it go out with the stream's end, not before the record
+        hold_done = exchange.holds_last
+        held = b""
         gone = False
 
         def drop() -> None:
@@ -190,14 +194,17 @@ class Relay:
                 upstream.resume()
 
         def on_body(data: bytes, at_end: bool) -> None:
-            nonlocal last
+            nonlocal last, held
             now = clock()
             out, tokens = scanner.feed(data)
             if tokens:
                 flight.token_read(now, tokens)
             if at_end:
-                last = out
+                last = held + out
             elif out:
+                if hold_done and scanner.done:
+                    held += out
+                    return
                 if not exchange.write_now(out):
                     drop()
                     return

@@ -35,10 +35,15 @@ class ServerExchange(Protocol):
     async def read_body(self, limit: int) -> bytes:
         """The whole request body; the server's own error beyond `limit` bytes."""
 
+    # True where the server holds the answer's last write (a whole answer, the stream's end)
+    # until the request's record is out of the process: the relay then keeps a stream's
+    # `[DONE]` for that last write
+    holds_last: bool
+
     def reply(self, status: int, body: bytes, content_type: str,
               headers: Mapping[str, str]) -> None:
-        """Answer in one piece (ignored once a stream has started). The server may hold the
-        write until the request's handling is over (its record sent first)."""
+        """Answer in one piece (ignored once a stream has started); held where `holds_last`
+        until the request's handling is over (its record sent first)."""
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         """Begin a 200 event-stream answer; the body follows in `write_now` calls."""
@@ -62,8 +67,7 @@ class ServerExchange(Protocol):
 
     async def end_stream(self, last: bytes = b"") -> None:
         """Send `last` (if any) after every piece written, and end the stream, in one write
-        where the server can (the client may already be gone); as with `reply`, the server
-        may hold that write until the request's handling is over."""
+        where the server can (the client may already be gone); held as `reply`'s is."""
 
 
 class UpstreamBody(Protocol):

@@ -6,9 +6,9 @@ exchange paused until it is done: the relay stops the engine meanwhile and resum
 `when_drained`, one write in flight at a time, as the lean front does when its socket is full.
 This path carries little of the traffic; the front serves the completion routes itself.
 
-As on the front, the answer's last write waits for `finish`, after the proxy's `serve` (and
-so the request's record) is done: a whole answer aiohttp writes once the handler returns, a
-stream's end `finish` writes.
+A whole answer aiohttp writes once the handler returns; where `holds_last`, as on the front,
+the handler first waits for the request's record to leave the process, and a stream's end
+waits for `finish` too.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ class AiohttpExchange:
     """An aiohttp request; `response` is what the handler returns."""
 
     __slots__ = ("_body_deadline_s", "_ended", "_lost", "_on_drain", "_request", "_tail",
-                 "_writing", "content_length", "path", "response")
+                 "_writing", "content_length", "holds_last", "path", "response")
 
-    def __init__(self, request: web.Request, body_deadline_s: float | None = None):
+    def __init__(self, request: web.Request, body_deadline_s: float | None = None,
+                 holds_last: bool = False):
         self._request = request
+        self.holds_last = holds_last
         self.path = request.path
         self.content_length = request.content_length
         self.response: web.StreamResponse | None = None
@@ -104,24 +106,30 @@ class AiohttpExchange:
             self._on_drain = callback
 
     async def finish(self) -> None:
-        """Write a stream's end, held since `end_stream` (or the error that cut the stream,
-        as its last event, as a stall's ends); nothing to do for a whole answer."""
+        """Write what waits for the end: a stream's end held since `end_stream`, or the error
+        that cut a stream after it began, as its last event (as a stall's ends); nothing for
+        a whole answer."""
         tail, self._tail = self._tail, None
-        if tail is None:
-            return
+        if tail is not None:
+            await self._end(tail)
+
+    async def end_stream(self, last: bytes = b"") -> None:
+        self._ended = True
+        if self.holds_last:
+            self._tail = last
+        else:
+            await self._end(last)
+
+    async def _end(self, last: bytes) -> None:
         assert self.response is not None
         if self._writing is not None:
             await self._writing
         if self._lost:
             return
         try:
-            await self.response.write_eof(tail)
+            await self.response.write_eof(last)
         except ConnectionError:
             pass
-
-    async def end_stream(self, last: bytes = b"") -> None:
-        self._ended = True
-        self._tail = last
 
     async def _write(self, data: bytes, before: asyncio.Task[None] | None) -> None:
         if before is not None:  # a caller that wrote on past `write_paused`: keep the order

@@ -2,10 +2,11 @@
 wire/response_encoder.py: a whole answer in one `transport.write`, a stream as chunked pieces
 (its head rides with the first piece).
 
-The answer's last write (a whole answer, or a stream's end) is held until `flush`, which the
-connection calls once the proxy's `serve` has returned: by then the request's record has gone
-to the accounting child (a worker sends it at once), so a process killed at any instant has
-either not answered the request or already handed its record to the kernel."""
+Where `holds_last` (a node's worker, whose records go to the node's accounting child at once),
+the answer's last write (a whole answer, or a stream's end) is held until `flush`, which the
+connection calls once the request's record has gone (`after_records`): a process killed at
+any instant has either not answered the request or already handed its record to the
+kernel. Elsewhere it goes out at once."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ class FrontExchange:
     """A `wire.exchange.ServerExchange` over a front connection."""
 
     __slots__ = ("_body", "_conn", "_final", "_head", "_pending_head", "content_length",
-                 "finished", "path", "started")
+                 "finished", "holds_last", "path", "started")
 
-    def __init__(self, conn: Connection, head: RequestHead, body: bytes):
+    def __init__(self, conn: Connection, head: RequestHead, body: bytes, holds_last: bool):
         self._conn = conn
         self._head = head
         self._body = body
@@ -42,6 +43,7 @@ class FrontExchange:
         self.finished = False
         self._pending_head = b""
         self._final = b""  # the answer's last write, held until `flush`
+        self.holds_last = holds_last
 
     def header(self, name: str) -> str | None:
         value = self._head.headers.get(name.encode())
@@ -63,13 +65,12 @@ class FrontExchange:
                 # a stream already went out (a request deadline cut it): the error is its last
                 # event, and the stream ends properly, as a stall's does
                 self.finished = True
-                self._final = chunk(b"data: " + body + b"\n\n") + LAST_CHUNK
+                self._last(chunk(b"data: " + body + b"\n\n") + LAST_CHUNK)
                 return
             # the stream's head is still held back: nothing went out, answer plainly
             self._pending_head = b""
         self.started = self.finished = True
-        self._final = encode_response(status, body, content_type, headers,
-                                      self._head.keep_alive)
+        self._last(encode_response(status, body, content_type, headers, self._head.keep_alive))
 
     async def start_stream(self, headers: Mapping[str, str]) -> None:
         # sent with the first piece: one write instead of two, and the client learns nothing
@@ -106,8 +107,14 @@ class FrontExchange:
     async def end_stream(self, last: bytes = b"") -> None:
         self.finished = True
         frame = chunk(last) + LAST_CHUNK if last else LAST_CHUNK
-        self._final = self._pending_head + frame
-        self._pending_head = b""
+        head, self._pending_head = self._pending_head, b""
+        self._last(head + frame)
+
+    def _last(self, data: bytes) -> None:
+        if self.holds_last:
+            self._final = data
+        else:
+            self._conn.send(data)
 
     def flush(self) -> None:
         """Send the answer's last write (after the request's record went out)."""

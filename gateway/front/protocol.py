@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import socket
 from collections.abc import Callable
 from typing import cast
@@ -27,6 +28,8 @@ from gateway.front.refusals import EDGE_ERRORS
 from gateway.front.settings import FrontSettings
 from wire.request_head import Refusal, RequestHead, parse_head
 from wire.response_encoder import encode_response
+
+log = logging.getLogger("wattgate.front")
 
 MAX_BUFFER_BYTES = 1024 * 1024  # bytes queued behind a request in flight before reading pauses
 # After refusing a head, what the client still sends is read and dropped this long before the
@@ -170,10 +173,10 @@ class FrontProtocol(asyncio.Protocol):
         self.task = self._loop.create_task(self._serve(head, body))
 
     async def _serve(self, head: RequestHead, body: bytes) -> None:
-        exchange = FrontExchange(self, head, body)
+        exchange = FrontExchange(self, head, body, self.settings.holds_last)
         try:
             await self.settings.serve(exchange)
-        except BaseException:
+        except BaseException:  # cancelled (the client left); serve answers every error itself
             self.task = None
             exchange.flush()
             raise
@@ -183,7 +186,12 @@ class FrontProtocol(asyncio.Protocol):
 
     def _answered(self, exchange: FrontExchange, head: RequestHead) -> None:
         self.task = None
-        exchange.flush()
+        try:
+            exchange.flush()
+        except Exception:
+            log.exception("an answer's last write failed")
+            self.close()
+            return
         if self.lost:
             return
         if not exchange.finished or not head.keep_alive or self.connections.closing:

@@ -99,7 +99,9 @@ async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool
                         body_timeout_s=listen.body_timeout_s,
                         body_min_bytes_per_s=listen.body_min_bytes_per_s,
                         keepalive_s=listen.keepalive_s, max_connections=cap)
-    settings = FrontSettings(serve=app[PROXY].serve, after_records=app[PROXY].after_records,
+    proxy = app[PROXY]
+    settings = FrontSettings(serve=proxy.serve,
+                             after_records=proxy.after_records if proxy.holds_last else None,
                              handoff=safe_handler_factory(aiohttp_server, on_reject),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
                              cancel_on_disconnect=cancel_on_disconnect, limits=limits,

@@ -30,8 +30,8 @@ class EdgeLimits:
 
 
 class FrontSettings:
-    __slots__ = ("after_records", "cancel_on_disconnect", "handoff", "limits", "max_body_bytes",
-                 "on_reject", "routes", "serve")
+    __slots__ = ("after_records", "cancel_on_disconnect", "handoff", "holds_last", "limits",
+                 "max_body_bytes", "on_reject", "routes", "serve")
 
     def __init__(self, serve: Callable[[ServerExchange], Awaitable[None]],
                  handoff: Callable[[], asyncio.Protocol], routes: Sequence[str],
@@ -42,6 +42,7 @@ class FrontSettings:
         self.serve = serve  # the proxy's `serve(exchange)` coroutine function
         # the proxy's `after_records`: an answer's last write waits for its record
         self.after_records = after_records or _at_once
+        self.holds_last = after_records is not None
         self.handoff = handoff  # makes the aiohttp protocol that takes a handed-over connection
         self.routes = frozenset(r.encode() for r in routes)
         self.max_body_bytes = max_body_bytes

@@ -166,14 +166,31 @@ async def test_an_eager_link_sends_a_turns_records_in_one_frame_before_the_answe
         seq = gw._seq
         for rec in records(3):
             gw.record(rec)
-        gw.after_sent(lambda: seen.append(("answer", len(gw._pending))))
+        gw.after_sent(lambda: seen.append(("answer", len(gw._pending) + len(gw._out))))
         assert seen == [] and len(gw._pending) == 3  # this turn: nothing sent, answer held
         await asyncio.sleep(0)
-        assert seen == [("answer", 0)]  # the records went first
+        assert seen == [("answer", 0)]  # the records went first, onto the socket
         assert gw._seq == seq + 1  # in one frame
         gw.after_sent(lambda: seen.append(("at once", len(gw._pending))))
         assert seen[-1] == ("at once", 0)  # nothing waiting: no answer is held
         await until(lambda: len(intake.recorder._pending) == 3, "the records in the child")
+
+
+@closes
+async def test_held_answers_go_out_even_when_their_records_cannot_be_shipped() -> None:
+    with _tmp() as tmp:
+        _intake, path = await node_child(tmp)
+        gw = await worker(path, [None], eager=True)
+
+        def broken() -> None:
+            raise OSError("no room")
+
+        gw._ship = broken  # type: ignore[method-assign]
+        seen: list[str] = []
+        gw.record(records(1)[0])
+        gw.after_sent(lambda: seen.append("answer"))
+        await asyncio.sleep(0)  # the ship fails (the loop logs it); the answer goes all the same
+        assert seen == ["answer"]
 
 
 def test_a_link_that_is_not_eager_holds_no_answer() -> None:
