@@ -2,7 +2,8 @@
 (short prompts, long outputs: cheap per token), then waves of long-prompt, few-token streams
 from the budgeted tenant, all of a wave sent at once, a wave after each other wave's bills
 are final, until the budget refuses a whole wave. What the tenant is billed against its
-budget is the overshoot; the budget's own standing is read from `/v1/usage`.
+budget is the overshoot; the budget's own standing is read from `/v1/usage`. A wave waits for
+the previous one's bills to be final and learnt from (or a minute), not for a fixed time.
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ async def standing(url: str, tenant: str, deadline_s: float = 60.0) -> Standing:
             await asyncio.sleep(0.5)
 
 
+async def settled(url: str, tenant: str, deadline_s: float = 60.0) -> None:
+    """Wait until nothing of `tenant` is reserved any more (its bills final) and the gateway
+    shows budget rates learnt from them (or the wait ran out): on a busy machine the bills of
+    a wave go final, and are learnt from, later than on an idle one."""
+    auth = {"Authorization": f"Bearer {api_key(tenant)}"}
+    end = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < end:
+            async with s.get(url + "/v1/usage", headers=auth) as r:
+                usage = await r.json()
+            if usage["budgets"][0]["held"] == 0 and usage.get("budget_rates"):
+                return
+            await asyncio.sleep(0.5)
+
+
 async def run(url: str, plan: WavePlan, say: Callable[[str], None],
               spread: Sequence[str] = ()) -> tuple[list[Sent], list[list[Sent]]]:
     """(the neighbour's requests, the tenant's waves). With `spread` (replicas' URLs) each
@@ -82,4 +98,6 @@ async def run(url: str, plan: WavePlan, say: Callable[[str], None],
             if admitted == 0:
                 break
             await asyncio.sleep(plan.final_wait_s)
+            # each replica admits from the rates it learnt
+            await asyncio.gather(*(settled(target, plan.tenant) for target in targets))
     return neighbour, waves

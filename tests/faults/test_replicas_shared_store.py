@@ -38,7 +38,7 @@ from tests.support.gateway import raw_config
 from tests.support.postgres import fresh_database, postgres_server
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.postgres]
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow, pytest.mark.postgres]
 REPLICAS = 3
 FAR_RPS = 1000.0  # a rate limit far above what is sent: admission asks the store, never refuses
 ACCOUNTING = {"interval_s": 1, "settle_s": 1, "poll_s": 0.1, "flush_s": 0.3}

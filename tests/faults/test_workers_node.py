@@ -43,7 +43,7 @@ from tests.support.fault_engine import FaultEngine, fault_engine
 from tests.support.gateway import raw_config
 from tests.support.procs import free_port, running, wait_http, wattgate_cmd
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 WORKERS = 2
 
 
