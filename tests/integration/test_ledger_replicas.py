@@ -129,11 +129,13 @@ def test_two_replicas_apportion_once_and_survive_a_kill(tmp_path: Path) -> None:
     energies = result["interval_energy"]
     assert len(energies) == result["next"] - result["first"]  # every interval exactly once
     assert len(energies) >= 6
-    # Each interval holds its 200 J once: neither lost nor charged by both replicas. (The
-    # fake agent stamps wall time and paces by the monotonic clock: ~1 ms of jitter.)
+    # Each interval holds its 200 J once: neither lost nor charged by both replicas (either
+    # would move an interval, and the sum, by a whole 200 J). The fake agent stamps wall time
+    # and paces by the monotonic clock: ~1 ms of jitter per reading, and on a loaded machine
+    # the sum of seven intervals came out 0.5 % short once, so the sum gets the intervals' 1 %.
     for e in energies[1:]:
         assert e == pytest.approx(POWER_W, rel=0.01)
-    assert math.fsum(energies[1:]) == pytest.approx(POWER_W * (len(energies) - 1), rel=2e-3)
+    assert math.fsum(energies[1:]) == pytest.approx(POWER_W * (len(energies) - 1), rel=0.01)
     assert result["shares_plus_idle"] == pytest.approx(math.fsum(energies), rel=1e-9)
     assert result["final_without_energy"] == 0
 
