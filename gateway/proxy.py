@@ -52,8 +52,7 @@ class Proxy:
         this process (a node worker's link to its accounting child), the answer's last write
         held until then; None: at once."""
         self.config = config
-        self.after_records = after_records or _at_once
-        self.holds_last = after_records is not None  # answers' last writes wait for records
+        self.after_records = after_records
         self.tracing = tracing
         self.clock = clock
         self.wall = wall
@@ -93,7 +92,7 @@ class Proxy:
         listen = self.config.listen
         length = request.content_length
         deadline_s = listen.body_timeout_s + (length or 0) / listen.body_min_bytes_per_s
-        exchange = AiohttpExchange(request, deadline_s, self.holds_last)
+        exchange = AiohttpExchange(request, deadline_s, self.after_records is not None)
         await self.serve(exchange)
         await self.answers_sent()  # aiohttp writes the answer after this
         await exchange.finish()
@@ -103,7 +102,7 @@ class Proxy:
     async def answers_sent(self) -> None:
         """Wait until the records published so far are out of this process, and with them
         the answers' last writes held for them (at once where none is held)."""
-        if self.holds_last:
+        if self.after_records is not None:
             sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.after_records(functools.partial(_settle, sent))
             await sent
@@ -175,10 +174,6 @@ class Proxy:
             await self.publisher.count_prompt(flight)
         finally:
             self._done(flight, finished)
-
-
-def _at_once(callback: Callable[[], None]) -> None:
-    callback()
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -101,7 +101,7 @@ async def start(config: GatewayConfig, app: web.Application, *, reuse_port: bool
                         keepalive_s=listen.keepalive_s, max_connections=cap)
     proxy = app[PROXY]
     settings = FrontSettings(serve=proxy.serve,
-                             after_records=proxy.after_records if proxy.holds_last else None,
+                             after_records=proxy.after_records,
                              handoff=safe_handler_factory(aiohttp_server, on_reject),
                              routes=COMPLETION_ROUTES, max_body_bytes=config.max_body_bytes,
                              cancel_on_disconnect=cancel_on_disconnect, limits=limits,
