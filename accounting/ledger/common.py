@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from operator import attrgetter
@@ -133,12 +134,18 @@ class SqlLedger(ABC):
     async def locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
         await self._locked(key, queries, decide)
 
-    async def settle_reservations(self, settled: Sequence[Sequence[Any]],
-                                  dropped: Sequence[str]) -> None:
-        """Settle reservations (sql.SETTLE_RESERVATION rows) and drop those of requests that
-        no engine ran."""
-        await self._transaction([(sql.SETTLE_RESERVATION, settled),
-                                 (sql.DELETE_RESERVATION, [(r,) for r in dropped])])
+    async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]]
+                                  ) -> None:
+        """In one transaction and in the order given, settle reservations (request id and
+        its sql.SETTLE_RESERVATION row) and drop those of requests that no engine ran (request
+        id and None)."""
+        batches: list[Batch] = []
+        for dropped, run in itertools.groupby(changes, key=lambda c: c[1] is None):
+            if dropped:
+                batches.append((sql.DELETE_RESERVATION, [(rid,) for rid, _ in run]))
+            else:
+                batches.append((sql.SETTLE_RESERVATION, [row for _, row in run if row]))
+        await self._transaction(batches)
 
     async def tenant_hours(self, tenant: str, since_hour: int
                            ) -> list[tuple[int, float, float, float]]:

@@ -250,7 +250,7 @@ class Admission:
             if ran:
                 cost = estimate(rec.prompt_tokens, rec.completion_tokens, self.store.rates_of(
                     rec.tenant, rec.precision, rec.prompt_tokens, rec.wall(rec.finished_s)))
-            self.store.settle(rec.request_id, cost, rec.engine, last)
+            self.store.settle(rec.tenant, rec.request_id, cost, rec.engine, last)
 
 
 def _spent(s: Spend) -> str:

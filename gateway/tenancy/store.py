@@ -2,8 +2,10 @@
 
 A budgeted (or concurrency-capped) tenant's admission is one short write transaction,
 serialised per tenant on every replica (a PostgreSQL transaction-level advisory lock; SQLite's
-one writer): purge what no longer holds, read the tenant's hourly charges since its longest
-period began and what its live reservations hold, then insert this request's reservation if
+one writer): purge what no longer holds (through indexes: the rows it deletes, not all the
+tenant's), read the tenant's hourly charges since its longest period began and what its live
+reservations hold (their totals per replica, which triggers keep as reservations are written:
+a row per replica, however many the tenant holds), then insert this request's reservation if
 every budget still has room for it (and the cap is not reached).
 
 A reservation's life: inserted at admission with the estimate (open: it counts against the
@@ -64,12 +66,6 @@ class StoreVerdict:
     settled_last: int | None = None  # last interval of its finished requests not yet final
 
 
-@dataclass(slots=True)
-class _Settlements:
-    settled: list[tuple[Any, ...]] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-
-
 class TenancyStore:
     def __init__(self, ledger: BudgetStore, replica: str, cfg: TenantControlsConfig,
                  pricing: Pricing, wall: Callable[[], float]):
@@ -83,7 +79,8 @@ class TenancyStore:
         self.budgeted: tuple[str, ...] = ()  # whose rates `refresh` learns
         self.interval_s = 1.0  # the accounting grid: a request's shares start this before it
         self._rates_at = -math.inf
-        self._queue = _Settlements()
+        # (tenant, request id, settlement; None: drop it), flushed in tenant order
+        self._queue: list[tuple[str, str, tuple[Any, ...] | None]] = []
         self._task: asyncio.Task[None] | None = None
 
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
@@ -102,10 +99,9 @@ class TenancyStore:
         cap = tenant.limits.max_concurrent
 
         def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
-            energy, carbon, cost, open_now = rows[2][0]
-            standing = tuple(spends(budgets, rows[1], Cost(float(energy), float(carbon),
+            energy, carbon, cost, open_now, last = rows[3][0]
+            standing = tuple(spends(budgets, rows[2], Cost(float(energy), float(carbon),
                                                            float(cost)), now))
-            last = rows[3][0][0] if rows[3] else None
             if cap is not None and int(open_now) >= cap:
                 result.append(StoreVerdict(False, "concurrency", standing=standing))
                 return ()
@@ -122,32 +118,34 @@ class TenancyStore:
                                                c.gco2e, c.usd)])]
 
         await self.ledger.locked(lock_key(tenant.name), [
-            (sql.PURGE_RESERVATIONS, (tenant.name, now - self.cfg.reservation_ttl_s)),
+            (sql.PURGE_FINAL, (tenant.name,)),
+            (sql.PURGE_EXPIRED, (tenant.name, now - self.cfg.reservation_ttl_s)),
             (sql.SELECT_TENANT_HOURS, (tenant.name, since)),
-            (sql.SELECT_HELD, (now - NEW_REPLICA_S, now - REPLICA_LIVE_S, tenant.name,
-                               now - self.cfg.reservation_ttl_s)),
-            (sql.SELECT_SETTLED_LAST, (tenant.name, now - self.cfg.reservation_ttl_s)),
+            (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, tenant.name)),
         ], decide)
         return result[0]
 
-    def settle(self, request_id: str, cost: Cost | None, engine: str,
+    def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
         """Queue a reservation's settlement (None cost: no engine ran it, drop it)."""
         if cost is None or not engine or last_interval is None:
-            self._queue.dropped.append(request_id)
+            self._queue.append((tenant, request_id, None))
         else:
-            self._queue.settled.append((cost.j, cost.gco2e, cost.usd, engine, last_interval,
-                                        request_id))
+            self._queue.append((tenant, request_id, (cost.j, cost.gco2e, cost.usd, engine,
+                                                     last_interval, request_id)))
 
     async def flush(self) -> None:
-        queue, self._queue = self._queue, _Settlements()
-        if not queue.settled and not queue.dropped:
+        """Settle what is queued, in one transaction, in tenant order: each replica's
+        settlements then take the rows of the tenants' totals in one order, so they cannot
+        deadlock with each other or with an admission (which writes its own tenant's only)."""
+        queue, self._queue = self._queue, []
+        if not queue:
             return
+        queue.sort(key=lambda q: (q[0], q[1]))
         try:
-            await self.ledger.settle_reservations(queue.settled, queue.dropped)
+            await self.ledger.settle_reservations([(rid, row) for _, rid, row in queue])
         except LedgerError:
-            self._queue.settled[:0] = queue.settled
-            self._queue.dropped[:0] = queue.dropped
+            self._queue[:0] = queue
             raise
 
     async def standing(self, tenant: Tenant) -> list[Spend]:
