@@ -74,9 +74,21 @@ def prior_j(precision: str) -> tuple[float, float]:
     return PRIOR_J_PER_PROMPT_TOKEN.get(precision, PRIOR_J_PER_PROMPT_TOKEN["bf16"]), output
 
 
+_PRIORS: dict[tuple[str, float, float, float], Rates] = {}  # by precision and the prices
+
+
 def prior(precision: str, pricing: Pricing, now_s: float) -> Rates:
-    a, b = prior_j(precision)
-    return Rates(priced(a, pricing, now_s), priced(b, pricing, now_s))
+    """The prior's rates at `precision`, priced as at `now_s` (kept per precision and the
+    carbon intensity and price that apply: every admission asks for them)."""
+    key = (precision, pricing.pue, pricing.intensity_g_per_kwh.at(now_s),
+           pricing.price_usd_per_kwh.at(now_s))
+    got = _PRIORS.get(key)
+    if got is None:
+        if len(_PRIORS) > 1024:  # a price series that steps often: start again
+            _PRIORS.clear()
+        a, b = prior_j(precision)
+        got = _PRIORS[key] = Rates(priced(a, pricing, now_s), priced(b, pricing, now_s))
+    return got
 
 
 def fit_j(bills: Sequence[Bill], prior_ratio: float) -> tuple[float, float] | None:

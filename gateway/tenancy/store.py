@@ -47,6 +47,7 @@ RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
 RATE_MAX_BILLS = 2000  # at most its latest this many
 RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
+MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
 
 
 def lock_key(tenant: str) -> int:
@@ -66,6 +67,20 @@ class StoreVerdict:
     settled_last: int | None = None  # last interval of its finished requests not yet final
 
 
+@dataclass(slots=True)
+class _Ask:
+    """A request waiting for its tenant's next admission transaction."""
+
+    tenant: Tenant
+    request_id: str
+    prompt_tokens: float
+    output_tokens: float
+    first: str
+    cheaper: Sequence[str]
+    rates: dict[str, Rates]
+    future: asyncio.Future[StoreVerdict]
+
+
 class TenancyStore:
     def __init__(self, ledger: BudgetStore, replica: str, cfg: TenantControlsConfig,
                  pricing: Pricing, wall: Callable[[], float]):
@@ -82,6 +97,8 @@ class TenancyStore:
         # (tenant, request id, settlement; None: drop it), flushed in tenant order
         self._queue: list[tuple[str, str, tuple[Any, ...] | None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._asks: dict[str, list[_Ask]] = {}  # per tenant, waiting for its next transaction
+        self._drains: dict[str, asyncio.Task[None]] = {}
 
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
@@ -91,39 +108,91 @@ class TenancyStore:
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
                     output_tokens: float, first: str, cheaper: Sequence[str]) -> StoreVerdict:
+        """Decide a request in its tenant's next admission transaction: the requests of one
+        tenant that arrive while one is running are decided together in the next, in order,
+        each against what the ones before it reserved."""
         now = self.wall()
-        budgets = tenant.budgets.budgets
-        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
         rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now) for p in (first, *cheaper)}
-        result: list[StoreVerdict] = []
-        cap = tenant.limits.max_concurrent
+        loop = asyncio.get_running_loop()
+        ask = _Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
+                   loop.create_future())
+        queue = self._asks.get(tenant.name)
+        if queue is None:
+            queue = self._asks[tenant.name] = []
+            self._drains[tenant.name] = loop.create_task(self._drain(tenant.name, queue))
+        queue.append(ask)
+        return await ask.future
+
+    async def _drain(self, name: str, queue: list[_Ask]) -> None:
+        """Decide `name`'s asks a batch per transaction until none waits."""
+        try:
+            while queue:
+                batch = [a for a in queue[:MAX_BATCH] if not a.future.done()]
+                del queue[:MAX_BATCH]
+                if batch:
+                    await self._decide(name, batch)
+        except BaseException as exc:  # stopped (cancelled) or a fault: nobody waits for ever
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("tenant controls: admission of %s failed", name)
+            for ask in queue:
+                if not ask.future.done():
+                    ask.future.set_exception(LedgerError("admission stopped"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            del self._asks[name], self._drains[name]
+
+    async def _decide(self, name: str, asks: list[_Ask]) -> None:
+        now = self.wall()
+        since = min((period_start_hour(b.period, now) for a in asks
+                     for b in a.tenant.budgets.budgets), default=0)
+        verdicts: list[StoreVerdict] = []
 
         def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
-            energy, carbon, cost, open_now, last = rows[3][0]
-            standing = tuple(spends(budgets, rows[2], Cost(float(energy), float(carbon),
-                                                           float(cost)), now))
-            if cap is not None and int(open_now) >= cap:
-                result.append(StoreVerdict(False, "concurrency", standing=standing))
-                return ()
-            chosen = choose_precision(standing, prompt_tokens, output_tokens, first, cheaper,
-                                      rates)
-            if chosen is None:
-                result.append(StoreVerdict(False, "budget", standing=standing,
-                                           open_now=int(open_now),
-                                           settled_last=None if last is None else int(last)))
-                return ()
-            precision, c = chosen
-            result.append(StoreVerdict(True, precision=precision, cost=c, standing=standing))
-            return [(sql.INSERT_RESERVATION, [(request_id, tenant.name, self.replica, now, c.j,
-                                               c.gco2e, c.usd)])]
+            verdicts.clear()
+            energy, carbon, cost, open_n, last = rows[3][0]
+            held, open_now = Cost(float(energy), float(carbon), float(cost)), int(open_n)
+            settled_last = None if last is None else int(last)
+            inserts: list[tuple[Any, ...]] = []
+            for a in asks:
+                standing = tuple(spends(a.tenant.budgets.budgets, rows[2], held, now))
+                cap = a.tenant.limits.max_concurrent
+                if cap is not None and open_now >= cap:
+                    verdicts.append(StoreVerdict(False, "concurrency", standing=standing))
+                    continue
+                chosen = choose_precision(standing, a.prompt_tokens, a.output_tokens, a.first,
+                                          a.cheaper, a.rates)
+                if chosen is None:
+                    verdicts.append(StoreVerdict(False, "budget", standing=standing,
+                                                 open_now=open_now, settled_last=settled_last))
+                    continue
+                precision, c = chosen
+                verdicts.append(StoreVerdict(True, precision=precision, cost=c,
+                                             standing=standing))
+                held, open_now = held.plus(c), open_now + 1
+                inserts.append((a.request_id, name, self.replica, now, c.j, c.gco2e, c.usd))
+            return [(sql.INSERT_RESERVATION, inserts)] if inserts else ()
 
-        await self.ledger.locked(lock_key(tenant.name), [
-            (sql.PURGE_FINAL, (tenant.name,)),
-            (sql.PURGE_EXPIRED, (tenant.name, now - self.cfg.reservation_ttl_s)),
-            (sql.SELECT_TENANT_HOURS, (tenant.name, since)),
-            (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, tenant.name)),
-        ], decide)
-        return result[0]
+        try:
+            await self.ledger.locked(lock_key(name), [
+                (sql.PURGE_FINAL, (name,)),
+                (sql.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
+                (sql.SELECT_TENANT_HOURS, (name, since)),
+                (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
+            ], decide)
+        except BaseException as exc:  # each waiting request gets the ledger's error
+            failed = exc if isinstance(exc, LedgerError) else LedgerError(f"admission: {exc!r}")
+            for a in asks:
+                if not a.future.done():
+                    a.future.set_exception(failed)
+            if isinstance(exc, LedgerError):
+                return
+            raise
+        for a, verdict in zip(asks, verdicts, strict=True):
+            if not a.future.done():
+                a.future.set_result(verdict)
+            elif verdict.allowed:  # its request went away while it was decided
+                self.settle(name, a.request_id, None, "", None)
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
@@ -195,5 +264,7 @@ class TenancyStore:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         self._task = None
+        for task in list(self._drains.values()):
+            await cancel_and_wait(task)
         with contextlib.suppress(LedgerError):
             await self.flush()

@@ -1,0 +1,98 @@
+"""Admissions of one tenant that arrive together are decided in one transaction, in order,
+each against what the ones before it reserved (a real SQLite ledger): a budget with room
+for a number of requests admits exactly that many of a crowd, a concurrency cap exactly its
+cap, and a request that leaves while it is decided leaves no reservation behind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accounting.ledger.sqlite import SqliteLedger
+from accounting.pricing import Pricing
+from gateway.config import parse_config
+from gateway.tenancy import store as store_module
+from gateway.tenancy.store import TenancyStore
+from tests.support.gateway import raw_config
+
+EP = [{"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}]
+pytestmark = pytest.mark.timeout(60)
+
+
+def _tenant(**fields: Any) -> Any:
+    raw = raw_config(EP, accounting={"ledger": {"kind": "sqlite", "path": "/tmp/unused.db"}})
+    raw["tenants"][0].update(fields)
+    return parse_config(raw, env={})
+
+
+async def _crowd(tmp_path: Path, n: int, **fields: Any) -> tuple[list[Any], SqliteLedger, Any]:
+    cfg = _tenant(**fields)
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(), lambda: 1.7e9)
+    one = store.rates_of("tenant-a", "bf16", 100, 1.7e9)
+    verdicts = await asyncio.gather(*(store.admit(cfg.tenants[0], f"q{i}", 100, 100, "bf16", ())
+                                      for i in range(n)))
+    return verdicts, ledger, one
+
+
+async def test_a_crowd_gets_exactly_the_budgets_room(tmp_path: Path) -> None:
+    from gateway.tenancy.budget import estimate
+
+    cfg = _tenant()
+    store = TenancyStore(None, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    each = estimate(100, 100, store.rates_of("tenant-a", "bf16", 100, 1.7e9)).j
+    verdicts, ledger, _ = await _crowd(tmp_path, 60, budgets=[{"period": "day", "j": each * 20.5}])
+    try:
+        assert sum(v.allowed for v in verdicts) == 20
+        assert [v.allowed for v in verdicts] == [True] * 20 + [False] * 40  # in arrival order
+        assert {v.reason for v in verdicts if not v.allowed} == {"budget"}
+        held = await ledger.reservations_held("tenant-a", 0, 0, 0)
+        assert held[0] == pytest.approx(each * 20) and held[3] == 20
+    finally:
+        await ledger.close()
+
+
+async def test_a_crowd_gets_exactly_the_cap(tmp_path: Path) -> None:
+    verdicts, ledger, _ = await _crowd(tmp_path, 30, limits={"max_concurrent": 7})
+    try:
+        assert sum(v.allowed for v in verdicts) == 7
+        assert {v.reason for v in verdicts if not v.allowed} == {"concurrency"}
+    finally:
+        await ledger.close()
+
+
+async def test_a_request_that_leaves_while_decided_holds_nothing(tmp_path: Path,
+                                                                 monkeypatch: Any) -> None:
+    cfg = _tenant(limits={"max_concurrent": 100})
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(), lambda: 1.7e9)
+    try:
+        first = asyncio.ensure_future(store.admit(cfg.tenants[0], "a", 1, 1, "bf16", ()))
+        await asyncio.sleep(0)  # its transaction has begun
+        left = asyncio.ensure_future(store.admit(cfg.tenants[0], "b", 1, 1, "bf16", ()))
+        await asyncio.sleep(0)
+        assert (await first).allowed
+        stays = asyncio.ensure_future(store.admit(cfg.tenants[0], "c", 1, 1, "bf16", ()))
+        left.cancel()  # queued behind the first: never decided
+        assert (await stays).allowed
+        await store.flush()
+        rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
+        assert [r[0] for r in rows] == ["a", "c"]
+        # one that leaves while its own transaction runs is dropped at the next flush
+        slow = asyncio.ensure_future(store.admit(cfg.tenants[0], "d", 1, 1, "bf16", ()))
+        await asyncio.sleep(0)
+        slow.cancel()
+        while store._drains:
+            await asyncio.sleep(0.01)
+        await store.flush()
+        rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
+        assert [r[0] for r in rows] == ["a", "c"]
+        assert store_module.MAX_BATCH >= 64
+    finally:
+        await ledger.close()
