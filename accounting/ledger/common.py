@@ -115,6 +115,11 @@ class SqlLedger(ABC):
     @abstractmethod
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
 
+    async def _fetch_aside(self, query: str, params: tuple[Any, ...]
+                           ) -> list[tuple[Any, ...]]:
+        """`_fetch`, for a long read that the store's writes need not wait for."""
+        return await self._fetch(query, params)
+
     @abstractmethod
     async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
                         ) -> list[list[tuple[Any, ...]]]:
@@ -169,8 +174,8 @@ class SqlLedger(ABC):
         """A tenant's latest `limit` final requests whose shares are all since `since_s`
         (they arrived an interval later): (precision, prompt tokens, completion tokens, J,
         gCO2e, USD) each."""
-        rows = await self._fetch(sql.SELECT_TENANT_BILLS,
-                                 (since_s, tenant, since_s + interval_s, limit))
+        rows = await self._fetch_aside(sql.SELECT_TENANT_BILLS,
+                                       (since_s, tenant, since_s + interval_s, limit))
         return [(str(p), int(pt or 0), int(ct or 0), float(e or 0), float(c or 0),
                  float(u or 0)) for p, pt, ct, e, c, u in rows]
 

@@ -46,6 +46,11 @@ class SqliteLedger(SqlLedger):
         self.path = Path(path)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-ledger")
         self._conn: sqlite3.Connection | None = None
+        # Long reads beside the writes (a tenant's bills: tenant_bills), on a connection and
+        # thread of their own: WAL gives them a snapshot, and admissions do not queue behind.
+        self._aside_pool = ThreadPoolExecutor(max_workers=1,
+                                              thread_name_prefix="wattgate-ledger-read")
+        self._aside: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
         self._checked_at = 0.0  # monotonic time of the last identity check
@@ -61,6 +66,23 @@ class SqliteLedger(SqlLedger):
                 raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
 
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    async def _fetch_aside(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        def call() -> list[tuple[Any, ...]]:
+            if self._conn is None:
+                raise LedgerError("sqlite ledger is not open")
+            if self.fault is not None:
+                raise LedgerError(self.fault)
+            try:
+                if self._aside is None:
+                    self._aside = sqlite3.connect(self.path, isolation_level=None,
+                                                  check_same_thread=False, timeout=10.0)
+                    self._aside.execute("PRAGMA busy_timeout=10000")
+                return self._aside.execute(query, params).fetchall()
+            except sqlite3.Error as exc:
+                raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self._aside_pool, call)
 
     def _connect(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +128,11 @@ class SqliteLedger(SqlLedger):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._pool, conn.close)
+        if self._aside is not None:
+            aside, self._aside = self._aside, None
+            await asyncio.get_running_loop().run_in_executor(self._aside_pool, aside.close)
         self._pool.shutdown(wait=True)
+        self._aside_pool.shutdown(wait=True)
 
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return await self._run(lambda c: c.execute(query, params).fetchall())

@@ -31,7 +31,7 @@ from typing import Any
 
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
-from accounting.ledger.budget_store import Batch, BudgetStore
+from accounting.ledger.budget_store import Batch, BudgetStore, Query
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
@@ -45,6 +45,9 @@ REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
 NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
 RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
 RATE_MAX_BILLS = 2000  # at most its latest this many
+# The windows read, narrowest first, until one holds RATE_MAX_BILLS: the read scans every
+# share of its window (all tenants'), so a busy tenant's is a minute's, not ten minutes'.
+RATE_WINDOWS_S = (60.0, 240.0, RATE_WINDOW_S)
 RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
@@ -174,12 +177,8 @@ class TenancyStore:
             return [(sql.INSERT_RESERVATION, inserts)] if inserts else ()
 
         try:
-            await self.ledger.locked(lock_key(name), [
-                (sql.PURGE_FINAL, (name,)),
-                (sql.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
-                (sql.SELECT_TENANT_HOURS, (name, since)),
-                (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
-            ], decide)
+            await self.ledger.locked(lock_key(name), self._purge_and_read(name, now, since),
+                                     decide)
         except BaseException as exc:  # each waiting request gets the ledger's error
             failed = exc if isinstance(exc, LedgerError) else LedgerError(f"admission: {exc!r}")
             for a in asks:
@@ -218,15 +217,32 @@ class TenancyStore:
             raise
 
     async def standing(self, tenant: Tenant) -> list[Spend]:
-        """A budgeted tenant's spend per budget, as admission sees it (read only)."""
+        """A budgeted tenant's spend per budget, as its next admission would see it (after
+        the same purge, in the same locked transaction; nothing reserved)."""
         now = self.wall()
+        name = tenant.name
         budgets = tenant.budgets.budgets
         since = min((period_start_hour(b.period, now) for b in budgets), default=0)
-        hours = await self.ledger.tenant_hours(tenant.name, since)
-        energy, carbon, cost, _ = await self.ledger.reservations_held(
-            tenant.name, now - NEW_REPLICA_S, now - REPLICA_LIVE_S,
-            now - self.cfg.reservation_ttl_s)
-        return spends(budgets, hours, Cost(float(energy), float(carbon), float(cost)), now)
+        out: list[Spend] = []
+
+        def read(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
+            energy, carbon, cost = rows[3][0][:3]
+            out[:] = spends(budgets, rows[2], Cost(float(energy), float(carbon), float(cost)),
+                            now)
+            return ()
+
+        await self.ledger.locked(lock_key(name), self._purge_and_read(name, now, since), read)
+        return out
+
+    def _purge_and_read(self, name: str, now: float, since: int) -> list[Query]:
+        """An admission's queries: purge what no longer holds, then read the tenant's hours
+        since `since` and what its reservations hold."""
+        return [
+            (sql.PURGE_FINAL, (name,)),
+            (sql.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
+            (sql.SELECT_TENANT_HOURS, (name, since)),
+            (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
+        ]
 
     async def refresh(self) -> None:
         """Live replicas (this one at least), and each budgeted tenant's rates from its own
@@ -239,8 +255,11 @@ class TenancyStore:
         rates: dict[str, TenantRates] = {}
         for tenant in self.budgeted:
             # requests that arrived in the window, with every share of theirs in it
-            rows = await self.ledger.tenant_bills(tenant, now - RATE_WINDOW_S, self.interval_s,
-                                                  RATE_MAX_BILLS)
+            for window_s in RATE_WINDOWS_S:
+                rows = await self.ledger.tenant_bills(tenant, now - window_s, self.interval_s,
+                                                      RATE_MAX_BILLS)
+                if len(rows) >= RATE_MAX_BILLS:
+                    break
             rates[tenant] = TenantRates.from_bills(Bill(*row) for row in rows)
         self.rates = rates
 

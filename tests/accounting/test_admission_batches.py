@@ -95,3 +95,64 @@ async def test_a_request_that_leaves_while_decided_holds_nothing(tmp_path: Path,
         assert store_module.MAX_BATCH >= 64
     finally:
         await ledger.close()
+
+
+class _BillsLedger:
+    """Answers tenant_bills with `per_s` bills a second of window (at most the limit)."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s = per_s
+        self.windows: list[float] = []
+
+    async def live_replicas(self, seen_after_s: float) -> int:
+        return 1
+
+    async def tenant_bills(self, tenant: str, since_s: float, interval_s: float, limit: int
+                           ) -> list[tuple[str, int, int, float, float, float]]:
+        window_s = 1.7e9 - since_s
+        self.windows.append(window_s)
+        n = min(limit, int(window_s * self.per_s))
+        return [("bf16", 100, 100, 10.0, 0.001, 0.0001)] * n
+
+
+@pytest.mark.parametrize(("per_s", "windows"), [
+    (100.0, [60.0]),  # a busy tenant: its latest bills are all in the last minute
+    (10.0, [60.0, 240.0]),
+    (0.1, [60.0, 240.0, 600.0]),  # a quiet one: the whole window
+])
+async def test_rates_read_the_narrowest_window_that_holds_enough_bills(
+        per_s: float, windows: list[float]) -> None:
+    cfg = _tenant(budgets=[{"period": "day", "j": 1e9}])
+    ledger = _BillsLedger(per_s)
+    store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    store.budgeted = ("tenant-a",)
+    await store.refresh()
+    assert ledger.windows == pytest.approx(windows)
+    assert store_module.RATE_WINDOWS_S[-1] == store_module.RATE_WINDOW_S
+
+
+async def test_a_tenants_bills_are_read_while_a_write_holds_the_ledger(tmp_path: Path) -> None:
+    """The bills read has a connection and thread of its own: admissions (writes) need not
+    queue behind it, and it need not wait for them."""
+    import threading
+
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    release = threading.Event()
+
+    def hold(c: Any) -> None:
+        c.execute("BEGIN IMMEDIATE")
+        release.wait(10)
+        c.execute("COMMIT")
+
+    try:
+        held = asyncio.ensure_future(ledger._run(hold))
+        await asyncio.sleep(0.05)
+        rows = await asyncio.wait_for(ledger.tenant_bills("tenant-a", 0.0, 1.0, 10), 5)
+        assert rows == [] and not held.done()
+        release.set()
+        await held
+    finally:
+        release.set()
+        await ledger.close()
