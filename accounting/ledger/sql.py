@@ -158,10 +158,6 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             tenant TEXT NOT NULL, replica TEXT NOT NULL, energy_j {REAL} NOT NULL,
             carbon_g {REAL} NOT NULL, cost_usd {REAL} NOT NULL, open_n {BIGINT} NOT NULL,
             rows_n {BIGINT} NOT NULL, settled_last {BIGINT}, PRIMARY KEY (tenant, replica))""",
-        """INSERT INTO reservation_totals (tenant, replica, energy_j, carbon_g, cost_usd, open_n,
-            rows_n, settled_last) SELECT tenant, replica, SUM(energy_j), SUM(carbon_g),
-            SUM(cost_usd), SUM(open), COUNT(*), MAX(CASE WHEN open = 0 THEN last_interval END)
-            FROM reservations GROUP BY tenant, replica""",
         "DROP INDEX IF EXISTS reservations_tenant",
         "CREATE INDEX reservations_final ON reservations (tenant, open, engine, last_interval)",
         "CREATE INDEX reservations_replica ON reservations (tenant, replica, created_s)",
@@ -198,20 +194,44 @@ _TOTALS_GONE = """DELETE FROM reservation_totals
 _TOTALS_TRIGGERS = (("reservations_add", "INSERT", (_TOTALS_ADD,)),
                     ("reservations_move", "UPDATE", (_TOTALS_MOVE,)),
                     ("reservations_take", "DELETE", (_TOTALS_TAKE, _TOTALS_GONE)))
+# A settlement moves a reservation's sums within its (tenant, replica) row: no statement may
+# move it to another row.
+_KEEPS_ITS_ROW = "a reservation keeps its tenant and replica"
+# The totals of the reservations there were before the triggers (after them: every write
+# that follows is counted once, by its trigger).
+_TOTALS_BACKFILL = """INSERT INTO reservation_totals (tenant, replica, energy_j, carbon_g,
+    cost_usd, open_n, rows_n, settled_last) SELECT tenant, replica, SUM(energy_j),
+    SUM(carbon_g), SUM(cost_usd), SUM(open), COUNT(*),
+    MAX(CASE WHEN open = 0 THEN last_interval END) FROM reservations GROUP BY tenant, replica"""
 
 
 def _sqlite_triggers() -> tuple[str, ...]:
-    return tuple(f"CREATE TRIGGER {name} AFTER {event} ON reservations BEGIN "
-                 + "; ".join(body) + "; END" for name, event, body in _TOTALS_TRIGGERS)
+    return (
+        *(f"CREATE TRIGGER {name} AFTER {event} ON reservations BEGIN "
+          + "; ".join(body) + "; END" for name, event, body in _TOTALS_TRIGGERS),
+        f"""CREATE TRIGGER reservations_keep BEFORE UPDATE OF tenant, replica ON reservations
+            WHEN OLD.tenant IS NOT NEW.tenant OR OLD.replica IS NOT NEW.replica
+            BEGIN SELECT RAISE(ABORT, '{_KEEPS_ITS_ROW}'); END""",
+        _TOTALS_BACKFILL,
+    )
 
 
 def _postgres_triggers() -> tuple[str, ...]:
-    out: list[str] = []
+    # Writers of other replicas (a rolling upgrade) wait until the migration commits, so
+    # the backfill and the triggers see every write once.
+    out = ["LOCK TABLE reservations IN SHARE ROW EXCLUSIVE MODE"]
     for name, event, body in _TOTALS_TRIGGERS:
         out.append(f"""CREATE FUNCTION wattgate_{name}() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN {"; ".join(body)}; RETURN NULL; END $$""")
         out.append(f"""CREATE TRIGGER {name} AFTER {event} ON reservations FOR EACH ROW
             EXECUTE FUNCTION wattgate_{name}()""")
+    out.append(f"""CREATE FUNCTION wattgate_reservations_keep() RETURNS trigger
+        LANGUAGE plpgsql AS $$ BEGIN
+        IF OLD.tenant IS DISTINCT FROM NEW.tenant OR OLD.replica IS DISTINCT FROM NEW.replica
+        THEN RAISE EXCEPTION '{_KEEPS_ITS_ROW}'; END IF; RETURN NEW; END $$""")
+    out.append("""CREATE TRIGGER reservations_keep BEFORE UPDATE OF tenant, replica
+        ON reservations FOR EACH ROW EXECUTE FUNCTION wattgate_reservations_keep()""")
+    out.append(_TOTALS_BACKFILL)
     return tuple(out)
 
 

@@ -82,7 +82,10 @@ class SqliteLedger(SqlLedger):
             except sqlite3.Error as exc:
                 raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
 
-        return await asyncio.get_running_loop().run_in_executor(self._aside_pool, call)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._aside_pool, call)
+        except RuntimeError as exc:  # its thread is gone: the ledger was closed
+            raise LedgerError("sqlite ledger is not open") from exc
 
     def _connect(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,9 +131,14 @@ class SqliteLedger(SqlLedger):
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._pool, conn.close)
-        if self._aside is not None:
-            aside, self._aside = self._aside, None
-            await asyncio.get_running_loop().run_in_executor(self._aside_pool, aside.close)
+
+        def close_aside() -> None:  # on the reader's thread, after any read in flight
+            if self._aside is not None:
+                aside, self._aside = self._aside, None
+                aside.close()
+
+        with contextlib.suppress(RuntimeError):  # closed before: its thread is gone
+            await asyncio.get_running_loop().run_in_executor(self._aside_pool, close_aside)
         self._pool.shutdown(wait=True)
         self._aside_pool.shutdown(wait=True)
 

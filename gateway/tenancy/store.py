@@ -47,6 +47,7 @@ RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
 RATE_MAX_BILLS = 2000  # at most its latest this many
 # The windows read, narrowest first, until one holds RATE_MAX_BILLS: the read scans every
 # share of its window (all tenants'), so a busy tenant's is a minute's, not ten minutes'.
+# After the first, the narrowest the first one's count says may hold them.
 RATE_WINDOWS_S = (60.0, 240.0, RATE_WINDOW_S)
 RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
@@ -124,7 +125,14 @@ class TenancyStore:
             queue = self._asks[tenant.name] = []
             self._drains[tenant.name] = loop.create_task(self._drain(tenant.name, queue))
         queue.append(ask)
-        return await ask.future
+        try:
+            return await ask.future
+        except asyncio.CancelledError:
+            # left after its verdict came and before it could act on it: nothing holds it
+            if ask.future.done() and not ask.future.cancelled() \
+                    and ask.future.exception() is None and ask.future.result().allowed:
+                self.settle(tenant.name, request_id, None, "", None)
+            raise
 
     async def _drain(self, name: str, queue: list[_Ask]) -> None:
         """Decide `name`'s asks a batch per transaction until none waits."""
@@ -204,8 +212,12 @@ class TenancyStore:
 
     async def flush(self) -> None:
         """Settle what is queued, in one transaction, in tenant order: each replica's
-        settlements then take the rows of the tenants' totals in one order, so they cannot
-        deadlock with each other or with an admission (which writes its own tenant's only)."""
+        settlements then take the rows of the tenants' totals in one order, so on PostgreSQL
+        they do not deadlock on them with each other or with an admission (which writes its
+        own tenant's only). One case remains: a request still running past
+        `reservation_ttl_s`, settled while an admission purges its reservation as expired;
+        PostgreSQL then aborts one of the two (the flush is retried, the admission's requests
+        answered 503)."""
         queue, self._queue = self._queue, []
         if not queue:
             return
@@ -255,11 +267,15 @@ class TenancyStore:
         rates: dict[str, TenantRates] = {}
         for tenant in self.budgeted:
             # requests that arrived in the window, with every share of theirs in it
-            for window_s in RATE_WINDOWS_S:
+            first_s = RATE_WINDOWS_S[0]
+            rows = await self.ledger.tenant_bills(tenant, now - first_s, self.interval_s,
+                                                  RATE_MAX_BILLS)
+            if len(rows) < RATE_MAX_BILLS:
+                need_s = first_s * RATE_MAX_BILLS / max(len(rows), 1)
+                window_s = next((w for w in RATE_WINDOWS_S[1:] if w >= need_s),
+                                RATE_WINDOWS_S[-1])
                 rows = await self.ledger.tenant_bills(tenant, now - window_s, self.interval_s,
                                                       RATE_MAX_BILLS)
-                if len(rows) >= RATE_MAX_BILLS:
-                    break
             rates[tenant] = TenantRates.from_bills(Bill(*row) for row in rows)
         self.rates = rates
 
@@ -285,5 +301,12 @@ class TenancyStore:
         self._task = None
         for task in list(self._drains.values()):
             await cancel_and_wait(task)
+        # a drain cancelled before its first step never ran its own clean-up
+        for queue in self._asks.values():
+            for ask in queue:
+                if not ask.future.done():
+                    ask.future.set_exception(LedgerError("admission stopped"))
+        self._asks.clear()
+        self._drains.clear()
         with contextlib.suppress(LedgerError):
             await self.flush()

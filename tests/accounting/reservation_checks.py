@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from accounting.ledger import sql
+from accounting.ledger.base import LedgerError
 from accounting.ledger.postgres import PostgresLedger
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
@@ -144,6 +145,11 @@ async def check_totals_follow_every_change(ledger: SqlLedger, seed: int = 7) -> 
                     assert last <= max(interval.values()) + 2
     # the gone replica's reservations expired and were purged; its totals row went with them
     assert all(r != "r2" for _, r in await _totals(ledger))
+    # no statement may move a reservation to another tenant's or replica's totals
+    for column in ("tenant", "replica"):
+        with pytest.raises(LedgerError, match="keeps its tenant and replica"):
+            await ledger._transaction([(f"UPDATE reservations SET {column} = 'moved'", [()])])
+    _close(await _totals(ledger), await _scanned(ledger))
 
 
 async def check_v11_ledger_starts_its_totals(ledger: SqlLedger, write_v11: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from accounting.ledger.base import LedgerError
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
@@ -66,33 +67,108 @@ async def test_a_crowd_gets_exactly_the_cap(tmp_path: Path) -> None:
         await ledger.close()
 
 
-async def test_a_request_that_leaves_while_decided_holds_nothing(tmp_path: Path,
-                                                                 monkeypatch: Any) -> None:
+class _Gated:
+    """A ledger whose locked transactions wait for `gate` before they run."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.ledger = ledger
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def locked(self, *args: Any) -> None:
+        self.entered.set()
+        await self.gate.wait()
+        await self.ledger.locked(*args)
+
+    async def settle_reservations(self, changes: Any) -> None:
+        await self.ledger.settle_reservations(changes)
+
+
+async def _ids(ledger: SqliteLedger) -> list[str]:
+    rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
+    return [r[0] for r in rows]
+
+
+async def test_a_request_that_leaves_holds_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    """One that leaves while queued is never decided; one that leaves while its transaction
+    runs is admitted there and its reservation dropped at the next flush; one that leaves
+    after its verdict came, before it could act on it, too."""
     cfg = _tenant(limits={"max_concurrent": 100})
     ledger = SqliteLedger(tmp_path / "l.db")
     await ledger.open()
-    store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(), lambda: 1.7e9)
+    gated = _Gated(ledger)
+    store = TenancyStore(gated, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    dropped: list[str] = []
+    settle = store.settle
+
+    def spy(tenant: str, rid: str, *rest: Any) -> None:
+        if rest[0] is None:
+            dropped.append(rid)
+        settle(tenant, rid, *rest)
+
+    store.settle = spy  # type: ignore[method-assign,assignment]
+    tenant = cfg.tenants[0]
     try:
-        first = asyncio.ensure_future(store.admit(cfg.tenants[0], "a", 1, 1, "bf16", ()))
-        await asyncio.sleep(0)  # its transaction has begun
-        left = asyncio.ensure_future(store.admit(cfg.tenants[0], "b", 1, 1, "bf16", ()))
+        first = asyncio.ensure_future(store.admit(tenant, "a", 1, 1, "bf16", ()))
+        await gated.entered.wait()  # a's transaction is waiting to run
+        queued = asyncio.ensure_future(store.admit(tenant, "b", 1, 1, "bf16", ()))
         await asyncio.sleep(0)
+        queued.cancel()  # b leaves while queued behind a
+        gated.gate.set()
         assert (await first).allowed
-        stays = asyncio.ensure_future(store.admit(cfg.tenants[0], "c", 1, 1, "bf16", ()))
-        left.cancel()  # queued behind the first: never decided
-        assert (await stays).allowed
+        assert (await store.admit(tenant, "c", 1, 1, "bf16", ())).allowed
+        assert dropped == [] and await _ids(ledger) == ["a", "c"]  # b never decided
+
+        gated.gate.clear()
+        gated.entered.clear()
+        running = asyncio.ensure_future(store.admit(tenant, "d", 1, 1, "bf16", ()))
+        await gated.entered.wait()  # d's own transaction is under way
+        running.cancel()
+        gated.gate.set()
+        await asyncio.gather(*store._drains.values())
+        assert dropped == ["d"]
         await store.flush()
-        rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
-        assert [r[0] for r in rows] == ["a", "c"]
-        # one that leaves while its own transaction runs is dropped at the next flush
-        slow = asyncio.ensure_future(store.admit(cfg.tenants[0], "d", 1, 1, "bf16", ()))
+        assert await _ids(ledger) == ["a", "c"]
+
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[Any]] = []
+
+        class Verdict(asyncio.Future[Any]):
+            def set_result(self, result: Any) -> None:
+                super().set_result(result)
+                tasks[0].cancel()  # the client leaves as the verdict comes, before its turn
+
+        monkeypatch.setattr(loop, "create_future", lambda: Verdict(loop=loop), raising=False)
+        tasks.append(asyncio.ensure_future(store.admit(tenant, "e", 1, 1, "bf16", ())))
         await asyncio.sleep(0)
-        slow.cancel()
-        await asyncio.gather(*store._drains.values())  # its transaction ran to the end
+        monkeypatch.undo()
+        await asyncio.gather(*store._drains.values())
+        outcome = await asyncio.gather(tasks[0], return_exceptions=True)
+        assert isinstance(outcome[0], asyncio.CancelledError)
+        assert dropped == ["d", "e"]
         await store.flush()
-        rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
-        assert [r[0] for r in rows] == ["a", "c"]
-        assert store_module.MAX_BATCH >= 64
+        assert await _ids(ledger) == ["a", "c"]
+    finally:
+        await ledger.close()
+
+
+async def test_stopping_answers_every_waiting_request(tmp_path: Path) -> None:
+    cfg = _tenant(limits={"max_concurrent": 100})
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    gated = _Gated(ledger)
+    store = TenancyStore(gated, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    try:
+        waiting = [asyncio.ensure_future(store.admit(cfg.tenants[0], f"q{i}", 1, 1, "bf16", ()))
+                   for i in range(3)]
+        await asyncio.sleep(0)  # queued; the drain created, not yet run
+        await store.stop()
+        for w in waiting:
+            with pytest.raises(LedgerError):
+                await asyncio.wait_for(w, 5)
+        assert not store._asks and not store._drains
     finally:
         await ledger.close()
 
@@ -117,8 +193,8 @@ class _BillsLedger:
 
 @pytest.mark.parametrize(("per_s", "windows"), [
     (100.0, [60.0]),  # a busy tenant: its latest bills are all in the last minute
-    (10.0, [60.0, 240.0]),
-    (0.1, [60.0, 240.0, 600.0]),  # a quiet one: the whole window
+    (10.0, [60.0, 240.0]),  # 600 in the first minute: 4 minutes may hold 2,000
+    (0.1, [60.0, 600.0]),  # a quiet one: the whole window
 ])
 async def test_rates_read_the_narrowest_window_that_holds_enough_bills(
         per_s: float, windows: list[float]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,10 @@ from core.vocab import FailedEnergy
 from tests.accounting.test_accounting_accuracy import T0_WALL, run_engine
 from tests.accounting.test_ledger_failed import check_books, serve
 from tests.accounting.test_ledger_sqlite import Clock, conservation, drive, make_service
-from tests.support.postgres import fresh_database, postgres_server
+from tests.support.postgres import fresh_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as dsn:
-        yield dsn
 
 
 async def _ledger(pg: str) -> PostgresLedger:

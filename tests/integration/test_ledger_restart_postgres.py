@@ -5,7 +5,7 @@ window deliberately lost (tests/accounting/test_accounting_restart.py has the SQ
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -17,16 +17,10 @@ from tests.accounting.test_accounting_restart import (
     lost_window_scenario,
     scenario,
 )
-from tests.support.postgres import fresh_database, postgres_server
+from tests.support.postgres import fresh_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as dsn:
-        yield dsn
 
 
 async def _ledgers(pg: str) -> Callable[[], Awaitable[Ledger]]:

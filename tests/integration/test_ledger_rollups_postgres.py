@@ -6,7 +6,7 @@ migrated in place with its bills unchanged."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -20,18 +20,12 @@ from tests.accounting.rollup_checks import (
     served_with_revisions,
     write_old_postgres_ledger,
 )
-from tests.support.postgres import fresh_database, postgres_server
+from tests.support.postgres import fresh_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 _names = itertools.count()
 V9_TABLES = ("requests", "work", "work_versions", "intervals", "shares", "engine_state",
              "replicas", "tenant_hours", "reservations")
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as dsn:
-        yield dsn
 
 
 async def test_rollups_equal_the_per_request_rows_through_revisions_on_postgres(

@@ -6,7 +6,6 @@ version 10's code made; and a request written twice keeping its first rows."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -18,19 +17,13 @@ from accounting.work import WorkRow
 from tests.accounting.fixtures.make_ledger_v10 import second_half
 from tests.accounting.rollup_checks import FIXTURES, same, write_old_postgres_ledger
 from tests.accounting.test_ledger_work_packs import _request, _work
-from tests.support.postgres import fresh_database, postgres_server
+from tests.support.postgres import fresh_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 _names = itertools.count()
 # request_hours is not copied: the trigger on requests fills it as their rows go in
 V10_TABLES = ("requests", "work", "work_versions", "intervals", "shares", "engine_state",
               "replicas", "reservations", "share_hours", "engine_hours")
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as dsn:
-        yield dsn
 
 
 async def _write_v10(dsn: str) -> None:

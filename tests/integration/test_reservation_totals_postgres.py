@@ -5,7 +5,6 @@ reservations of a ledger migrated from schema version 11."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,16 +16,10 @@ from tests.accounting.reservation_checks import (
     check_v11_ledger_starts_its_totals,
 )
 from tests.accounting.test_reservation_totals import RESERVATION_COLUMNS
-from tests.support.postgres import fresh_database, postgres_server
+from tests.support.postgres import fresh_database
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[str]:
-    with postgres_server() as dsn:
-        yield dsn
 
 
 async def test_totals_follow_every_change(pg: str) -> None:
