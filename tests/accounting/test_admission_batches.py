@@ -84,6 +84,17 @@ class _Gated:
         await self.ledger.settle_reservations(changes)
 
 
+async def _gated_store(tmp_path: Path) -> tuple[SqliteLedger, _Gated, TenancyStore, Any]:
+    """A store on a gated SQLite ledger, and its capped tenant."""
+    cfg = _tenant(limits={"max_concurrent": 100})
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    gated = _Gated(ledger)
+    store = TenancyStore(gated, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    return ledger, gated, store, cfg.tenants[0]
+
+
 async def _ids(ledger: SqliteLedger) -> list[str]:
     rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY request_id", ())
     return [r[0] for r in rows]
@@ -93,12 +104,7 @@ async def test_a_request_that_leaves_holds_nothing(tmp_path: Path, monkeypatch: 
     """One that leaves while queued is never decided; one that leaves while its transaction
     runs is admitted there and its reservation dropped at the next flush; one that leaves
     after its verdict came, before it could act on it, too."""
-    cfg = _tenant(limits={"max_concurrent": 100})
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    gated = _Gated(ledger)
-    store = TenancyStore(gated, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
-                         lambda: 1.7e9)
+    ledger, gated, store, tenant = await _gated_store(tmp_path)
     dropped: list[str] = []
     settle = store.settle
 
@@ -108,7 +114,6 @@ async def test_a_request_that_leaves_holds_nothing(tmp_path: Path, monkeypatch: 
         settle(tenant, rid, *rest)
 
     store.settle = spy  # type: ignore[method-assign,assignment]
-    tenant = cfg.tenants[0]
     try:
         first = asyncio.ensure_future(store.admit(tenant, "a", 1, 1, "bf16", ()))
         await gated.entered.wait()  # a's transaction is waiting to run
@@ -154,14 +159,9 @@ async def test_a_request_that_leaves_holds_nothing(tmp_path: Path, monkeypatch: 
 
 
 async def test_stopping_answers_every_waiting_request(tmp_path: Path) -> None:
-    cfg = _tenant(limits={"max_concurrent": 100})
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    gated = _Gated(ledger)
-    store = TenancyStore(gated, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
-                         lambda: 1.7e9)
+    ledger, _, store, tenant = await _gated_store(tmp_path)
     try:
-        waiting = [asyncio.ensure_future(store.admit(cfg.tenants[0], f"q{i}", 1, 1, "bf16", ()))
+        waiting = [asyncio.ensure_future(store.admit(tenant, f"q{i}", 1, 1, "bf16", ()))
                    for i in range(3)]
         await asyncio.sleep(0)  # queued; the drain created, not yet run
         await store.stop()
