@@ -151,7 +151,8 @@ class TenancyStore:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            del self._asks[name], self._drains[name]
+            if self._asks.get(name) is queue:  # not one a stop cleared (or its successor)
+                del self._asks[name], self._drains[name]
 
     async def _decide(self, name: str, asks: list[_Ask]) -> None:
         now = self.wall()
