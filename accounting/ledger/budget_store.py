@@ -29,8 +29,8 @@ class BudgetStore(Protocol):
     async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]]
                                   ) -> None:
         """In one transaction and in the order given, settle reservations (request id and
-        its sql.SETTLE_RESERVATION row) and drop those of requests that no engine ran (request
-        id and None)."""
+        its reservation_schema.SETTLE_RESERVATION row) and drop those of requests that no
+        engine ran (request id and None)."""
         ...
 
     async def tenant_hours(self, tenant: str, since_hour: int

@@ -14,6 +14,7 @@ from accounting.chunks import in_chunks
 from accounting.counters import CounterState
 from accounting.failed import BILL_ALL, bill_until
 from accounting.ledger import packs, retention, rollups, sql
+from accounting.ledger import reservation_schema as reservations
 from accounting.ledger.base import (
     EngineState,
     IntervalRow,
@@ -142,14 +143,14 @@ class SqlLedger(ABC):
     async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]]
                                   ) -> None:
         """In one transaction and in the order given, settle reservations (request id and
-        its sql.SETTLE_RESERVATION row) and drop those of requests that no engine ran (request
-        id and None)."""
+        its reservation_schema.SETTLE_RESERVATION row) and drop those of requests that no
+        engine ran (request id and None)."""
         batches: list[Batch] = []
         for dropped, run in itertools.groupby(changes, key=lambda c: c[1] is None):
             if dropped:
-                batches.append((sql.DELETE_RESERVATION, [(rid,) for rid, _ in run]))
+                batches.append((reservations.DELETE_RESERVATION, [(rid,) for rid, _ in run]))
             else:
-                batches.append((sql.SETTLE_RESERVATION, [row for _, row in run if row]))
+                batches.append((reservations.SETTLE_RESERVATION, [row for _, row in run if row]))
         await self._transaction(batches)
 
     async def tenant_hours(self, tenant: str, since_hour: int
@@ -161,7 +162,7 @@ class SqlLedger(ABC):
     async def reservations_held(self, tenant: str, young_s: float, live_s: float,
                                 expired_s: float) -> tuple[float, float, float, int]:
         """(J, gCO2e, USD) held by a tenant's live reservations, and how many are open."""
-        rows = await self._fetch(sql.SELECT_HELD, (young_s, live_s, tenant, expired_s))
+        rows = await self._fetch(reservations.SELECT_HELD, (young_s, live_s, tenant, expired_s))
         energy, carbon, cost, open_now = rows[0]
         return float(energy), float(carbon), float(cost), int(open_now)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from accounting.ledger import reservation_schema as reservations
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, BudgetStore, Query
@@ -183,7 +184,7 @@ class TenancyStore:
                                              standing=standing))
                 held, open_now = held.plus(c), open_now + 1
                 inserts.append((a.request_id, name, self.replica, now, c.j, c.gco2e, c.usd))
-            return [(sql.INSERT_RESERVATION, inserts)] if inserts else ()
+            return [(reservations.INSERT_RESERVATION, inserts)] if inserts else ()
 
         try:
             await self.ledger.locked(lock_key(name), self._purge_and_read(name, now, since),
@@ -251,10 +252,10 @@ class TenancyStore:
         """An admission's queries: purge what no longer holds, then read the tenant's hours
         since `since` and what its reservations hold."""
         return [
-            (sql.PURGE_FINAL, (name,)),
-            (sql.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
+            (reservations.PURGE_FINAL, (name,)),
+            (reservations.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
             (sql.SELECT_TENANT_HOURS, (name, since)),
-            (sql.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
+            (reservations.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
         ]
 
     async def refresh(self) -> None:

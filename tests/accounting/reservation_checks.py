@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from accounting.ledger import reservation_schema as reservations
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
 from accounting.ledger.postgres import PostgresLedger
@@ -73,7 +74,7 @@ async def _held_by_scan(ledger: SqlLedger, tenant: str, now: float) -> tuple[flo
 
 
 async def _held_by_totals(ledger: SqlLedger, tenant: str, now: float) -> tuple[float, ...]:
-    (row,) = await ledger._fetch(sql.SELECT_HELD_TOTALS,
+    (row,) = await ledger._fetch(reservations.SELECT_HELD_TOTALS,
                                  (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, tenant))
     return tuple(-1.0 if v is None else float(v) for v in row)
 
@@ -131,8 +132,8 @@ async def check_totals_follow_every_change(ledger: SqlLedger, seed: int = 7) -> 
         _close(await _totals(ledger), await _scanned(ledger))
         if step % 10 == 9:  # what the next admission will read, against the scan
             for name in ("tenant-a", "tenant-b"):
-                await ledger._transaction([(sql.PURGE_FINAL, [(name,)]), (
-                    sql.PURGE_EXPIRED, [(name, wall.t - TTL_S)])])
+                await ledger._transaction([(reservations.PURGE_FINAL, [(name,)]), (
+                    reservations.PURGE_EXPIRED, [(name, wall.t - TTL_S)])])
                 *held, last = await _held_by_totals(ledger, name, wall.t)
                 assert held == pytest.approx(await _held_by_scan(ledger, name, wall.t),
                                              rel=1e-9, abs=1e-9)
