@@ -57,23 +57,25 @@ async def one_arm(arm: Arm, trial_s: float) -> dict[str, Any]:
     w = dp.engine_workload(trial_s, 0)
     opts = RunOptions(fetch_energy=False, progress=False, client=ClientOptions())
     cfg = SearchConfig(start_rps=dp.SEARCH_START_RPS, max_rps=dp.SEARCH_MAX_RPS,
-                       trials=dp.TRIALS, seed=0)
+                       trials=dp.TRIALS, seed=0, max_trials=dp.MAX_TRIALS)
 
     def say(s: str) -> None:
         print(s, file=sys.stderr)
 
     found, _ = await search_arm(arm, w, cfg, dp.BASE, opts, say)
     cap = found.search.capacity_rps
-    assert cap is not None
+    assert cap is not None and found.search.interval is not None
+    n = found.search.interval.n  # the grid runs every seed the search ended with
     runs: dict[tuple[float, int], RunOutcome] = {}
     run_at = trial_runner(arm, w, dp.BASE, opts, runs, say)
     # every grid rate gets all its trials: no early stop, the grid is the reference
-    full = SearchConfig(start_rps=1.0, max_rps=1e9, target_attainment=0.0, trials=dp.TRIALS)
+    full = SearchConfig(start_rps=1.0, max_rps=1e9, target_attainment=0.0, trials=n,
+                        max_trials=n)
     grid = [(cap * f, (await measure(run_at, cap * f, full)).attainment.mean) for f in GRID]
     ref = grid_capacity(grid, dp.TARGET_ATTAINMENT)
     return {"arm": arm.label, "search_capacity_rps": cap,
             "search_bracket_rps": [found.search.largest_met_rps, found.search.first_miss_rps],
-            "search_rates_tried": len(found.search.steps),
+            "search_rates_tried": len(found.search.steps), "seeds": n,
             "grid": [{"rate_rps": r, "mean_attainment": a} for r, a in grid],
             "grid_capacity_rps": ref,
             "search_vs_grid_pct": None if ref is None else 100 * (cap / ref - 1)}
@@ -90,9 +92,11 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = ["# Capacity search vs a fine grid (the demo's scaled fleet)", "",
              f"Commit {doc['commit']}. `python -m bench.precision_grid --trial-s "
              f"{doc['trial_s']:g}` on a shared 2-core machine: {doc['fleet']}. Per precision: "
-             "the search (seed 0, 3 trials per rate), then a grid of 0.75-1.25 x its capacity "
-             "in 5 % steps with the same seeds; the grid's capacity is where its mean "
-             "attainment crosses 90 %. Rates in engine time (simulator time_scale 0.1).", "",
+             f"the search (seed 0, {dp.TRIALS} trials per rate, seeds added up to "
+             f"{dp.MAX_TRIALS} while its interval is wider than +/-10 %), then a grid of "
+             "0.75-1.25 x its capacity in 5 % steps with every seed the search ended with; the "
+             "grid's capacity is where its mean attainment crosses 90 %. Rates in engine time "
+             f"(simulator time_scale {dp.TIME_SCALE:g}).", "",
              "| arm | search capacity (req/s) | search bracket | rates the search tried | "
              "grid capacity (req/s) | search vs grid |", "| --- | --- | --- | --- | --- | --- |"]
     for a in doc["arms"]:
@@ -120,8 +124,8 @@ def main() -> None:
             arms = uvloop.run(all_arms(stack, args.trial_s))
     doc = {"commit": ran_on, "trial_s": args.trial_s,
            "fleet": "four simulated vLLM H100 engines (llama-3.1-8b; BF16, FP8, INT8, INT4), "
-                    "time_scale 0.1, 256 prompt words, 32 output tokens, Poisson arrivals, "
-                    "through a least_load gateway; SLO TTFT <= 500 ms and TPOT <= 9 ms "
+                    f"time_scale {dp.TIME_SCALE:g}, 256 prompt words, 32 output tokens, "
+                    "Poisson arrivals, through a least_load gateway; SLO TTFT <= 500 ms and TPOT <= 9 ms "
                     "(engine time) for 90 % of requests",
            "arms": arms}
     OUT.mkdir(parents=True, exist_ok=True)

@@ -12,15 +12,24 @@ and on every arm, so arms and rates are compared on the same schedules). A rate 
 once its mean attainment cannot reach the target even if every trial left attains 1, or after
 a trial that missed and is over-saturated (`over_saturated`: TTFT and in-flight count both
 rising through the run, TTFT by more than the SLO's TTFT limit: the queue grows without bound).
+After the bisection each seed is walked over the rates tried until its own crossing is
+bracketed (a seed a rate's early stop left out is run there), and while the capacity's
+interval is wider than `max_half_width_pct` (10 %) a new seed is added and walked the same way,
+up to `max_trials` seeds: the interval narrows by trials, not by luck.
 
 Intervals (95 %, named in `Interval.method`):
 - attainment and J per output token at a rate: Student t over the trials' values,
   mean +/- t(0.975, n-1) x s / sqrt(n);
 - capacity (the estimate is the mean of the per-trial capacities): Student t over them
   (trial i's capacity: its attainment interpolated linearly to the target between the
-  largest rate it met, having met every lower one, and the next rate it ran at), widened to
-  hold the search's bracket [largest rate met, smallest rate missed]. A search that met the
-  SLO at `max_rps` has no upper end (capacity ">= max tested").
+  largest rate it met, having met every lower one it ran at, and the next rate it ran at),
+  widened to hold the search's bracket [largest rate met, smallest rate missed]. A search that
+  met the SLO at `max_rps` has no upper end (capacity ">= max tested").
+- a repeat's range: where another run of the same search with other seeds is expected to put
+  its estimate, mean +/- t(0.975, n-1) x s x sqrt(2 / n) (the difference of two means of n
+  trials), widened to the bracket. A confidence interval for the capacity does not promise to
+  hold another run's estimate: that estimate has its own error, and two equally precise
+  estimates fall outside each other's 95 % interval about one time in six to ten.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ T_METHOD = "95 % Student t over the trials"
 CAPACITY_METHOD = ("95 % Student t over the per-trial capacities (each trial's attainment "
                    "interpolated to the target between its last rate met and first missed), "
                    "widened to the search bracket")
+REPEAT_METHOD = ("95 % prediction interval for another run's estimate with as many trials "
+                 "(mean +/- t(0.975, n-1) s sqrt(2/n)), widened to the search bracket")
 
 
 def t975(df: int) -> float:
@@ -117,6 +128,9 @@ class SearchConfig:
     seed: int = 0
     # how far below start_rps to look when start_rps already misses: start / growth^k
     max_ramp_down: int = 4
+    # seeds are added while the capacity's interval is wider than this (+/- % of it)
+    max_half_width_pct: float = 10.0
+    max_trials: int = 8
 
     def __post_init__(self) -> None:
         if not 0 < self.start_rps <= self.max_rps:
@@ -124,6 +138,8 @@ class SearchConfig:
                              f"{self.max_rps:g}")
         if self.trials < 1 or not 0 < self.tolerance < 1 or self.growth <= 1:
             raise ValueError("need trials >= 1, 0 < tolerance < 1 and growth > 1")
+        if self.max_trials < self.trials or self.max_half_width_pct <= 0:
+            raise ValueError("need max trials >= trials and a positive interval width")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +149,7 @@ class CapacityResult:
     first_miss_rps: float | None  # the smallest rate above it that missed (None: never missed)
     interval: Interval | None  # capacity's 95 % interval; high = inf when never saturated
     max_tested_rps: float
+    repeat: Interval | None = None  # where a repeat run's estimate is expected (95 %)
 
     @property
     def capacity_rps(self) -> float | None:
@@ -175,7 +192,9 @@ async def measure(run_at: RunAt, rate_rps: float, cfg: SearchConfig) -> RateStep
 
 
 async def search_capacity(run_at: RunAt, cfg: SearchConfig) -> CapacityResult:
-    """Ramp geometrically until the SLO is missed, then bisect to within `cfg.tolerance`."""
+    """Ramp geometrically until the SLO is missed, then bisect to within `cfg.tolerance`; then
+    walk every trial's seed to its own crossing, and add seeds while the capacity's interval is
+    wider than `cfg.max_half_width_pct` (up to `cfg.max_trials` seeds)."""
     steps: dict[float, RateStep] = {}
 
     async def step(rate: float) -> RateStep:
@@ -205,40 +224,101 @@ async def search_capacity(run_at: RunAt, cfg: SearchConfig) -> CapacityResult:
             met = mid
         else:
             missed = mid
-    return capacity_result(tuple(steps[r] for r in sorted(steps)), met, missed,
-                           cfg.target_attainment)
+    if met is None:
+        return capacity_result(tuple(steps[r] for r in sorted(steps)), cfg.target_attainment)
+    seeds = list(range(cfg.seed, cfg.seed + cfg.trials))
+    for seed in seeds:  # the trials a rate's early stop left out, where their crossing is
+        await walk_seed(run_at, steps, seed, met, cfg.target_attainment)
+    while True:
+        r = capacity_result(tuple(steps[x] for x in sorted(steps)), cfg.target_attainment)
+        # the trials' own spread decides, not the bracket the interval is widened to (a
+        # coarse --tolerance would otherwise always run every seed)
+        if (r.interval is None or not r.saturated or len(seeds) >= cfg.max_trials
+                or trials_interval(r.steps, cfg.target_attainment).half_width_pct
+                <= cfg.max_half_width_pct):
+            return r
+        seeds.append(cfg.seed + len(seeds))
+        await walk_seed(run_at, steps, seeds[-1], met, cfg.target_attainment)
+
+
+async def walk_seed(run_at: RunAt, steps: dict[float, RateStep], seed: int, start_rps: float,
+                    target: float) -> None:
+    """Run `seed` over the rates already tried until its own crossing is bracketed: from
+    `start_rps` up while it meets the target, or down until it does; a rate where it already
+    ran is not run again."""
+    rates = sorted(steps)
+    i = rates.index(start_rps)
+
+    async def attainment(rate: float) -> float:
+        s = steps[rate]
+        mine = [t for t in s.trials if t.seed == seed]
+        if mine:
+            return _attainment(mine[0])
+        trial = await run_at(rate, seed)
+        steps[rate] = rate_step(rate, [*s.trials, trial], target, s.stopped_early)
+        return _attainment(trial)
+
+    if await attainment(rates[i]) >= target:
+        for r in rates[i + 1:]:
+            if await attainment(r) < target:
+                return
+    else:
+        for r in reversed(rates[:i]):
+            if await attainment(r) >= target:
+                return
 
 
 def per_trial_capacity(steps: Sequence[RateStep], seed: int, target: float) -> float:
     """Where the trial with `seed` crosses the target attainment: linear interpolation of its
-    attainment between the largest rate it met (having met every lower rate) and the next rate
-    it ran at, which it missed. A rate where it did not run (stopped early) counts as a miss
-    at attainment 0; a trial that never missed gives its largest rate met."""
-    last: tuple[float, float] | None = None  # (rate, attainment) of the last rate met
+    attainment between the largest rate it met (having met every lower rate it ran at; rate 0
+    counts as met with attainment 1) and the next rate it ran at, which it missed. Rates where
+    it did not run are skipped; a trial that never missed gives its largest rate met."""
+    last = (0.0, 1.0)  # (rate, attainment) of the last rate met
     for s in sorted(steps, key=lambda s: s.rate_rps):
         mine = [t for t in s.trials if t.seed == seed]
-        att = _attainment(mine[0]) if mine else 0.0
+        if not mine:
+            continue
+        att = _attainment(mine[0])
         if att < target:
-            if last is None:
-                return 0.0
             (r0, a0), r1 = last, s.rate_rps
             return r0 + (r1 - r0) * (a0 - target) / (a0 - att)
         last = (s.rate_rps, att)
-    return 0.0 if last is None else last[0]
+    return last[0]
 
 
-def capacity_result(steps: tuple[RateStep, ...], met: float | None, missed: float | None,
-                    target: float) -> CapacityResult:
+def bracket(steps: Sequence[RateStep]) -> tuple[float | None, float | None]:
+    """The search's bracket from its steps: the largest rate met with every lower rate met, and
+    the next rate tried (None: never missed)."""
+    met = None
+    for s in sorted(steps, key=lambda s: s.rate_rps):
+        if not s.meets:
+            return met, s.rate_rps
+        met = s.rate_rps
+    return met, None
+
+
+def trials_interval(steps: Sequence[RateStep], target: float) -> Interval:
+    """Student t over the per-trial capacities, before any widening."""
+    seeds = sorted({t.seed for s in steps for t in s.trials})
+    return t_interval([per_trial_capacity(steps, seed, target) for seed in seeds],
+                      CAPACITY_METHOD)
+
+
+def capacity_result(steps: tuple[RateStep, ...], target: float) -> CapacityResult:
     top = max(s.rate_rps for s in steps)
+    met, missed = bracket(steps)
     if met is None:
         return CapacityResult(steps, None, missed, None, top)
-    seeds = sorted({t.seed for s in steps for t in s.trials})
-    t = t_interval([per_trial_capacity(steps, seed, target) for seed in seeds],
-                   CAPACITY_METHOD)
-    low = max(0.0, min(t.low, met))  # no rate below 0
-    high = max(t.high, missed) if missed is not None else math.inf
-    return CapacityResult(steps, met, missed, Interval(t.mean, low, high, t.n, CAPACITY_METHOD),
-                          top)
+    t = trials_interval(steps, target)
+    half = t.high - t.mean  # inf for one trial
+
+    def widened(h: float, method: str) -> Interval:
+        low = max(0.0, min(t.mean - h, met))  # no rate below 0
+        high = max(t.mean + h, missed) if missed is not None else math.inf
+        return Interval(t.mean, low, high, t.n, method)
+
+    return CapacityResult(steps, met, missed, widened(half, CAPACITY_METHOD), top,
+                          widened(half * math.sqrt(2), REPEAT_METHOD))
 
 
 def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -279,4 +359,4 @@ def with_energy(r: CapacityResult, j_of: Callable[[float, int], float | None],
                             target, s.stopped_early)
                   for s in r.steps)
     return CapacityResult(steps, r.largest_met_rps, r.first_miss_rps, r.interval,
-                          r.max_tested_rps)
+                          r.max_tested_rps, r.repeat)

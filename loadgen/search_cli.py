@@ -30,6 +30,10 @@ SEARCH_OPTIONS = [
                  help="--search: the highest rate to offer (default 64 x --rate)."),
     click.option("--trials", type=COUNT, default=3, show_default=True,
                  help="--search: trials per rate (seeds --seed, --seed+1, ...)."),
+    click.option("--max-trials", "max_trials", type=COUNT, default=None,
+                 help="--search: add seeds while a capacity's 95 % interval is wider than "
+                 "+/-10 %, up to this many trials (default 8, or --trials if more; equal to "
+                 "--trials: never add)."),
     click.option("--tolerance", type=Finite(min=0.0, max=1.0, min_open=True, max_open=True),
                  default=0.05, show_default=True,
                  help="--search: stop bisecting when the bracket is within this fraction."),
@@ -72,10 +76,11 @@ def run_search(p: dict[str, Any], w: Workload, arms: Sequence[Arm], opts: RunOpt
     try:
         cfg = SearchConfig(start_rps=p["rate"], max_rps=p["max_rate"] or 64 * p["rate"],
                            target_attainment=p["target_attainment"], trials=p["trials"],
-                           tolerance=p["tolerance"], seed=p["seed"] or w.seed)
+                           tolerance=p["tolerance"], seed=p["seed"] or w.seed,
+                           max_trials=p.get("max_trials") or max(8, p["trials"]))
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--rate, --max-rate, --trials or "
-                                 "--tolerance") from None
+        raise click.BadParameter(str(exc), param_hint="--rate, --max-rate, --trials, "
+                                 "--max-trials or --tolerance") from None
     try:
         results, outcomes = run(search_arms(arms, w, cfg, base, opts, say))
     except ValueError as exc:  # a workload the search cannot set a rate on

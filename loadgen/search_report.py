@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.capacity import CAPACITY_METHOD, T_METHOD, Interval, RateStep, SearchConfig
+from loadgen.capacity import (
+    CAPACITY_METHOD,
+    REPEAT_METHOD,
+    T_METHOD,
+    Interval,
+    RateStep,
+    SearchConfig,
+)
 from loadgen.decide import ArmResult, Decision, capacity_text, headline, interval_text, j_at
 from loadgen.experiments import numeric_format
 from loadgen.timebase import TimeBase
@@ -92,8 +99,11 @@ def method_note(r: SearchReport) -> str:
             f"{c.tolerance:.0%}; {c.trials} trials per rate (seeds {c.seed}..."
             f"{c.seed + c.trials - 1}); a rate stops early once its target is out of reach or "
             f"after an over-saturated trial (TTFT and in-flight rising, TTFT by more than its "
-            f"limit). Intervals: attainment and "
-            f"J/out-tok: {T_METHOD}; capacity: {CAPACITY_METHOD}.")
+            f"limit); then each seed is run at the rates tried until its own crossing is "
+            f"bracketed, and seeds are added while the capacity's interval is wider than "
+            f"+/-{c.max_half_width_pct:g} % (at most {c.max_trials}). Intervals: attainment and "
+            f"J/out-tok: {T_METHOD}; capacity: {CAPACITY_METHOD}; a repeat's range (where "
+            f"another run's estimate is expected, in the JSON): {REPEAT_METHOD}.")
 
 
 def text(r: SearchReport) -> str:
@@ -119,7 +129,9 @@ def to_json(r: SearchReport) -> dict[str, Any]:
         "time_base": r.base.name, "slo": r.slo,
         "target_attainment": r.config.target_attainment,
         "search": {"start_rps": r.config.start_rps, "max_rps": r.config.max_rps,
-                   "trials": r.config.trials, "tolerance": r.config.tolerance,
+                   "trials": r.config.trials, "max_trials": r.config.max_trials,
+                   "max_half_width_pct": r.config.max_half_width_pct,
+                   "tolerance": r.config.tolerance,
                    "growth": r.config.growth, "seed": r.config.seed},
         "decision": {"verdict": d.verdict, "recommended": d.recommended, "tied": list(d.tied),
                      "need_rps": d.need_rps, "need_source": d.need_source,
@@ -133,6 +145,7 @@ def to_json(r: SearchReport) -> dict[str, Any]:
                   "first_miss_rps": a.search.first_miss_rps,
                   "max_tested_rps": a.search.max_tested_rps,
                   "capacity_interval": _iv(a.search.interval),
+                  "capacity_repeat_range": _iv(a.search.repeat),
                   "j_per_output_token_at_need": _iv(j_at(a, d.need_rps))
                   if d.need_rps is not None else None,
                   "steps": [{"rate_rps": s.rate_rps, "meets": s.meets,

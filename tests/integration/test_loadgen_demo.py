@@ -46,7 +46,7 @@ def test_demo_runs_tenants_precisions_and_routing_then_stops_everything(
     assert any(x in proc.stdout for x in ("\nRecommended: ", "\nNo significant difference ",
                                           "\nNo recommendation ("))
     assert "SLO capacity (req/s, engine time) [95 % CI]" in proc.stdout
-    assert "Time base: engine time (simulator time_scale 0.1)" in proc.stdout
+    assert "Time base: engine time (simulator time_scale 0.4)" in proc.stdout
     assert "\nleast_load " in proc.stdout and "\nslo_energy " in proc.stdout
     # Energy is shown: gateway accounting when it has records, else the simulated engines'
     # ground truth, labelled as such.
