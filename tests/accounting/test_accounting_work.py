@@ -41,15 +41,32 @@ def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
 
 
 def test_non_streamed_request_places_decode_at_its_end_and_prefill_before_it() -> None:
-    """Dispatched at 1000.5, done at 1003.5: 8 tokens at 0.25 s each end the span
-    (1001.5..1003.5), the prefill (1000 / 2000 tok/s = 0.5 s) comes just before them
-    (1001.0..1001.5), and the half second before that was queueing: not resident."""
+    """Dispatched at 1000.5, done at 1003.5: 8 tokens at 0.1 s each end the span
+    (1002.7..1003.5), the prefill (1000 / 2000 tok/s = 0.5 s) comes just before them
+    (1002.2..1002.7), and the 1.7 s before that (more than the request's own 1.3 s) was
+    queueing: not resident."""
     rec = record(stream=False, first_token_s=None, read_times=(), read_events=())
-    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 2000.0, 0.25))}
-    assert sorted(rows) == [1001, 1002, 1003]
-    assert rows[1001].prefill_tokens == 1000
-    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
-    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(2.5)
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 2000.0, 0.1))}
+    assert sorted(rows) == [1002, 1003]
+    assert rows[1002].prefill_tokens == 1000
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([3, 5])
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.3)
+
+
+def test_non_streamed_request_that_decoded_slower_than_the_pace_was_not_queued() -> None:
+    """Dispatched at 1000.5, done at 1002.0: the prefill (0.5 s) and 8 tokens at the 0.1 s
+    pace would take 1.3 s of the 1.5 s span. An engine that is not queueing starts a request
+    in its next step; the decode was slower than the pace (steps that held neighbours'
+    prompts), so the request was resident from its dispatch, prefill first (it was placed
+    0.2 s late, its prefill straddling two intervals)."""
+    rec = record(stream=False, first_token_s=None, read_times=(), read_events=(),
+                 engine_done_s=2.0, finished_s=2.0)
+    rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 2000.0, 0.1))}
+    assert sorted(rows) == [1000, 1001]
+    assert rows[1000].prefill_tokens == 1000 and rows[1000].decode_tokens == 0.0
+    assert rows[1000].start_s == pytest.approx(0.5)
+    assert rows[1001].decode_tokens == pytest.approx(8)
+    assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.5)
 
 
 def test_long_prefill_is_placed_over_its_whole_span_before_the_first_token() -> None:
@@ -80,7 +97,8 @@ def test_non_streamed_work_ends_when_the_engine_finished_not_when_the_gateway_re
     rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 10_000.0, 0.05)]
     assert [r.interval_idx for r in rows] == [1000]
     assert rows[0].decode_tokens == pytest.approx(8) and rows[0].prefill_tokens == 1000
-    assert rows[0].residency_s == pytest.approx(0.1 + 0.4)  # prefill 0.1 s, decode 8 x 0.05
+    # prefill 0.1 s and decode 8 x 0.05 s fill the engine's span: no queueing in it
+    assert rows[0].residency_s == pytest.approx(0.8)
 
 
 def test_stream_ended_before_its_first_token_is_charged_its_prefill() -> None:
