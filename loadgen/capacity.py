@@ -4,8 +4,10 @@ The search, per arm: offer `start_rps`, multiply the rate by `growth` while the 
 (up to `max_rps`), then bisect between the largest rate that met it and the smallest that did
 not until they are within `tolerance` (5 %) of each other. A rate "meets the SLO" when the mean
 attainment of its trials is at least the target (the `--attainment` threshold). A trial that
-could not be graded (the client fell behind its schedule) counts as attainment 0: the load
-generator could not offer that rate, so it is not shown as met.
+could not be graded (the client fell behind its schedule) is run again, up to
+`UNGRADED_RETRIES` times (`retry_ungraded`: a passing stall of the machine is not the rate's
+fault); one that still lags counts as attainment 0: the load generator could not offer that
+rate, so it is not shown as met.
 
 Every rate is run `trials` times with seeds `seed, seed + 1, ...` (the same seeds at every rate
 and on every arm, so arms and rates are compared on the same schedules). A rate stops early
@@ -163,6 +165,19 @@ class CapacityResult:
 
 
 RunAt = Callable[[float, int], Awaitable[Trial]]  # (rate req/s, seed) -> one trial
+UNGRADED_RETRIES = 2
+
+
+async def retry_ungraded(once: Callable[[], Awaitable[Trial]],
+                         retries: int = UNGRADED_RETRIES) -> tuple[Trial, int]:
+    """`once()`, run again while its trial is not graded, at most `retries` more times: the
+    trial and how many runs it took."""
+    runs = 1
+    trial = await once()
+    while trial.attainment is None and runs <= retries:
+        runs += 1
+        trial = await once()
+    return trial, runs
 
 
 def _attainment(t: Trial) -> float:

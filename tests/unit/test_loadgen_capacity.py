@@ -12,6 +12,7 @@ import pytest
 from loadgen.capacity import (
     CAPACITY_METHOD,
     REPEAT_METHOD,
+    UNGRADED_RETRIES,
     CapacityResult,
     RateStep,
     RunAt,
@@ -19,6 +20,7 @@ from loadgen.capacity import (
     Trial,
     over_saturated,
     per_trial_capacity,
+    retry_ungraded,
     search_capacity,
     t975,
     t_interval,
@@ -230,3 +232,21 @@ def test_a_coarse_bracket_adds_no_seeds_when_the_trials_agree() -> None:
     r = asyncio.run(search_capacity(fake_arm(80.0, 0.0)[1], cfg))
     assert r.interval is not None and r.interval.n == 3
     assert r.interval.half_width_pct > 10.0  # the bracket's width, over the limit
+
+
+def test_an_ungraded_trial_is_run_again_before_it_counts_as_a_miss() -> None:
+    """A trial the client could not keep to schedule once (a passing stall) is run again; one
+    that lags every time counts as a miss after the retries."""
+    results = iter([None, None, 0.97])
+
+    async def stalls_twice() -> Trial:
+        return Trial(0, next(results), None)
+
+    trial, runs = asyncio.run(retry_ungraded(stalls_twice))
+    assert trial.attainment == 0.97 and runs == 3
+
+    async def always_lags() -> Trial:
+        return Trial(0, None, None)
+
+    trial, runs = asyncio.run(retry_ungraded(always_lags))
+    assert trial.attainment is None and runs == 1 + UNGRADED_RETRIES
