@@ -36,6 +36,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "deploy" / "examples"
 MODEL = "llama-3.1-8b"
 ADMIN_KEY = "sk-demo-admin"
 PRECISIONS = ("bf16", "fp8", "int8", "int4")
+DEFAULT_DURATION_S = 60.0  # `wattgate demo --duration`'s default
 # The fleet is simulated, and the simulator counts one prompt token per word: words are its
 # exact unit, chosen on purpose (the report says so), so there is nothing to warn about.
 SIM_PROMPTS = WordPrompts(chosen=True)
@@ -155,11 +156,14 @@ async def _phases(base_url: str, engine_urls: list[str], duration_s: float, seed
     # 60 s -> 8 s trials: 3 s ones measure a transient and overstate capacity, and their
     # capacities move between runs beyond their intervals (bench/results/precision_search*.md)
     trial_s, routing_s = max(2.0, duration_s / 7.5), max(3.0, duration_s / 10)
+    # a short demo (a smoke run) adds no seeds: its trials are too short to narrow anything
+    max_trials = dp.MAX_TRIALS if duration_s >= DEFAULT_DURATION_S else dp.TRIALS
     _say(f"phase 2: capacity search per precision ({', '.join(dp.PRECISIONS)}): from "
          f"{dp.SEARCH_START_RPS:g} req/s (engine time) doubling until the SLO is missed, then "
-         f"bisection to 5 %, {dp.TRIALS} trials of {trial_s:.0f} s per rate")
+         f"bisection to 5 %, {dp.TRIALS} trials of {trial_s:.0f} s per rate, seeds added up to "
+         f"{max_trials} while a capacity's interval is wider than +/-10 %")
     search, sweep = await dp.precision_search(stack, trial_s, seed, ADMIN_KEY, energy_wait_s,
-                                              _say)
+                                              _say, max_trials)
     top = dp.paired_at_common_rate(search, sweep)
     deltas = [paired_delta(top[0].label, top[0].requests, o.label, o.requests,
                            top[0].energy_overall, o.energy_overall) for o in top[1:]]

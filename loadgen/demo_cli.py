@@ -19,8 +19,10 @@ import click
 
 @click.command()
 @click.option("--duration", "duration_s", type=float, default=60.0, show_default=True,
-              help="Seconds of the three-tenant load is half of it; then a precision sweep "
-                   "(16 short runs) and a routing comparison follow, about 2 minutes in all.")
+              help="Seconds of the three-tenant load is half of it; then a capacity search "
+                   "per precision (trials of DURATION/7.5 s; at 60 s or more, seeds are added "
+                   "while a capacity's interval is wider than +/-10 %) and a routing "
+                   "comparison, about 6 minutes in all at the default.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("out/demo"), show_default=True)
 @click.option("--keep-running", is_flag=True, help="Leave the gateway and fleet up afterwards.")

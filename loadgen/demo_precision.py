@@ -175,7 +175,8 @@ def engine_workload(duration_s: float, seed: int) -> Workload:
 
 
 async def precision_search(stack: ScaledStack, trial_s: float, seed: int, admin_key: str,
-                           wait_s: float, say: Callable[[str], None]
+                           wait_s: float, say: Callable[[str], None],
+                           max_trials: int = MAX_TRIALS
                            ) -> tuple[SearchReport, list[RunOutcome]]:
     """Each precision's SLO capacity by search (loadgen/capacity.py), the arms at once (one
     engine each, all vLLM: one engine kind per arm), through the least_load gateway;
@@ -185,7 +186,7 @@ async def precision_search(stack: ScaledStack, trial_s: float, seed: int, admin_
             for p in PRECISIONS]
     cfg = SearchConfig(start_rps=SEARCH_START_RPS, max_rps=SEARCH_MAX_RPS,
                        target_attainment=TARGET_ATTAINMENT, trials=TRIALS, seed=seed,
-                       max_trials=MAX_TRIALS)
+                       max_trials=max_trials)
     opts = RunOptions(admin_key=admin_key, energy_wait_s=wait_s, progress=False,
                       client=ClientOptions())
     results, outcomes = await search_arms(arms, engine_workload(trial_s, seed), cfg, BASE, opts,
