@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: demo test test-extras test-workers lint typecheck unit bench install install-run clean
+.PHONY: demo test test-extras test-workers test-replicas lint typecheck unit bench install install-run clean
 
 # what serving and the demo need (pyproject's dependencies), without the dev toolchain
 $(RUN_STAMP): pyproject.toml setup.py accounting/_streamed.c
@@ -53,6 +53,15 @@ WORKERS_SUITES := tests/faults/test_failed_energy.py tests/faults/test_log_safet
 	tests/integration/test_soak_quick.py
 test-workers: $(STAMP)
 	WATTGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q $(WORKERS_SUITES)
+
+# The same fault tests with each gateway they start as 3 replicas behind a round-robin TCP
+# front, sharing one PostgreSQL ledger and rate store (tests/support/replicas.py); needs the
+# PostgreSQL server binaries (`.ci/run` installs them first). The quick soak is not among
+# them: bench.soak runs one node.
+REPLICAS_SUITES := $(filter-out tests/integration/test_soak_quick.py,$(WORKERS_SUITES)) \
+	tests/integration/test_rr_front.py
+test-replicas: $(STAMP)
+	WATTGATE_TEST_REPLICAS=3 WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q $(REPLICAS_SUITES)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.apportion

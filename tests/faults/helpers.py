@@ -15,7 +15,8 @@ import orjson
 
 from tests.support.fault_engine import FaultEngine
 from tests.support.gateway import ADMIN_KEY, KEY_A, raw_config
-from tests.support.procs import free_port, running, wattgate_cmd
+from tests.support.procs import free_port
+from tests.support.replicas import gateway_set, members
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -63,8 +64,13 @@ def is_ejected(row: dict[str, Any]) -> bool:
 
 
 async def metrics_text(s: aiohttp.ClientSession, gw: str) -> str:
-    async with s.get(gw + "/metrics") as r:
-        return await r.text()
+    """The gateway's /metrics page; behind a front, every replica's, one after another (a
+    counter's samples are then summed over the replicas, as `sum` does in Prometheus)."""
+    pages = []
+    for url in members(gw):
+        async with s.get(url + "/metrics") as r:
+            pages.append(await r.text())
+    return "\n".join(pages)
 
 
 async def wait_for(check: Callable[[], Any], timeout_s: float = 20.0, what: str = "") -> Any:
@@ -162,10 +168,7 @@ def write_config(tmp_path: Path, endpoints: Sequence[dict[str, Any]], **extra: A
 def gateway_process(config: Path, port: int, log: Path, nofile: int | None = None
                     ) -> Iterator[str]:
     """`wattgate serve` on `port`, stdout/stderr to `log`; `nofile` caps RLIMIT_NOFILE (soft
-    and hard) of that process alone. Always stopped."""
-    cmd = wattgate_cmd("serve", "--config", str(config))
-    if nofile is not None:
-        cmd = ["prlimit", f"--nofile={nofile}:{nofile}", "--", *cmd]
-    url = f"http://127.0.0.1:{port}"
-    with running(cmd, url + "/healthz", timeout_s=60, log=log):
-        yield url
+    and hard) of that process alone. Always stopped. With WATTGATE_TEST_REPLICAS, replicas
+    behind a front on `port` (tests/support/replicas.py)."""
+    with gateway_set(config, port, log, nofile=nofile) as gw:
+        yield gw.url

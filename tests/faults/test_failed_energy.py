@@ -4,13 +4,14 @@ engine hangs on before its head (504) and a stream it stalls after two tokens la
 engine's failed account, not on tenant-a's bill (the first wholly, the second after its
 tokens); with `accounting.failed_energy: tenant` they are billed. Under both settings the
 meters are tenants + idle + failed in /admin/v1/usage, in /v1/usage's tenant view against
-the admin view, and in the accounting metrics; requests are counted by outcome class."""
+the admin view, and in the accounting metrics; requests are counted by outcome class. Behind
+a front (WATTGATE_TEST_REPLICAS), the same over the replicas' one PostgreSQL ledger, with
+the metrics summed over the replicas (only the leading apportioner's move)."""
 
 from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import sys
 import time
 import urllib.error
@@ -22,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.faults.helpers import ep, gateway_process, write_config
+from tests.faults.helpers import ep, write_config
 from tests.support.gateway import ADMIN_KEY, KEY_A
 from tests.support.procs import TEST_WORKERS, free_port, running
+from tests.support.replicas import gateway_set, ledger_of, ledger_rows, members
 
 pytestmark = pytest.mark.timeout(120)
 TIMEOUTS = {"connect_s": 2, "first_byte_s": 1.5, "read_s": 1.5, "total_s": 30}
@@ -75,8 +77,18 @@ def metric(text: str, name: str) -> float:
         rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
 
 
+def metrics_page(gw: str) -> str:
+    """/metrics of the gateway, or of each replica behind the front one after another."""
+    return "\n".join(call(f"{url}/metrics")[1].decode() for url in members(gw))
+
+
+def healthy_everywhere(gw: str) -> bool:
+    return all(json.loads(call(f"{url}/admin/v1/endpoints")[1])["endpoints"][0]["healthy"]
+               for url in members(gw))
+
+
 @contextmanager
-def stack(tmp_path: Path, setting: str) -> Iterator[tuple[str, Path]]:
+def stack(tmp_path: Path, setting: str) -> Iterator[tuple[str, Path | str]]:
     eport = free_port()
     engine = f"http://127.0.0.1:{eport}"
     ledger = tmp_path / "ledger.db"
@@ -87,21 +99,19 @@ def stack(tmp_path: Path, setting: str) -> Iterator[tuple[str, Path]]:
         "ledger": {"kind": "sqlite", "path": str(ledger)}})
     with running([sys.executable, "-m", "tests.support.fault_engine", "--port", str(eport)],
                  engine + "/health", timeout_s=30), \
-            gateway_process(config, port, tmp_path / "gw.log") as gw:
-        yield gw, ledger
+            gateway_set(config, port, tmp_path / "gw.log") as gw:
+        yield gw.url, ledger_of(gw, ledger)
 
 
-def apportioned_past(ledger: Path, until_s: float) -> bool:
-    with sqlite3.connect(ledger) as db:
-        row = db.execute("SELECT next_interval FROM engine_state WHERE engine = 'e1'").fetchone()
-    return row is not None and float(row[0]) >= until_s + 1.0
+def apportioned_past(ledger: Path | str, until_s: float) -> bool:
+    rows = ledger_rows(ledger, "SELECT next_interval FROM engine_state WHERE engine = 'e1'")
+    return bool(rows) and float(rows[0][0]) >= until_s + 1.0
 
 
-def metered_j(ledger: Path, since_s: float, until_s: float) -> float:
-    with sqlite3.connect(ledger) as db:
-        return float(db.execute("SELECT COALESCE(SUM(energy_j), 0) FROM intervals "
-                                "WHERE start_s >= ? AND start_s < ?",
-                                (since_s, until_s)).fetchone()[0])
+def metered_j(ledger: Path | str, since_s: float, until_s: float) -> float:
+    ((got,),) = ledger_rows(ledger, "SELECT COALESCE(SUM(energy_j), 0) FROM intervals "
+                            "WHERE start_s >= ? AND start_s < ?", since_s, until_s)
+    return float(got)
 
 
 @pytest.mark.parametrize("setting", ["failed_account", "tenant"])
@@ -109,8 +119,7 @@ def test_a_hung_and_a_stalled_engine_request_are_billed_by_the_switch_and_conser
         tmp_path: Path, setting: str) -> None:
     since = float(int(time.time()) - 5)
     with stack(tmp_path, setting) as (gw, ledger):
-        wait_for("a healthy engine", lambda: json.loads(call(f"{gw}/admin/v1/endpoints")[1])[
-            "endpoints"][0]["healthy"])
+        wait_for("a healthy engine", lambda: healthy_everywhere(gw))
         served = [complete(gw, "ok", stream=i % 2 == 0) for i in range(4)]
         assert all(s == 200 for s, _, _ in served)
         h_status, h_raw, hung = complete(gw, "hang-head", stream=False)
@@ -129,7 +138,7 @@ def test_a_hung_and_a_stalled_engine_request_are_billed_by_the_switch_and_conser
         t_status, t_raw, _ = call(f"{gw}/v1/usage?{q}", KEY_A)
         assert t_status == 200, t_raw
         tenant_view = json.loads(t_raw)
-        page = call(f"{gw}/metrics")[1].decode()
+        page = metrics_page(gw)
         meters_j = metered_j(ledger, since, until)
 
     by_id = dict(zip(ids, details, strict=True))

@@ -1,6 +1,8 @@
 """20,000 idle connections against a `wattgate serve` process whose file descriptors are capped
 at 1024: the gateway keeps serving normal requests during the attack, answers the excess 503
-overloaded (or 408 once a head never came), and never ejects an engine for its own EMFILE."""
+overloaded (or 408 once a head never came), and never ejects an engine for its own EMFILE.
+Behind a front (WATTGATE_TEST_REPLICAS), each replica is capped at 1024, the connections are
+spread over them, and each one's engine view and /metrics are checked."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 
 from tests.faults.helpers import ADMIN, AUTH, ep, gateway_process, write_config
 from tests.support.procs import free_port, running
+from tests.support.replicas import members
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 IDLE_CONNECTIONS = 20_000
@@ -133,19 +136,22 @@ def test_20000_idle_connections_at_1024_fds_leave_the_gateway_serving(tmp_path: 
             status, body, _ = _until_ok(gw + "/v1/completions", 60, data=payload,
                                         headers=headers)
             assert status == 200 and b"tok" in body, body
-            status, body, _ = _until_ok(gw + "/admin/v1/endpoints", 60, headers=ADMIN)
-            assert status == 200
-            row = json.loads(body)["endpoints"][0]
-            assert row["healthy"] and not row.get("ejected_until"), row
-            status, text, _ = _until_ok(gw + "/metrics", 60)
+            pages = []
+            for url in members(gw):  # behind a front: each replica, under its share
+                status, body, _ = _until_ok(url + "/admin/v1/endpoints", 60, headers=ADMIN)
+                assert status == 200
+                row = json.loads(body)["endpoints"][0]
+                assert row["healthy"] and not row.get("ejected_until"), (url, row)
+                status, text, _ = _until_ok(url + "/metrics", 60)
+                pages.append(text.decode())
             outcomes = _outcomes(socks)
         finally:
             for s in socks:
                 s.close()
         assert all(line.startswith((b"HTTP/1.1 503", b"HTTP/1.1 408")) or line in
                    (b"<closed>", b"<reset>") for line in outcomes), outcomes
-        metrics = text.decode()
-        assert 'wattgate_endpoint_healthy{engine="engine"' in metrics
+        metrics = "\n".join(pages)
+        assert all('wattgate_endpoint_healthy{engine="engine"' in page for page in pages)
         assert [line for line in metrics.splitlines()
                 if line.startswith("wattgate_endpoint_healthy{")
                 and line.endswith(" 0.0")] == []

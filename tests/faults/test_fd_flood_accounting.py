@@ -13,7 +13,6 @@ import errno
 import json
 import select
 import socket
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,8 @@ import yaml
 from gateway.front.fdbudget import connection_budget
 from tests.faults.test_fd_exhaustion import _own_fd_limit
 from tests.support.gateway import KEY_A, raw_config
-from tests.support.procs import TEST_WORKERS, free_port, running, stop, wattgate_cmd
+from tests.support.procs import TEST_WORKERS, free_port, running, wattgate_cmd
+from tests.support.replicas import gateway_set, ledger_rows, shared_postgres, stop_all
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 MODEL = "llama-3.1-8b"
@@ -124,46 +124,49 @@ async def _streams(port: int, count: int) -> list[tuple[int, str | None, bool]]:
     return await asyncio.gather(*(_stream(port, n) for n in range(count)))
 
 
-def _ledger_ids(tmp: Path) -> set[str]:
-    with contextlib.closing(sqlite3.connect(tmp / "ledger.db")) as db:
-        return {r[0] for r in db.execute("SELECT request_id FROM requests")}
+def _ledger_ids(tmp: Path, dsn: str) -> set[str]:
+    return {r[0] for r in ledger_rows(dsn or tmp / "ledger.db", "SELECT request_id FROM requests")}
 
 
 @pytest.mark.parametrize("nofile", [256, 1024])
 def test_fd_flood_is_shed_with_503_and_loses_no_record(tmp_path: Path, nofile: int) -> None:
+    """Behind a front (WATTGATE_TEST_REPLICAS), each replica is capped at `nofile` and the
+    flood is spread over them: the idle connections held are at most the replicas' budgets
+    together, each replica keeps its own accounting child, and the one ledger holds every
+    answer."""
     budget = connection_budget(nofile, 1024, 1)
     eport, gport = free_port(), free_port()
     engine = f"http://127.0.0.1:{eport}"
     cfg = _config(tmp_path, engine, gport)
     sim = wattgate_cmd("sim", "--gpu", "h100", "--model", MODEL, "--precision", "bf16",
                        "--port", str(eport))
-    serve = ["prlimit", f"--nofile={nofile}:{nofile}", "--",
-             *wattgate_cmd("serve", "--config", str(cfg))]
-    with _own_fd_limit(8192), \
+    with _own_fd_limit(8192), shared_postgres() as dsn, \
             running(sim, engine + "/health", timeout_s=60, log=tmp_path / "sim.log"):
-        answered, stats = _flood_once(tmp_path, serve, gport, nofile, budget)
+        answered, stats = _flood_once(tmp_path, cfg, gport, nofile, budget, dsn)
         log = (tmp_path / "gw1.log").read_text(errors="replace")
         assert "Too many open files" not in log and "Traceback" not in log, log[-3000:]
         assert "killing it" not in log and "could not start" not in log, log[-3000:]
-        assert answered - _ledger_ids(tmp_path) == set()
+        assert answered - _ledger_ids(tmp_path, dsn) == set()
         # a restart: nothing replayed or revised loses a row
-        with running(serve, f"http://127.0.0.1:{gport}/readyz", timeout_s=60,
-                     log=tmp_path / "gw2.log") as gw2:
-            stop(gw2)
-    assert answered - _ledger_ids(tmp_path) == set()
+        with gateway_set(cfg, gport, tmp_path / "gw2.log", nofile=nofile, ready="/readyz",
+                         dsn=dsn) as gw2:
+            stop_all(gw2)
+        assert answered - _ledger_ids(tmp_path, dsn) == set()
     print(f"nofile {nofile}: cap {budget}, {stats}", file=sys.stderr)
 
 
-def _flood_once(tmp_path: Path, serve: list[str], gport: int, nofile: int, budget: int
+def _flood_once(tmp_path: Path, cfg: Path, gport: int, nofile: int, budget: int, dsn: str
                 ) -> tuple[set[str], str]:
     """Flood the gateway with idle connections, then with streams; stop it. Returns the ids
     answered 200 and what was seen."""
-    with running(serve, f"http://127.0.0.1:{gport}/readyz", timeout_s=60,
-                 log=tmp_path / "gw1.log") as gw:
-        child = _children(gw.pid)  # the accounting child, and the workers where several serve
-        assert len(child) == 1 + (TEST_WORKERS if TEST_WORKERS > 1 else 0), child
-        # each worker holds up to `budget` (the kernel spreads connections over them)
-        budget *= TEST_WORKERS
+    with gateway_set(cfg, gport, tmp_path / "gw1.log", nofile=nofile, ready="/readyz",
+                     dsn=dsn) as gw:
+        # each process's accounting child, and its workers where several serve
+        children = [_children(proc.pid) for proc in gw.procs]
+        for child in children:
+            assert len(child) == 1 + (TEST_WORKERS if TEST_WORKERS > 1 else 0), child
+        # each worker of each replica holds up to `budget` (connections are spread over them)
+        budget *= TEST_WORKERS * len(gw.procs)
         socks = _open_idle(gport, budget + 100)
         try:
             time.sleep(1.5)
@@ -181,7 +184,7 @@ def _flood_once(tmp_path: Path, serve: list[str], gport: int, nofile: int, budge
         assert len(served) >= min(budget, len(results)) // 4, len(served)
         answered = {rid for _, rid, _ in served if rid}
         assert len(answered) == len(served)
-        assert _children(gw.pid) == child, "the accounting child (or a worker) was replaced"
-        stop(gw)
-        assert gw.returncode == 0
+        assert [_children(proc.pid) for proc in gw.procs] == children, \
+            "an accounting child (or a worker) was replaced"
+        assert stop_all(gw) == [0] * len(gw.procs)
     return answered, f"idle {idle}, streams {len(results)}, served {len(served)}"

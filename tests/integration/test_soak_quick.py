@@ -13,12 +13,17 @@ import orjson
 import pytest
 
 from tests.support.procs import TEST_WORKERS
+from tests.support.replicas import TEST_REPLICAS
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.skipif(TEST_REPLICAS > 1, reason=(
+    "bench.soak starts and samples one node (a gateway or a --workers node, SQLite ledger) "
+    "itself; it has no replica set (PostgreSQL, a front) to run, and bench cannot use the "
+    "tests' replica support"))
 def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--duration-s", "30",
                            "--workers", str(TEST_WORKERS), "--out", str(tmp_path)],

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 from loadgen.procs import free_port, stop
 
@@ -53,11 +54,14 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] |
 
 @contextlib.contextmanager
 def running(cmd: Sequence[str], ready_url: str | None = None, *, timeout_s: float = 30.0,
-            env: dict[str, str] | None = None, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `cmd` in its own process group; wait for `ready_url`; kill the group on exit."""
-    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
+            env: dict[str, str] | None = None, log: Path | None = None,
+            out: IO[bytes] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` in its own process group; wait for `ready_url`; kill the group on exit. Its
+    output goes to `log` (a file of its own) or `out` (a file the caller holds open)."""
+    dest: IO[bytes] | int = (open(log, "wb") if log  # noqa: SIM115 - closed below
+                             else out if out is not None else subprocess.DEVNULL)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(list(cmd), cwd=REPO, env=full_env, stdout=dest, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
         if ready_url:
@@ -65,5 +69,5 @@ def running(cmd: Sequence[str], ready_url: str | None = None, *, timeout_s: floa
         yield proc
     finally:
         stop(proc)
-        if log:
-            out.close()  # type: ignore[union-attr]
+        if log and not isinstance(dest, int):
+            dest.close()
