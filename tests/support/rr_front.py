@@ -25,6 +25,10 @@ from typing import cast
 import uvloop
 
 HOST = "127.0.0.1"
+# how long a client's connection is read (and what it sends dropped) after the replica's side
+# ended, before it is closed: closing a socket that still receives turns the close into a
+# reset, and a reset can cost the client the answer it has not read yet
+LINGER_S = 2.0
 
 
 class Half(asyncio.Protocol):
@@ -38,6 +42,7 @@ class Half(asyncio.Protocol):
         self.early = bytearray()  # the client's bytes before the replica's side connected
         self.eof = False
         self.closed = False
+        self.draining = False  # the replica's side ended: what the client sends is dropped
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -56,13 +61,29 @@ class Half(asyncio.Protocol):
             self.peer.transport.write(bytes(self.early))
             self.early.clear()
         if self.closed:
-            self.peer.transport.close()
+            self.peer.end()
         elif self.eof:
             self._pass_eof()
         else:
             self.transport.resume_reading()
 
+    def end(self) -> None:
+        """Close this side after what is buffered is sent; a client's side is half-closed
+        first and read for up to LINGER_S (a lingering close, as web servers do)."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self.is_replica or not t.can_write_eof():
+            t.close()
+            return
+        self.draining = True
+        t.write_eof()
+        t.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, t.close)
+
     def data_received(self, data: bytes) -> None:
+        if self.draining:
+            return
         if self.peer is None or self.peer.transport is None:
             self.early += data
             if len(self.early) > 1 << 16 and self.transport is not None:
@@ -71,6 +92,8 @@ class Half(asyncio.Protocol):
         self.peer.transport.write(data)
 
     def eof_received(self) -> bool:
+        if self.draining:
+            return False  # the client is done too: close
         self.eof = True
         if self.peer is not None:
             self._pass_eof()
@@ -80,14 +103,14 @@ class Half(asyncio.Protocol):
         assert self.peer is not None and self.peer.transport is not None
         peer = self.peer.transport
         if self.is_replica:
-            peer.close()  # the replica closed: the client gets what came, then the close
+            self.peer.end()  # the replica closed: the client gets what came, then the close
         elif peer.can_write_eof() and not peer.is_closing():
             peer.write_eof()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.close()  # flushes what is buffered, then closes
+            self.peer.end()  # flushes what is buffered, then closes
 
     def pause_writing(self) -> None:
         if self.peer is not None and self.peer.transport is not None:
@@ -121,8 +144,7 @@ class Front:
         try:
             _, replica = await loop.create_connection(ReplicaHalf, HOST, port)
         except OSError:
-            if client.transport is not None:
-                client.transport.close()
+            client.end()
             return
         if client.closed:  # the client went away while the replica's side connected
             assert replica.transport is not None
