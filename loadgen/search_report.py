@@ -14,6 +14,7 @@ from loadgen.capacity import (
     CAPACITY_METHOD,
     REPEAT_METHOD,
     T_METHOD,
+    CapacityResult,
     Interval,
     RateStep,
     SearchConfig,
@@ -37,7 +38,8 @@ def header(r: SearchReport) -> tuple[str, ...]:
     need = "n/a" if r.decision.need_rps is None else f"{r.decision.need_rps:.3g}"
     tb = r.base.short
     return ("arm", "engine", "precision", f"SLO capacity (req/s, {tb}) [95 % CI]",
-            f"J/out-tok at {need} req/s [95 % CI]", "rates tried", "quality", "format")
+            f"a repeat's range (req/s, {tb})", f"J/out-tok at {need} req/s [95 % CI]",
+            "rates tried", "quality", "format")
 
 
 def curve_title(r: SearchReport) -> str:
@@ -67,10 +69,22 @@ def rows(r: SearchReport) -> list[list[str]]:
         mark = (" (recommended)" if a.label == r.decision.recommended else
                 " (no significant difference)" if a.label in r.decision.tied else "")
         out.append([a.label + mark, a.engine_kind, a.precision, capacity_text(a.search),
+                    repeat_text(a.search),
                     interval_text(j_at(a, need)) if need is not None else "n/a",
                     str(len(a.search.steps)), quality_text(a, r.decision.min_quality),
                     numeric_format(a.precision)])
     return out
+
+
+def repeat_text(c: CapacityResult) -> str:
+    """Where another run with other seeds is expected to put this capacity: '[88.1, 102]',
+    or why there is none (one trial, or not saturated)."""
+    iv = c.repeat
+    if c.capacity_rps is None or not c.saturated:
+        return "n/a"
+    if iv is None or not (math.isfinite(iv.low) and math.isfinite(iv.high)):
+        return "n/a (1 trial)"
+    return f"[{iv.low:.3g}, {iv.high:.3g}]"
 
 
 def quality_text(a: ArmResult, floor: float | None) -> str:
@@ -103,7 +117,7 @@ def method_note(r: SearchReport) -> str:
             f"bracketed, and seeds are added while the capacity's interval is wider than "
             f"+/-{c.max_half_width_pct:g} % (at most {c.max_trials}). Intervals: attainment and "
             f"J/out-tok: {T_METHOD}; capacity: {CAPACITY_METHOD}; a repeat's range (where "
-            f"another run's estimate is expected, in the JSON): {REPEAT_METHOD}.")
+            f"another run with other seeds is expected to put its estimate): {REPEAT_METHOD}.")
 
 
 def text(r: SearchReport) -> str:

@@ -134,3 +134,31 @@ def test_trials_of_a_few_request_lifetimes_are_flagged() -> None:
     assert decide([a], None, "SLO", 0.9, "req/s").narrow_enough
     d = decide([flagged], None, "SLO", 0.9, "req/s")
     assert not d.narrow_enough and "span only 3.0 request lifetimes" in d.why
+
+
+def test_the_report_table_shows_each_capacitys_repeat_range() -> None:
+    """The terminal and HTML tables carry the repeat range beside the 95 % CI, in the table's
+    time base; an arm that never saturated, or ran one trial, has none."""
+    import dataclasses
+
+    from loadgen import report_html, search_report
+    from loadgen.capacity import SearchConfig
+    from loadgen.search_report import SearchReport
+    from loadgen.timebase import TimeBase
+
+    def with_repeat(a: ArmResult, repeat: Interval | None) -> ArmResult:
+        return dataclasses.replace(a, search=dataclasses.replace(a.search, repeat=repeat))
+
+    arms = (with_repeat(arm("bf16 (vllm)", 40.0, 0.3), iv(40.0, 4.6)),
+            with_repeat(arm("fp8 (vllm)", 70.0, 0.2, saturated=False), iv(70.0, 5.0)),
+            with_repeat(arm("int4 (vllm)", 30.0, 0.4),
+                        Interval(30.0, -math.inf, math.inf, 1, "t")))
+    report = SearchReport(arms, decide(list(arms), None, "SLO", 0.9, "req/s"),
+                          SearchConfig(25.0, 400.0), "SLO", TimeBase(0.4))
+    header = search_report.header(report)
+    col = header.index("a repeat's range (req/s, engine time)")
+    assert [r[col] for r in search_report.rows(report)] == ["[35.4, 44.6]", "n/a",
+                                                            "n/a (1 trial)"]
+    assert "[35.4, 44.6]" in search_report.text(report)
+    html = report_html.search_section(report)
+    assert "a repeat&#x27;s range (req/s, engine time)" in html and "[35.4, 44.6]" in html
