@@ -28,6 +28,7 @@ from bench.provenance import commit  # noqa: E402
 from loadgen import demo_precision as dp  # noqa: E402
 from loadgen import search_report as sr  # noqa: E402
 from loadgen.demo import ADMIN_KEY, EXAMPLES, finality_wait_s  # noqa: E402
+from loadgen.search_repeat import checks  # noqa: E402
 
 OUT = REPO / "bench" / "results"
 
@@ -42,49 +43,6 @@ def one_run(seed: int, trial_s: float) -> dict[str, Any]:
                 lambda s: print(s, file=sys.stderr)))
     print(sr.text(report))
     return sr.to_json(report)
-
-
-def _inside(cap: float | None, iv: dict[str, Any] | None) -> bool:
-    high = iv["high"] if iv and iv["high"] is not None else float("inf")
-    return bool(cap is not None and iv is not None and iv["low"] <= cap <= high)
-
-
-def _overlap(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    if a is None or b is None:
-        return False
-    inf = float("inf")
-    return bool(a["low"] <= (inf if b["high"] is None else b["high"])
-            and b["low"] <= (inf if a["high"] is None else a["high"]))
-
-
-def checks(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Same verdict across runs; each arm's capacity inside every other run's interval and
-    repeat range; each pair of runs' intervals overlapping."""
-    verdicts = [(r["decision"]["verdict"], r["decision"]["recommended"]) for r in runs]
-    same = len(set(verdicts)) == 1 or all(v == "no significant difference" for v, _ in verdicts)
-    contained, in_repeat, overlaps, pairs, outside = 0, 0, 0, 0, []
-    for i, a in enumerate(runs):
-        for j, b in enumerate(runs):
-            if i == j:
-                continue
-            for arm_a, arm_b in zip(a["arms"], b["arms"], strict=True):
-                cap, iv = arm_a["capacity_rps"], arm_b["capacity_interval"]
-                ok = _inside(cap, iv)
-                contained += ok
-                in_repeat += _inside(cap, arm_b.get("capacity_repeat_range"))
-                if i < j:
-                    pairs += 1
-                    overlaps += _overlap(arm_a["capacity_interval"], iv)
-                if not ok:
-                    outside.append(f"{arm_a['label']}: run {i} {cap:.3g} outside run {j} "
-                                   f"[{iv and iv['low']:.3g}, {iv and iv['high']:.3g}]"
-                                   if cap is not None and iv and iv["high"] is not None else
-                                   f"{arm_a['label']}: run {i} {cap} outside run {j} {iv}")
-    return {"same_recommendation": same, "verdicts": verdicts,
-            "capacities_inside_other_intervals": contained,
-            "capacities_inside_other_repeat_ranges": in_repeat,
-            "interval_pairs_overlapping": overlaps, "interval_pairs": pairs,
-            "outside": outside}
 
 
 def markdown(doc: dict[str, Any]) -> str:
