@@ -38,8 +38,7 @@ test: lint typecheck unit
 
 # The suites that need the optional components (vLLM, GuideLLM, PostgreSQL, Chromium,
 # promtool), with every one of them required: `.ci/run` installs them first.
-EXTRAS_SUITES := tests/realengine tests/deploy tests/integration/test_loadgen_demo.py \
-	tests/integration/test_precision_search_repeat.py
+EXTRAS_SUITES := tests/realengine tests/deploy tests/integration/test_loadgen_demo.py
 test-extras: $(STAMP)
 	$(BIN)/mypy
 	WATTGATE_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q $(EXTRAS_SUITES)
