@@ -56,8 +56,8 @@ test-workers: $(STAMP)
 
 # The same fault tests with each gateway they start as 3 replicas behind a round-robin TCP
 # front, sharing one PostgreSQL ledger and rate store (tests/support/replicas.py); needs the
-# PostgreSQL server binaries; run by hand, not by `.ci/run` yet (docs/operations.md). The quick soak is not among
-# them: bench.soak runs one node.
+# PostgreSQL server binaries (`.ci/run` runs it). The quick soak is not among them: bench.soak
+# runs one node.
 REPLICAS_SUITES := $(filter-out tests/integration/test_soak_quick.py,$(WORKERS_SUITES)) \
 	tests/integration/test_rr_front.py
 test-replicas: $(STAMP)
