@@ -119,14 +119,18 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                                          CONNECTIONS):
             for w in WORKERS:
                 target = nodes[cores, w]
-                child = accounting_child(target)
-                child0 = cpu_s(child)
+                child, root = accounting_child(target), target.cpu_pids()[:1]
+                child0, root0 = cpu_s(child), cpu_s(root)
                 res = run_wrk(target.url, mode, conns, args.duration,
                               target.cpu_pids, engine_pids, settle_s=args.settle)
                 # None where the child was restarted meanwhile (its CPU is then in the
                 # parent's, which the node's total counts)
                 child_us = ((cpu_s(child) - child0) * 1e6 / max(res.requests, 1)
                             if accounting_child(target) == child else None)
+                # the node's root process: with 1 worker the gateway itself, with 2 the parent
+                root_us = (cpu_s(root) - root0) * 1e6 / max(res.requests, 1)
+                workers_us = (None if child_us is None else res.proxy_cpu_us_per_req - child_us
+                              - (root_us if w > 1 else 0.0))
                 cells.append({"cores": cores, "workers": w, "mode": mode,
                               "connections": conns, "run": run,
                               "requests": res.requests, "rps": res.rps,
@@ -134,10 +138,12 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               "errors": res.errors, "node_cpu_s": res.proxy_cpu_s,
                               "cpu_us_per_req": res.proxy_cpu_us_per_req,
                               "child_cpu_us_per_req": child_us,
+                              "parent_cpu_us_per_req": root_us if w > 1 else None,
+                              "workers_cpu_us_per_req": workers_us,
                               "engine_client_core_busy": res.core0_busy})
                 log(f"run {run} cores {cores} {mode} c={conns} workers={w}: "
                     f"{res.rps:.0f} req/s, {res.proxy_cpu_us_per_req:.0f} us CPU/req "
-                    f"(child {child_us}), errors {res.errors}")
+                    f"(child {child_us}, workers {workers_us}), errors {res.errors}")
         spread = {f"{c}/{w}": per_worker(t) for (c, w), t in nodes.items() if w > 1}
         restarts = {f"{c}/{w}": child_restarts(t) for (c, w), t in nodes.items()}
     finally:
@@ -163,8 +169,9 @@ def summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row[f"cpu_us_per_req_{w}_range"] = [min(c["cpu_us_per_req"] for c in mine),
                                                 max(c["cpu_us_per_req"] for c in mine)]
             row[f"rps_{w}"] = statistics.median(c["rps"] for c in mine)
-            row[f"child_cpu_us_per_req_{w}"] = _median([c["child_cpu_us_per_req"]
-                                                        for c in mine])
+            for part in ("child", "workers", "parent"):
+                row[f"{part}_cpu_us_per_req_{w}"] = _median([c.get(f"{part}_cpu_us_per_req")
+                                                             for c in mine])
         # each run's 2-worker cell against the 1-worker cell measured right before it
         ratios = sorted(b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(
             [c for c in cells if (c["cores"], c["mode"], c["connections"], c["workers"])
@@ -199,15 +206,17 @@ def markdown(result: dict[str, Any]) -> str:
         "2-worker CPU per request over the 1-worker one measured just before it.", "",
         "| node's cores | mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) "
         "| ratio (range) | req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers "
-        "(us) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "(us) | workers' share, 1 / 2 workers (us) | parent's share, 2 workers (us) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["summary"]:
         lo, hi = r["cpu_ratio_range"]
         lines.append(
             f"| {r['cores']} | {r['mode']} | {r['connections']} | "
             f"{r['cpu_us_per_req_1']:.0f} | {r['cpu_us_per_req_2']:.0f} | "
             f"{r['cpu_ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {r['rps_1']:.0f} | {r['rps_2']:.0f} | "
-            f"{_us(r['child_cpu_us_per_req_1'])} / {_us(r['child_cpu_us_per_req_2'])} |")
+            f"{_us(r['child_cpu_us_per_req_1'])} / {_us(r['child_cpu_us_per_req_2'])} | "
+            f"{_us(r['workers_cpu_us_per_req_1'])} / {_us(r['workers_cpu_us_per_req_2'])} | "
+            f"{_us(r['parent_cpu_us_per_req_2'])} |")
     spread = "; ".join(f"cores {k.split('/')[0]}: {', '.join(f'{v:.0f}' for v in vals)}"
                        for k, vals in result["requests_per_worker"].items())
     restarts = ", ".join(f"{v:.0f} (cores {k.split('/')[0]}, {k.split('/')[1]} worker"
