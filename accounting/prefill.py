@@ -21,7 +21,6 @@ its prefill just before it: what comes first in that span is queueing. Pure: no 
 
 from __future__ import annotations
 
-import math
 from bisect import insort
 from collections import deque
 from statistics import median
@@ -99,7 +98,7 @@ class PrefillRates:
     def rate(self, engine: str, prompt_tokens: float = 0.0) -> float:
         """Prompt tokens per second the engine prefills a prompt of this length at: its length
         class's rate, else the nearest class's learnt (the longer one on a tie), else the
-        default; never slower than reading the shortest prompt of a longer learnt class takes."""
+        default; never slower than a longer class's learnt rate."""
         eng = self._engines.get(engine)
         if eng is None or not eng.rates:
             return self._default
@@ -107,16 +106,13 @@ class PrefillRates:
         got = eng.rates.get(k)
         if got is None:
             got = eng.rates[min(eng.rates, key=lambda c: (abs(c - k), -c))]
-        # A shorter prompt takes no longer to read than the shortest prompt of a longer
-        # class. A class's own samples can all be queued: medium prompts that only come in
+        # A shorter prompt is read at least as fast as a longer one (its tokens attend over
+        # less). A class's own samples can all be queued: medium prompts that only come in
         # bursts wait behind the burst's first 8,192-token step, and the 512-1,023 class was
         # learnt at 3,400 tok/s where the simulated H100 reads 1,000 tokens in 27 ms: the
-        # long spans moved those prefills and residencies into their neighbours' time. The
-        # bound is on time, not rate: a short prompt's fixed per-step cost makes its rate
-        # lower than a long one's.
-        cap_s = min((float(2 ** c) / r for c, r in eng.rates.items() if c > k and r > 0.0),
-                    default=math.inf)
-        return max(got, max(prompt_tokens, 1.0) / cap_s)
+        # long spans moved those prefills and residencies into their neighbours' time.
+        longer = max((r for c, r in eng.rates.items() if c > k), default=0.0)
+        return got if got >= longer else longer
 
     def tpot(self, engine: str) -> float:
         """Seconds per output token the engine decodes at (median of recent TPOTs)."""
