@@ -98,21 +98,16 @@ class PrefillRates:
     def rate(self, engine: str, prompt_tokens: float = 0.0) -> float:
         """Prompt tokens per second the engine prefills a prompt of this length at: its length
         class's rate, else the nearest class's learnt (the longer one on a tie), else the
-        default; never slower than a longer class's learnt rate."""
+        default."""
         eng = self._engines.get(engine)
         if eng is None or not eng.rates:
             return self._default
         k = length_class(prompt_tokens)
         got = eng.rates.get(k)
-        if got is None:
-            got = eng.rates[min(eng.rates, key=lambda c: (abs(c - k), -c))]
-        # A shorter prompt is read at least as fast as a longer one (its tokens attend over
-        # less). A class's own samples can all be queued: medium prompts that only come in
-        # bursts wait behind the burst's first 8,192-token step, and the 512-1,023 class was
-        # learnt at 3,400 tok/s where the simulated H100 reads 1,000 tokens in 27 ms: the
-        # long spans moved those prefills and residencies into their neighbours' time.
-        longer = max((r for c, r in eng.rates.items() if c > k), default=0.0)
-        return got if got >= longer else longer
+        if got is not None:
+            return got
+        nearest = min(eng.rates, key=lambda c: (abs(c - k), -c))
+        return eng.rates[nearest]
 
     def tpot(self, engine: str) -> float:
         """Seconds per output token the engine decodes at (median of recent TPOTs)."""

@@ -13,7 +13,6 @@ from accounting.prefill import (
     QUANTILE,
     WINDOW,
     PrefillRates,
-    length_class,
 )
 from core.records import RequestRecord
 from core.timing import latency
@@ -98,25 +97,5 @@ def test_the_rate_is_the_quantile_of_the_window_of_recent_samples_as_they_come_a
         del window[:-WINDOW]
         if len(window) >= MIN_SAMPLES:
             ordered = sorted(window)
-            # the class's own rate (rate() floors it by the longer classes')
-            assert rates.learnt()["e"][length_class(prompt)] == ordered[
-                min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
-
-
-def test_a_short_class_is_never_read_slower_than_a_longer_one() -> None:
-    """Medium prompts that only come in bursts are all queued behind the burst's first step:
-    their own samples say 3,500 tok/s. A longer class read at 30,000 tok/s bounds them: a
-    shorter prompt's tokens attend over less."""
-    rates = PrefillRates()
-    for _ in range(MIN_SAMPLES):
-        rates.observe(rec(700, 0.2))  # 3,500 tok/s, every sample queued
-        rates.observe(rec(12_000, 0.4))  # 30,000 tok/s
-    assert rates.rate("e", 700) == pytest.approx(30_000.0)
-    assert rates.rate("e", 200) == pytest.approx(30_000.0)  # nearest class, floored too
-    assert rates.rate("e", 12_000) == pytest.approx(30_000.0)
-    # a longer class that is slower (attention) leaves a faster short class alone
-    for _ in range(MIN_SAMPLES):
-        rates.observe(rec(30_000, 1.5))  # 20,000 tok/s
-        rates.observe(rec(1_500, 0.03))  # 50,000 tok/s
-    assert rates.rate("e", 1_500) == pytest.approx(50_000.0)
-    assert rates.rate("e", 30_000) == pytest.approx(20_000.0)
+            assert rates.rate("e", prompt) == ordered[min(len(ordered) - 1,
+                                                          int(QUANTILE * len(ordered)))]
