@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,7 @@ SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
 
 
+@functools.lru_cache(maxsize=4096)  # asked per admission; a hash each time showed in profiles
 def lock_key(tenant: str) -> int:
     """A stable signed 64-bit advisory-lock key per tenant."""
     return int.from_bytes(hashlib.sha256(f"wattgate-tenant:{tenant}".encode()).digest()[:8],
@@ -82,7 +84,7 @@ class _Ask:
     output_tokens: float
     first: str
     cheaper: Sequence[str]
-    rates: dict[str, Rates]
+    rates: Mapping[str, Rates]
     future: asyncio.Future[StoreVerdict]
 
 
@@ -112,12 +114,16 @@ class TenancyStore:
         return learnt.rates(precision, prompt_tokens, self.pricing, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
-                    output_tokens: float, first: str, cheaper: Sequence[str]) -> StoreVerdict:
+                    output_tokens: float, first: str, cheaper: Sequence[str],
+                    rates: Mapping[str, Rates] | None = None) -> StoreVerdict:
         """Decide a request in its tenant's next admission transaction: the requests of one
         tenant that arrive while one is running are decided together in the next, in order,
-        each against what the ones before it reserved."""
-        now = self.wall()
-        rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now) for p in (first, *cheaper)}
+        each against what the ones before it reserved. `rates`: of `first` and `cheaper` at
+        least, as the caller priced them (else priced now)."""
+        if rates is None:
+            now = self.wall()
+            rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now)
+                     for p in (first, *cheaper)}
         loop = asyncio.get_running_loop()
         ask = _Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
                    loop.create_future())
