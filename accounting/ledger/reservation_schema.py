@@ -141,3 +141,8 @@ UPSERT_ALLOWANCE = """INSERT INTO reservations (request_id, tenant, replica, cre
 # The requests admitted from it, their own rows written, taken out of it.
 SHRINK_ALLOWANCE = """UPDATE reservations SET energy_j = energy_j - ?, carbon_g = carbon_g - ?,
     cost_usd = cost_usd - ?, open = open - ? WHERE request_id = ?"""
+# The row of a request admitted from an allowance that ended before its row was written:
+# written settled (as SETTLE_RESERVATION leaves one).
+INSERT_SETTLED = """INSERT INTO reservations (request_id, tenant, replica, created_s, energy_j,
+    carbon_g, cost_usd, open, engine, last_interval) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)
+    ON CONFLICT (request_id) DO NOTHING"""

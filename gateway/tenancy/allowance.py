@@ -20,7 +20,7 @@ not; a crashed replica's expires as its reservations do (`reservation_ttl_s`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,10 +80,22 @@ class Allowance:
         return (self.request_id, self.tenant, self.replica, self.taken_s, self.free.j,
                 self.free.gco2e, self.free.usd, self.slots if self.capped else 0)
 
-    def moves(self, pending: Sequence[tuple[str, float, Cost]]) -> list[Query]:
-        """The statements that write `pending`'s rows and take them out of the allowance."""
-        out: list[Query] = [(reservations.INSERT_RESERVATION, (
-            rid, self.tenant, self.replica, at, c.j, c.gco2e, c.usd)) for rid, at, c in pending]
+    def moves(self, pending: Sequence[tuple[str, float, Cost]],
+              settled: Mapping[str, Sequence[Any] | None] | None = None) -> list[Query]:
+        """The statements that write `pending`'s rows and take them out of the allowance;
+        a request in `settled` (its SETTLE_RESERVATION row; None: no engine ran it) has
+        ended already: its row is written settled (none if no engine ran it), so a request
+        that starts and ends between two flushes costs the ledger one write, not two."""
+        settled = settled or {}
+        out: list[Query] = []
+        for rid, at, c in pending:
+            if rid not in settled:
+                out.append((reservations.INSERT_RESERVATION, (
+                    rid, self.tenant, self.replica, at, c.j, c.gco2e, c.usd)))
+            elif (row := settled[rid]) is not None:
+                j, g, usd, engine, last, _ = row
+                out.append((reservations.INSERT_SETTLED, (
+                    rid, self.tenant, self.replica, at, j, g, usd, engine, last)))
         if pending:
             out.append((reservations.SHRINK_ALLOWANCE, (
                 math.fsum(c.j for _, _, c in pending), math.fsum(c.gco2e for _, _, c in pending),
@@ -91,21 +103,24 @@ class Allowance:
                 self.request_id)))
         return out
 
-    def give_back(self) -> list[Query]:
+    def give_back(self, settled: Mapping[str, Sequence[Any] | None] | None = None
+                  ) -> list[Query]:
         """Write the pending rows and delete the allowance (what is left of it goes back)."""
         pending, self.pending = self.pending, []
-        return [*self.moves(pending), (reservations.DELETE_RESERVATION, (self.request_id,))]
+        return [*self.moves(pending, settled),
+                (reservations.DELETE_RESERVATION, (self.request_id,))]
 
 
 Pending = list[tuple[str, float, Cost]]
 
 
-def flush_allowances(allowances: dict[str, Allowance], now_s: float, give_back: bool
+def flush_allowances(allowances: dict[str, Allowance], now_s: float, give_back: bool,
+                     settled: Mapping[str, Sequence[Any] | None]
                      ) -> tuple[list[Query], list[tuple[Allowance, Pending, bool]]]:
     """A flush's statements for the allowances (tenant -> its), in tenant order: their
-    pending rows written and taken out of them, and those LIFE_S old (all, with `give_back`)
-    given back and dropped from `allowances`; with what each moved and whether it went, so
-    a flush that fails can put them back."""
+    pending rows written (settled where `settled` has them) and taken out of them, and those
+    LIFE_S old (all, with `give_back`) given back and dropped from `allowances`; with what
+    each moved and whether it went, so a flush that fails can put them back."""
     before: list[Query] = []
     moved: list[tuple[Allowance, Pending, bool]] = []
     for name in sorted(allowances):
@@ -113,10 +128,10 @@ def flush_allowances(allowances: dict[str, Allowance], now_s: float, give_back: 
         pending = a.pending
         if give_back or now_s - a.taken_s >= LIFE_S:
             del allowances[name]
-            before += a.give_back()
+            before += a.give_back(settled)
             moved.append((a, pending, True))
         elif pending:
             a.pending = []
-            before += a.moves(pending)
+            before += a.moves(pending, settled)
             moved.append((a, pending, False))
     return before, moved

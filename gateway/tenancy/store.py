@@ -283,10 +283,13 @@ class TenancyStore:
         First the rows of the requests admitted from allowances are written and taken out
         of them, and allowances LIFE_S old (all, with `give_back`) are given back; a request
         whose row an admission transaction under way writes is settled by a later flush."""
-        before, moved = flush_allowances(self._allow, self.wall(), give_back)
+        settled = {rid: row for _, rid, row in self._queue if rid in self._unwritten}
+        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled)
         written = {rid for _, pending, _ in moved for rid, _, _ in pending}
         unwritten = self._unwritten - written
-        queue = [q for q in self._queue if q[1] not in unwritten]
+        # their rows written settled above; waiting for a transaction under way to write them
+        merged = [q for q in self._queue if q[1] in written]
+        queue = [q for q in self._queue if q[1] not in unwritten and q[1] not in written]
         self._queue = [q for q in self._queue if q[1] in unwritten] if unwritten else []
         if not queue and not before:
             return
@@ -299,7 +302,7 @@ class TenancyStore:
             else:
                 await self.ledger.settle_reservations(changes)
         except LedgerError:
-            self._queue[:0] = queue
+            self._queue[:0] = queue + merged
             for a, pending, gone in moved:  # nothing was written: they hold their requests
                 a.pending[:0] = pending
                 if gone:

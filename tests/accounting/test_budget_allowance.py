@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from accounting.ledger.base import LedgerError
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
@@ -201,5 +202,55 @@ async def test_a_crashed_replicas_allowance_expires_as_its_reservations_do(tmp_p
         two = TenancyStore(ledger, "r2", cfg.tenant_controls, Pricing(), lambda: clock[0])
         verdicts = [await two.admit(tenant, f"q{i}", 100, 100, "bf16", ()) for i in range(room + 1)]
         assert sum(v.allowed for v in verdicts) == room
+    finally:
+        await ledger.close()
+
+
+class _FailingOnce:
+    """A ledger whose next settlement flush fails (the ledger unreachable for a moment)."""
+
+    def __init__(self, ledger: SqliteLedger) -> None:
+        self.ledger = ledger
+        self.fail = False
+
+    async def locked(self, *args: Any) -> None:
+        await self.ledger.locked(*args)
+
+    async def settle_reservations(self, *args: Any) -> None:
+        if self.fail:
+            self.fail = False
+            raise LedgerError("connection refused")
+        await self.ledger.settle_reservations(*args)
+
+
+async def test_a_flush_that_fails_writes_nothing_and_the_next_writes_it_all(tmp_path: Path
+                                                                           ) -> None:
+    """Requests admitted from an allowance and ended before the flush are written settled,
+    the allowance shrinks by their estimates; a failed flush loses none of it."""
+    each = _each()
+    cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}])
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    try:
+        failing = _FailingOnce(ledger)
+        store = TenancyStore(failing, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                             lambda: NOW)
+        tenant = cfg.tenants[0]
+        for i in range(4):
+            assert (await store.admit(tenant, f"q{i}", 100, 100, "bf16", ())).allowed
+        used = estimate(100, 7, store.rates_of("tenant-a", "bf16", 100, NOW))
+        store.settle("tenant-a", "q1", None, "", None)
+        store.settle("tenant-a", "q2", used, "e", 5)
+        before = await _held(ledger)
+        failing.fail = True
+        with pytest.raises(LedgerError):
+            await store.flush(give_back=True)
+        assert await _held(ledger) == before
+        await store.flush(give_back=True)
+        rows = await ledger._fetch(
+            "SELECT request_id, open, engine FROM reservations ORDER BY request_id", ())
+        assert rows == [("q0", 1, None), ("q2", 0, "e"), ("q3", 1, None)]
+        held = await _held(ledger)
+        assert held[0] == pytest.approx(2 * each + used.j) and held[3] == 2
     finally:
         await ledger.close()
