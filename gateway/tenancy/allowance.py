@@ -28,7 +28,7 @@ from accounting.ledger import reservation_schema as reservations
 from accounting.ledger.budget_store import Query
 from gateway.tenancy.budget import Cost, Spend
 
-MAX_REQUESTS = 64  # the most requests one allowance holds room for
+MAX_REQUESTS = 256  # the most requests one allowance holds room for: one in this many waits for a transaction
 MIN_REQUESTS = 8  # room for fewer: none, the requests are decided in the ledger one by one
 HEADROOM = 16  # taken only while there is room for this many x replicas allowances
 LIFE_S = 0.25  # given back by the flush once this old
