@@ -223,7 +223,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, default=None,
                    help="where JSON + Markdown go (bench/results; --quick: a temp dir)")
     p.add_argument("--profile", action="store_true",
-                   help="profile wattgate with py-spy (native frames too) instead")
+                   help="profile a wattgate target (--profile-target) with py-spy (native "
+                   "frames too) instead")
+    p.add_argument("--profile-target", default="wattgate",
+                   choices=[t for t in PROXIES if t.startswith("wattgate")],
+                   help="the wattgate configuration --profile samples")
     p.add_argument("--profile-seconds", type=float, default=10.0)
     p.add_argument("--profile-mode", default="stream16", choices=report.MODES,
                    help="load shape while profiling")

@@ -26,11 +26,11 @@ class BudgetStore(Protocol):
         `decide` makes of their rows, in one transaction."""
         ...
 
-    async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]]
-                                  ) -> None:
-        """In one transaction and in the order given, settle reservations (request id and
-        its reservation_schema.SETTLE_RESERVATION row) and drop those of requests that no
-        engine ran (request id and None)."""
+    async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]],
+                                  before: Sequence[Query] = ()) -> None:
+        """In one transaction: the statements `before` first, then, in the order given,
+        settle reservations (request id and its reservation_schema.SETTLE_RESERVATION row)
+        and drop those of requests that no engine ran (request id and None)."""
         ...
 
     async def tenant_hours(self, tenant: str, since_hour: int

@@ -140,12 +140,13 @@ class SqlLedger(ABC):
     async def locked(self, key: int, queries: Sequence[Query], decide: Decide) -> None:
         await self._locked(key, queries, decide)
 
-    async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]]
-                                  ) -> None:
-        """In one transaction and in the order given, settle reservations (request id and
-        its reservation_schema.SETTLE_RESERVATION row) and drop those of requests that no
-        engine ran (request id and None)."""
-        batches: list[Batch] = []
+    async def settle_reservations(self, changes: Sequence[tuple[str, Sequence[Any] | None]],
+                                  before: Sequence[Query] = ()) -> None:
+        """In one transaction: the statements `before` first, then, in the order given,
+        settle reservations (request id and its reservation_schema.SETTLE_RESERVATION row)
+        and drop those of requests that no engine ran (request id and None)."""
+        batches: list[Batch] = [(q, [p for _, p in run])
+                                for q, run in itertools.groupby(before, key=lambda b: b[0])]
         for dropped, run in itertools.groupby(changes, key=lambda c: c[1] is None):
             if dropped:
                 batches.append((reservations.DELETE_RESERVATION, [(rid,) for rid, _ in run]))

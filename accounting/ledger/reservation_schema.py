@@ -114,13 +114,13 @@ PURGE_EXPIRED = """DELETE FROM reservations WHERE request_id IN (SELECT r.reques
 SELECT_HELD_TOTALS = """SELECT COALESCE(SUM(t.energy_j), 0), COALESCE(SUM(t.carbon_g), 0),
     COALESCE(SUM(t.cost_usd), 0), COALESCE(SUM(CASE WHEN t.open_n = 0 THEN 0
     WHEN t.replica IN (SELECT replica FROM replicas WHERE seen_s >= ?) THEN t.open_n
-    ELSE (SELECT COUNT(*) FROM reservations r WHERE r.tenant = t.tenant
-          AND r.replica = t.replica AND r.created_s >= ? AND r.open = 1) END), 0),
+    ELSE (SELECT COALESCE(SUM(r.open), 0) FROM reservations r WHERE r.tenant = t.tenant
+          AND r.replica = t.replica AND r.created_s >= ? AND r.open > 0) END), 0),
     MAX(t.settled_last) FROM reservation_totals t WHERE t.tenant = ?"""
 # The same without a purge (a read-only look: /v1/usage, reports): every reservation read.
 SELECT_HELD = """SELECT COALESCE(SUM(energy_j), 0), COALESCE(SUM(carbon_g), 0),
-    COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN open = 1 AND (created_s >= ?
-    OR replica IN (SELECT replica FROM replicas WHERE seen_s >= ?)) THEN 1 ELSE 0 END), 0)
+    COALESCE(SUM(cost_usd), 0), COALESCE(SUM(CASE WHEN open > 0 AND (created_s >= ?
+    OR replica IN (SELECT replica FROM replicas WHERE seen_s >= ?)) THEN open ELSE 0 END), 0)
     FROM reservations WHERE tenant = ? AND created_s >= ? AND NOT COALESCE(
     last_interval + 2 <= (SELECT e.next_interval FROM engine_state e
                           WHERE e.engine = reservations.engine), FALSE)"""
@@ -130,3 +130,19 @@ INSERT_RESERVATION = """INSERT INTO reservations (request_id, tenant, replica, c
 SETTLE_RESERVATION = """UPDATE reservations SET open = 0, energy_j = ?, carbon_g = ?,
     cost_usd = ?, engine = ?, last_interval = ? WHERE request_id = ?"""
 DELETE_RESERVATION = "DELETE FROM reservations WHERE request_id = ?"
+# An allowance (gateway/tenancy/allowance.py): a reservation row with no engine holding the
+# room of requests its replica admits without a transaction each; `open` is the cap's slots
+# it holds (0 for a tenant without a cap), so the counts of open requests above sum `open`.
+UPSERT_ALLOWANCE = """INSERT INTO reservations (request_id, tenant, replica, created_s,
+    energy_j, carbon_g, cost_usd, open, engine, last_interval)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL) ON CONFLICT (request_id) DO UPDATE SET
+    created_s = excluded.created_s, energy_j = excluded.energy_j,
+    carbon_g = excluded.carbon_g, cost_usd = excluded.cost_usd, open = excluded.open"""
+# The requests admitted from it, their own rows written, taken out of it.
+SHRINK_ALLOWANCE = """UPDATE reservations SET energy_j = energy_j - ?, carbon_g = carbon_g - ?,
+    cost_usd = cost_usd - ?, open = open - ? WHERE request_id = ?"""
+# The row of a request admitted from an allowance that ended before its row was written:
+# written settled (as SETTLE_RESERVATION leaves one).
+INSERT_SETTLED = """INSERT INTO reservations (request_id, tenant, replica, created_s, energy_j,
+    carbon_g, cost_usd, open, engine, last_interval) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)
+    ON CONFLICT (request_id) DO NOTHING"""

@@ -154,21 +154,64 @@ def _cpu_split(pids: list[int]) -> tuple[float, float]:
     return user / CLK_TCK, system / CLK_TCK
 
 
+def _thread_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of each thread of the processes, keyed by process and thread
+    (py-spy's native sampling is skewed by the stops it makes; the kernel's count is not)."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            proc = Path(f"/proc/{pid}/comm").read_text().strip()
+            tids = [p.name for p in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            role = "main thread" if tid == str(pid) else f"thread {tid}"
+            key = f"{pid} {proc} {role} ({name})"
+            out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def _cpu_lines(before: dict[str, float], after: dict[str, float], requests: float) -> str:
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    lines = ["CPU by process/thread over the window (/proc, no profiler stops in it):"]
+    for key, s in sorted(delta.items(), key=lambda kv: -kv[1]):
+        if s > 0:
+            lines.append(f"  {s:7.2f} s  {1e6 * s / max(requests, 1):7.0f} us/req  {key}")
+    return "\n".join(lines)
+
+
 def profile(args: argparse.Namespace, workdir: Path) -> None:
-    """py-spy record of the headline gateway while wrk drives load, once per connection count;
-    prints each summary with the window's user/system CPU split."""
+    """First the kernel's count of CPU per process and thread of the gateway under load (no
+    profiler attached), then a py-spy record, once per connection count; prints each summary
+    with the window's user/system CPU split."""
     py_spy = BENCH_VENV / "bin" / "py-spy"
-    with fleet(workdir, ["wattgate"]) as targets:
+    name = args.profile_target
+    with fleet(workdir, [name]) as targets:
         gw, engine_pids = targets[1], targets[0].pids
         for conns in args.profile_connections:
-            out = workdir / f"wattgate-c{conns}.pyspy.txt"
+            run_wrk(gw.url, args.profile_mode, conns, 1, gw.cpu_pids, engine_pids)  # warm-up
+            pids = gw.cpu_pids()
+            before = _thread_cpu(pids)
+            clean = run_wrk(gw.url, args.profile_mode, conns, int(args.profile_seconds),
+                            gw.cpu_pids, engine_pids)
+            time.sleep(args.settle)  # deferred work (settlement, apportioning) of the window
+            requests = clean.requests
+            print(f"\n=== {name} {args.profile_mode} c={conns}, unprofiled: {requests} "
+                  f"requests in {args.profile_seconds:g} s ===")
+            print(_cpu_lines(before, _thread_cpu(gw.cpu_pids()), requests))
+            out = workdir / f"{name}-c{conns}.pyspy.txt"
             load = threading.Thread(target=run_wrk, args=(
                 gw.url, args.profile_mode, conns, args.profile_seconds + 3, gw.cpu_pids,
                 engine_pids))
             load.start()
             time.sleep(1.0)
             pids = gw.cpu_pids()
-            log(f"py-spy recording wattgate pids {pids} for {args.profile_seconds:g} s at c={conns}")
+            log(f"py-spy recording {name} pids {pids} for {args.profile_seconds:g} s at c={conns}")
             user0, sys0 = _cpu_split(pids)
             subprocess.run(["taskset", "-c", ENGINE_CORE, str(py_spy), "record", "--pid",
                             str(pids[0]), "--subprocesses", "--native", "--rate", "250",
@@ -178,7 +221,7 @@ def profile(args: argparse.Namespace, workdir: Path) -> None:
             user1, sys1 = _cpu_split(pids)
             load.join(timeout=args.profile_seconds + 30)
             user, system = user1 - user0, sys1 - sys0
-            print(f"\n=== {args.profile_mode} c={conns}: gateway CPU over the window "
+            print(f"\n=== {name} {args.profile_mode} c={conns}: gateway CPU over the window "
                   f"{user + system:.2f} s, of which kernel (system) "
                   f"{100 * system / max(user + system, 1e-9):.0f}% ===")
             print(summarise_profile(out.read_text(), args.top))

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from accounting.ledger.base import LedgerError
 from core.errors import OverloadedError, WattgateError
@@ -62,6 +63,7 @@ class Admission:
         self.limiters = {t.name: TenantRateLimiter(t.limits, now) for t in config.tenants
                          if t.limits.any}
         self.active: dict[str, int] = {t.name: 0 for t in config.tenants}
+        self._active_gauges: dict[str, Any] = {}  # tenant -> its child of metrics.active
         # looked up per request: a set, not the tenant's fields each time
         self._controlled = frozenset(t.name for t in config.tenants
                                      if t.limits.any or t.budgets.budgets)
@@ -155,20 +157,23 @@ class Admission:
         now_wall = store.wall()
         candidates = select_precisions(tenant.precision, override, available) or (
             (override,) if override else tuple(available) or ("bf16",))
-        cost: dict[str, float] = {
-            p: estimate(prompt_tokens, output_tokens,
-                        store.rates_of(tenant.name, p, prompt_tokens, now_wall)).j
-            for p in {*tenant.precision.allowed, *candidates}}
-        first = max(candidates, key=lambda p: cost[p])  # the dearest it may get
-        cheaper: list[str] = []
         budgets = tenant.budgets
-        if budgets.on_budget == "downgrade" and (override is None or budgets.downgrade_pinned):
+        downgrade = budgets.on_budget == "downgrade" and (
+            override is None or budgets.downgrade_pinned)
+        # the precisions a downgrade may move to are priced only where one may happen
+        rates = {p: store.rates_of(tenant.name, p, prompt_tokens, now_wall) for p in (
+            {*tenant.precision.allowed, *candidates} if downgrade else candidates)}
+        cost = {p: estimate(prompt_tokens, output_tokens, r).j for p, r in rates.items()} \
+            if downgrade or len(candidates) > 1 else {}
+        first = candidates[0] if not cost else max(candidates, key=lambda p: cost[p])
+        cheaper: list[str] = []
+        if downgrade:  # the dearest it may get first, then the cheaper ones dearest first
             cheaper = sorted((p for p in tenant.precision.allowed
                               if p in available and cost[p] < cost[first]),
                              key=lambda p: -cost[p])
         try:
             verdict = await store.admit(tenant, request_id, prompt_tokens, output_tokens, first,
-                                        cheaper)
+                                        cheaper, rates)
         except LedgerError:
             # Fail closed: without the ledger no replica can tell what the others admitted.
             raise OverloadedError("the budget ledger is unreachable; retry shortly",
@@ -230,7 +235,10 @@ class Admission:
 
     def _gauge(self, tenant: str) -> None:
         if self.metrics is not None:
-            self.metrics.active.labels(tenant).set(self.active[tenant])
+            gauge = self._active_gauges.get(tenant)
+            if gauge is None:  # labels() hashes and locks each call; twice a request
+                gauge = self._active_gauges[tenant] = self.metrics.active.labels(tenant)
+            gauge.set(self.active[tenant])
 
     def release(self, ticket: Ticket | None, rec: RequestRecord) -> None:
         """The request ended (its record): give back what it held, settle what it used."""

@@ -123,10 +123,13 @@ class TenantRates:
     """One tenant's learnt rates per (precision, prompt band), each up to the most prompt
     and output tokens its bills held, and the prior elsewhere and beyond."""
 
-    __slots__ = ("learnt",)
+    __slots__ = ("_joined", "learnt")
 
     def __init__(self, learnt: Mapping[tuple[str, int], Rates] | None = None):
         self.learnt = dict(learnt or {})
+        # (precision, band) -> (the prior, the learnt rates with it beyond): every admission
+        # and settlement asks, and a dataclass copy each time cost more than the estimate
+        self._joined: dict[tuple[str, int], tuple[Rates, Rates]] = {}
 
     @classmethod
     def from_bills(cls, bills: Iterable[Bill]) -> TenantRates:
@@ -164,5 +167,11 @@ class TenantRates:
     def rates(self, precision: str, prompt_tokens: float, pricing: Pricing, now_s: float
               ) -> Rates:
         base = prior(precision, pricing, now_s)
-        got = self.learnt.get((precision, band_of(prompt_tokens)))
-        return base if got is None else replace(got, beyond=base)
+        key = (precision, band_of(prompt_tokens))
+        got = self.learnt.get(key)
+        if got is None:
+            return base
+        joined = self._joined.get(key)
+        if joined is None or joined[0] is not base:  # the prior is re-priced (prior() keeps one)
+            joined = self._joined[key] = (base, replace(got, beyond=base))
+        return joined[1]

@@ -15,17 +15,19 @@ later admission once the request is final (the interval after its last one is ap
 when its shares are in `tenant_hours`, written in the same transaction as the shares. Between
 its first share and its finality a request counts twice (reservation and charges): budgets
 err on the side of holding. Reservations nobody settled (a replica killed) expire after
-`reservation_ttl_s`; their open flag counts only while their replica is live.
+`reservation_ttl_s`; their open flag counts only while their replica is live. Far from the
+limits, requests are admitted from an allowance reserved ahead instead (allowance.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +38,16 @@ from accounting.ledger.budget_store import Batch, BudgetStore, Query
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
-from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, period_start_hour, spends
+from gateway.tenancy.allowance import Allowance, allowance_id, flush_allowances, size
+from gateway.tenancy.budget import (
+    Cost,
+    Rates,
+    Spend,
+    choose_precision,
+    estimate,
+    period_start_hour,
+    spends,
+)
 from gateway.tenancy.config import TenantControlsConfig
 from gateway.tenancy.rates import Bill, TenantRates
 
@@ -55,6 +66,7 @@ SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
 
 
+@functools.lru_cache(maxsize=4096)  # asked per admission; a hash each time showed in profiles
 def lock_key(tenant: str) -> int:
     """A stable signed 64-bit advisory-lock key per tenant."""
     return int.from_bytes(hashlib.sha256(f"wattgate-tenant:{tenant}".encode()).digest()[:8],
@@ -82,8 +94,11 @@ class _Ask:
     output_tokens: float
     first: str
     cheaper: Sequence[str]
-    rates: dict[str, Rates]
+    rates: Mapping[str, Rates]
     future: asyncio.Future[StoreVerdict]
+
+
+_NO_RATES = TenantRates()
 
 
 class TenancyStore:
@@ -104,20 +119,33 @@ class TenancyStore:
         self._task: asyncio.Task[None] | None = None
         self._asks: dict[str, list[_Ask]] = {}  # per tenant, waiting for its next transaction
         self._drains: dict[str, asyncio.Task[None]] = {}
+        self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
+        self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
+        self._flushing: asyncio.Event | None = None  # set when the flush under way ends
 
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
         """What a prompt and an output token of `tenant`'s request cost at `precision`."""
-        learnt = self.rates.get(tenant) or TenantRates()
+        learnt = self.rates.get(tenant) or _NO_RATES
         return learnt.rates(precision, prompt_tokens, self.pricing, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
-                    output_tokens: float, first: str, cheaper: Sequence[str]) -> StoreVerdict:
+                    output_tokens: float, first: str, cheaper: Sequence[str],
+                    rates: Mapping[str, Rates] | None = None) -> StoreVerdict:
         """Decide a request in its tenant's next admission transaction: the requests of one
         tenant that arrive while one is running are decided together in the next, in order,
-        each against what the ones before it reserved."""
-        now = self.wall()
-        rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now) for p in (first, *cheaper)}
+        each against what the ones before it reserved. `rates`: of `first` and `cheaper` at
+        least, as the caller priced them (else priced now)."""
+        if rates is None:
+            now = self.wall()
+            rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now)
+                     for p in (first, *cheaper)}
+        allowance = self._allow.get(tenant.name)
+        if allowance is not None and tenant.name not in self._asks:  # none waits before it
+            cost = estimate(prompt_tokens, output_tokens, rates[first])
+            if allowance.take(request_id, cost, self.wall()):
+                self._unwritten.add(request_id)
+                return StoreVerdict(True, precision=first, cost=cost)
         loop = asyncio.get_running_loop()
         ask = _Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
                    loop.create_future())
@@ -156,13 +184,23 @@ class TenancyStore:
                 del self._asks[name], self._drains[name]
 
     async def _decide(self, name: str, asks: list[_Ask]) -> None:
+        while self._flushing is not None:  # it may be moving this tenant's allowance rows
+            await self._flushing.wait()
+        # This replica's allowance goes back first, in the same transaction: the decisions
+        # are made against what its requests really hold, and a new one may be taken after.
+        old = self._allow.pop(name, None)
+        pending = old.pending if old is not None else []
+        before = old.give_back() if old is not None else []
         now = self.wall()
         since = min((period_start_hour(b.period, now) for a in asks
                      for b in a.tenant.budgets.budgets), default=0)
         verdicts: list[StoreVerdict] = []
+        taken: list[Allowance] = []
 
         def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
             verdicts.clear()
+            taken.clear()
+            rows = rows[len(before):]
             energy, carbon, cost, open_n, last = rows[3][0]
             held, open_now = Cost(float(energy), float(carbon), float(cost)), int(open_n)
             settled_last = None if last is None else int(last)
@@ -184,12 +222,30 @@ class TenancyStore:
                                              standing=standing))
                 held, open_now = held.plus(c), open_now + 1
                 inserts.append((a.request_id, name, self.replica, now, c.j, c.gco2e, c.usd))
-            return [(reservations.INSERT_RESERVATION, inserts)] if inserts else ()
+            if not inserts:
+                return ()
+            out: list[Batch] = [(reservations.INSERT_RESERVATION, inserts)]
+            last_ask, last_verdict = asks[-1], verdicts[-1]
+            if len(inserts) == len(asks) and last_verdict.precision == last_ask.first:
+                # every one admitted at its first precision: room for an allowance of its size?
+                n = size(spends(last_ask.tenant.budgets.budgets, rows[2], held, now),
+                         last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
+                         self.replicas)
+                if n:
+                    new = Allowance(name, allowance_id(name, self.replica), self.replica,
+                                    last_verdict.cost.times(n), n,
+                                    last_ask.tenant.limits.max_concurrent is not None, now)
+                    taken.append(new)
+                    out.append((reservations.UPSERT_ALLOWANCE, [new.row()]))
+            return out
 
         try:
-            await self.ledger.locked(lock_key(name), self._purge_and_read(name, now, since),
-                                     decide)
+            await self.ledger.locked(lock_key(name), [
+                *before, *self._purge_and_read(name, now, since)], decide)
         except BaseException as exc:  # each waiting request gets the ledger's error
+            if old is not None:  # nothing was written: it holds its requests still
+                old.pending[:0] = pending
+                self._allow.setdefault(name, old)
             failed = exc if isinstance(exc, LedgerError) else LedgerError(f"admission: {exc!r}")
             for a in asks:
                 if not a.future.done():
@@ -197,6 +253,9 @@ class TenancyStore:
             if isinstance(exc, LedgerError):
                 return
             raise
+        self._unwritten.difference_update(rid for rid, _, _ in pending)
+        if taken:
+            self._allow[name] = taken[0]
         for a, verdict in zip(asks, verdicts, strict=True):
             if not a.future.done():
                 a.future.set_result(verdict)
@@ -212,23 +271,47 @@ class TenancyStore:
             self._queue.append((tenant, request_id, (cost.j, cost.gco2e, cost.usd, engine,
                                                      last_interval, request_id)))
 
-    async def flush(self) -> None:
+    async def flush(self, give_back: bool = False) -> None:
         """Settle what is queued, in one transaction, in tenant order: each replica's
         settlements then take the rows of the tenants' totals in one order, so on PostgreSQL
         they do not deadlock on them with each other or with an admission (which writes its
         own tenant's only). One case remains: a request still running past
         `reservation_ttl_s`, settled while an admission purges its reservation as expired;
         PostgreSQL then aborts one of the two (the flush is retried, the admission's requests
-        answered 503)."""
-        queue, self._queue = self._queue, []
-        if not queue:
+        answered 503).
+
+        First the rows of the requests admitted from allowances are written and taken out
+        of them, and allowances LIFE_S old (all, with `give_back`) are given back; a request
+        whose row an admission transaction under way writes is settled by a later flush."""
+        settled = {rid: row for _, rid, row in self._queue if rid in self._unwritten}
+        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled)
+        written = {rid for _, pending, _ in moved for rid, _, _ in pending}
+        unwritten = self._unwritten - written
+        # their rows written settled above; waiting for a transaction under way to write them
+        merged = [q for q in self._queue if q[1] in written]
+        queue = [q for q in self._queue if q[1] not in unwritten and q[1] not in written]
+        self._queue = [q for q in self._queue if q[1] in unwritten] if unwritten else []
+        if not queue and not before:
             return
         queue.sort(key=lambda q: (q[0], q[1]))
+        changes = [(rid, row) for _, rid, row in queue]
+        self._flushing = flushing = asyncio.Event()
         try:
-            await self.ledger.settle_reservations([(rid, row) for _, rid, row in queue])
+            if before:
+                await self.ledger.settle_reservations(changes, before)
+            else:
+                await self.ledger.settle_reservations(changes)
         except LedgerError:
-            self._queue[:0] = queue
+            self._queue[:0] = queue + merged
+            for a, pending, gone in moved:  # nothing was written: they hold their requests
+                a.pending[:0] = pending
+                if gone:
+                    self._allow.setdefault(a.tenant, a)
             raise
+        finally:
+            self._flushing = None
+            flushing.set()
+        self._unwritten -= written
 
     async def standing(self, tenant: Tenant) -> list[Spend]:
         """A budgeted tenant's spend per budget, as its next admission would see it (after
@@ -311,4 +394,4 @@ class TenancyStore:
         self._asks.clear()
         self._drains.clear()
         with contextlib.suppress(LedgerError):
-            await self.flush()
+            await self.flush(give_back=True)

@@ -90,3 +90,34 @@ def test_tokens_past_what_the_bills_held_are_reserved_at_the_prior() -> None:
         learnt.prompt.j * 14500 + 1500 * PRIOR_J_PER_PROMPT_TOKEN["bf16"], rel=1e-6)
     described = rates.describe()[0]
     assert described["learnt_up_to"] == {"prompt_tokens": 14500, "output_tokens": 28}
+
+
+def test_learnt_rates_are_joined_to_the_prior_once_per_pricing() -> None:
+    """Every admission and settlement asks for a tenant's rates: the learnt rates with the
+    prior beyond are built once per prior and reused, and built again once the prior is
+    re-priced (another price applies), never served with a stale prior beyond them."""
+    bills = [bill(100, 200), bill(300, 10), bill(200, 100), bill(400, 50)]
+    rates = TenantRates.from_bills(bills)
+    first = rates.rates("bf16", 250, PRICING, 0.0)
+    assert rates.rates("bf16", 250, PRICING, 0.0) is first
+    assert first.beyond is not None and first.prompt == rates.learnt[("bf16", band_of(250))].prompt
+    dearer = Pricing(pue=2.0)
+    again = rates.rates("bf16", 250, dearer, 0.0)
+    assert again is not first
+    assert again.beyond is not None and again.beyond.prompt.usd == pytest.approx(
+        2 * first.beyond.prompt.usd)
+    assert again.prompt == first.prompt  # the learnt part is the bills', whatever the prior
+
+
+def test_estimate_is_the_sum_of_its_parts_to_the_last_bit() -> None:
+    """The estimate, written out for speed, gives the very floats Cost.times and Cost.plus
+    give (an admission's verdict near a budget's edge must not move)."""
+    bills = [bill(10000 + 500 * i, 1 + 3 * i, a=0.024, b=0.0) for i in range(10)]
+    learnt = TenantRates.from_bills(bills).rates("bf16", 12000, PRICING, 1.7e9)
+    for prompt, output in ((12000, 10), (16000, 2000), (1, 1), (0, 0), (14500, 28)):
+        assert learnt.beyond is not None
+        head = learnt.prompt.times(min(prompt, learnt.prompt_upto)).plus(
+            learnt.output.times(min(output, learnt.output_upto)))
+        tail = learnt.beyond.prompt.times(max(0.0, prompt - learnt.prompt_upto)).plus(
+            learnt.beyond.output.times(max(0.0, output - learnt.output_upto)))
+        assert estimate(prompt, output, learnt) == head.plus(tail)
