@@ -8,7 +8,9 @@ given back (a real SQLite ledger)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,16 @@ from tests.support.gateway import raw_config
 EP = [{"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}]
 NOW = 1.7e9
 pytestmark = pytest.mark.timeout(60)
+
+
+@contextlib.asynccontextmanager
+async def _opened(tmp_path: Path) -> AsyncIterator[SqliteLedger]:
+    ledger = SqliteLedger(tmp_path / "l.db")
+    await ledger.open()
+    try:
+        yield ledger
+    finally:
+        await ledger.close()
 
 
 def _tenant(**fields: Any) -> Any:
@@ -72,9 +84,7 @@ async def test_far_from_the_limits_requests_are_admitted_without_a_transaction_e
     each = _each()
     cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}],
                   limits={"max_concurrent": 100_000})
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         counting, store = await _store(ledger, cfg)
         verdicts = [await store.admit(cfg.tenants[0], f"q{i}", 100, 100, "bf16", ())
                     for i in range(300)]
@@ -85,17 +95,13 @@ async def test_far_from_the_limits_requests_are_admitted_without_a_transaction_e
         assert held[0] == pytest.approx(each * 300) and held[3] == 300
         rows = await ledger._fetch("SELECT COUNT(*) FROM reservations", ())
         assert rows[0][0] == 300
-    finally:
-        await ledger.close()
 
 
 async def test_near_the_limit_admission_stays_exact_and_in_order(tmp_path: Path) -> None:
     each = _each()
     room = 4 * HEADROOM * MIN_REQUESTS + 3  # room enough for allowances at first
     cfg = _tenant(budgets=[{"period": "day", "j": each * (room + 0.5)}])
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         counting, store = await _store(ledger, cfg)
         tenant = cfg.tenants[0]
         first = [await store.admit(tenant, f"a{i}", 100, 100, "bf16", ()) for i in range(room - 40)]
@@ -107,8 +113,6 @@ async def test_near_the_limit_admission_stays_exact_and_in_order(tmp_path: Path)
         await store.flush(give_back=True)
         held = await _held(ledger)
         assert held[0] == pytest.approx(each * room) and held[3] == room
-    finally:
-        await ledger.close()
 
 
 async def test_another_replica_counts_an_allowance_as_held_until_it_is_given_back(
@@ -116,9 +120,7 @@ async def test_another_replica_counts_an_allowance_as_held_until_it_is_given_bac
     each = _each()
     room = 2 * HEADROOM * MIN_REQUESTS
     cfg = _tenant(budgets=[{"period": "day", "j": each * (room + 0.5)}])
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         _, one = await _store(ledger, cfg, "r1")
         _, two = await _store(ledger, cfg, "r2")
         tenant = cfg.tenants[0]
@@ -134,17 +136,13 @@ async def test_another_replica_counts_an_allowance_as_held_until_it_is_given_bac
         await two.flush(give_back=True)
         held = await _held(ledger)
         assert held[0] == pytest.approx(each * room) and held[3] == room
-    finally:
-        await ledger.close()
 
 
 async def test_a_request_admitted_from_an_allowance_is_settled_after_its_row_is_written(
         tmp_path: Path) -> None:
     each = _each()
     cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}])
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         _, store = await _store(ledger, cfg)
         tenant = cfg.tenants[0]
         for i in range(3):
@@ -158,8 +156,6 @@ async def test_a_request_admitted_from_an_allowance_is_settled_after_its_row_is_
             "SELECT request_id, open, engine FROM reservations WHERE engine IS NOT NULL "
             "OR request_id LIKE 'q%' ORDER BY request_id", ())
         assert rows == [("q0", 1, None), ("q2", 0, "e")]
-    finally:
-        await ledger.close()
 
 
 async def test_an_allowances_slots_count_against_the_cap_on_every_replica(tmp_path: Path
@@ -168,9 +164,7 @@ async def test_an_allowances_slots_count_against_the_cap_on_every_replica(tmp_pa
     heard from (young reservations are counted by their `open`, not as one each)."""
     cap = 200
     cfg = _tenant(limits={"max_concurrent": cap})
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         _, one = await _store(ledger, cfg, "r1")
         _, two = await _store(ledger, cfg, "r2")
         tenant = cfg.tenants[0]
@@ -180,8 +174,6 @@ async def test_an_allowances_slots_count_against_the_cap_on_every_replica(tmp_pa
         others = [await two.admit(tenant, f"q{i}", 1, 1, "bf16", ()) for i in range(cap)]
         assert sum(v.allowed for v in others) == cap - 1 - slots
         assert {v.reason for v in others if not v.allowed} == {"concurrency"}
-    finally:
-        await ledger.close()
 
 
 async def test_a_crashed_replicas_allowance_expires_as_its_reservations_do(tmp_path: Path
@@ -189,10 +181,8 @@ async def test_a_crashed_replicas_allowance_expires_as_its_reservations_do(tmp_p
     each = _each()
     room = 2 * HEADROOM * MIN_REQUESTS
     cfg = _tenant(budgets=[{"period": "day", "j": each * (room + 0.5)}])
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
     clock = [NOW]
-    try:
+    async with _opened(tmp_path) as ledger:
         crashed = TenancyStore(ledger, "r1", cfg.tenant_controls, Pricing(), lambda: clock[0])
         tenant = cfg.tenants[0]
         assert (await crashed.admit(tenant, "first", 100, 100, "bf16", ())).allowed
@@ -202,8 +192,6 @@ async def test_a_crashed_replicas_allowance_expires_as_its_reservations_do(tmp_p
         two = TenancyStore(ledger, "r2", cfg.tenant_controls, Pricing(), lambda: clock[0])
         verdicts = [await two.admit(tenant, f"q{i}", 100, 100, "bf16", ()) for i in range(room + 1)]
         assert sum(v.allowed for v in verdicts) == room
-    finally:
-        await ledger.close()
 
 
 class _FailingOnce:
@@ -229,9 +217,7 @@ async def test_a_flush_that_fails_writes_nothing_and_the_next_writes_it_all(tmp_
     the allowance shrinks by their estimates; a failed flush loses none of it."""
     each = _each()
     cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}])
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         failing = _FailingOnce(ledger)
         store = TenancyStore(failing, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
                              lambda: NOW)
@@ -252,5 +238,3 @@ async def test_a_flush_that_fails_writes_nothing_and_the_next_writes_it_all(tmp_
         assert rows == [("q0", 1, None), ("q2", 0, "e"), ("q3", 1, None)]
         held = await _held(ledger)
         assert held[0] == pytest.approx(2 * each + used.j) and held[3] == 2
-    finally:
-        await ledger.close()
