@@ -2,7 +2,8 @@
 so a budget (or concurrency cap) far from its limit admits without a ledger transaction per
 request; near the limit there is none and every request is decided in the ledger as before.
 
-An allowance is one row of `reservations` (id `allowance:<replica>:<tenant>`, no engine): it
+An allowance is one row of `reservations` (id `allowance:<replica>:<holder>:<tenant>`, one
+per process that holds it, no engine): it
 holds what `n` requests of the size of the one that took it would hold (and `n` of the cap's
 slots where the tenant has a cap), so every replica's admission counts it as held. It is
 taken in an admission transaction that admitted every request of its batch, only while each
@@ -34,8 +35,10 @@ HEADROOM = 16  # taken only while there is room for this many x replicas allowan
 LIFE_S = 0.25  # given back by the flush once this old
 
 
-def allowance_id(tenant: str, replica: str) -> str:
-    return f"allowance:{replica}:{tenant}"
+def allowance_id(tenant: str, replica: str, holder: str) -> str:
+    """The row id of the allowance `holder` (one TenancyStore: the workers of a node share
+    their replica name, and each holds allowances of its own) takes for `tenant`."""
+    return f"allowance:{replica}:{holder}:{tenant}"
 
 
 def size(standing: Sequence[Spend], each: Cost, open_now: int, cap: int | None,

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import hashlib
 import logging
 import math
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from typing import Any
 from accounting.ledger import reservation_schema as reservations
 from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
-from accounting.ledger.budget_store import Batch, BudgetStore, Query
+from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
@@ -64,13 +63,6 @@ RATE_WINDOWS_S = (60.0, 240.0, RATE_WINDOW_S)
 RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
-
-
-@functools.lru_cache(maxsize=4096)  # asked per admission; a hash each time showed in profiles
-def lock_key(tenant: str) -> int:
-    """A stable signed 64-bit advisory-lock key per tenant."""
-    return int.from_bytes(hashlib.sha256(f"wattgate-tenant:{tenant}".encode()).digest()[:8],
-                          "big", signed=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +112,8 @@ class TenancyStore:
         self._asks: dict[str, list[_Ask]] = {}  # per tenant, waiting for its next transaction
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
+        # this store's own among the replica's allowances: a node's workers share its name
+        self._holder = secrets.token_hex(4)
         self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
         self._flushing: asyncio.Event | None = None  # set when the flush under way ends
 
@@ -226,13 +220,14 @@ class TenancyStore:
                 return ()
             out: list[Batch] = [(reservations.INSERT_RESERVATION, inserts)]
             last_ask, last_verdict = asks[-1], verdicts[-1]
-            if len(inserts) == len(asks) and last_verdict.precision == last_ask.first:
+            if len(inserts) == len(asks) and all(
+                    v.precision == a.first for a, v in zip(asks, verdicts, strict=True)):
                 # every one admitted at its first precision: room for an allowance of its size?
                 n = size(spends(last_ask.tenant.budgets.budgets, rows[2], held, now),
                          last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
                          self.replicas)
                 if n:
-                    new = Allowance(name, allowance_id(name, self.replica), self.replica,
+                    new = Allowance(name, allowance_id(name, self.replica, self._holder), self.replica,
                                     last_verdict.cost.times(n), n,
                                     last_ask.tenant.limits.max_concurrent is not None, now)
                     taken.append(new)
@@ -382,6 +377,10 @@ class TenancyStore:
         self._task = asyncio.get_running_loop().create_task(self.run(on_refresh))
 
     async def stop(self) -> None:
+        # A flush under way is let finish: cancelled, its write may commit or not, and what
+        # it moved out of the allowances would be held until it expires either way.
+        while self._flushing is not None:
+            await self._flushing.wait()
         await cancel_and_wait(self._task)
         self._task = None
         for task in list(self._drains.values()):

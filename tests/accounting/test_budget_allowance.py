@@ -238,3 +238,111 @@ async def test_a_flush_that_fails_writes_nothing_and_the_next_writes_it_all(tmp_
         assert rows == [("q0", 1, None), ("q2", 0, "e"), ("q3", 1, None)]
         held = await _held(ledger)
         assert held[0] == pytest.approx(2 * each + used.j) and held[3] == 2
+
+
+async def test_workers_of_one_node_never_admit_past_the_cap_from_their_allowances(
+        tmp_path: Path) -> None:
+    """`wattgate serve --workers N`: the workers share their node's replica name; each
+    holds allowances of its own. One takes an allowance, the other fills the cap, then the
+    first admits from its own: never past the cap (one shared id overwrote and deleted the
+    first's row, and 211 of 200 were admitted)."""
+    cap = 200
+    cfg = _tenant(limits={"max_concurrent": cap})
+    async with _opened(tmp_path) as ledger:
+        w1 = TenancyStore(ledger, "host:1", cfg.tenant_controls, Pricing(), lambda: NOW)
+        w2 = TenancyStore(ledger, "host:1", cfg.tenant_controls, Pricing(), lambda: NOW)
+        tenant = cfg.tenants[0]
+        allowed = int((await w1.admit(tenant, "a0", 1, 1, "bf16", ())).allowed)
+        allowed += sum([(await w2.admit(tenant, f"b{i}", 1, 1, "bf16", ())).allowed
+                        for i in range(cap)])
+        allowed += sum([(await w1.admit(tenant, f"a{i}", 1, 1, "bf16", ())).allowed
+                        for i in range(1, 40)])
+        await w1.flush(give_back=True)
+        await w2.flush(give_back=True)
+        rows = await ledger._fetch("SELECT COUNT(*), SUM(open) FROM reservations", ())
+        assert allowed <= cap and rows == [(allowed, allowed)]
+
+
+async def test_workers_of_one_node_never_admit_past_a_budget_from_their_allowances(
+        tmp_path: Path) -> None:
+    """As above for a budget (one shared id: 424 admitted against room for 400)."""
+    each = _each()
+    room = 400
+    cfg = _tenant(budgets=[{"period": "day", "j": each * (room + 0.5)}])
+    async with _opened(tmp_path) as ledger:
+        w1 = TenancyStore(ledger, "host:1", cfg.tenant_controls, Pricing(), lambda: NOW)
+        w2 = TenancyStore(ledger, "host:1", cfg.tenant_controls, Pricing(), lambda: NOW)
+        tenant = cfg.tenants[0]
+        allowed = int((await w1.admit(tenant, "a0", 100, 100, "bf16", ())).allowed)
+        allowed += sum([(await w2.admit(tenant, f"b{i}", 100, 100, "bf16", ())).allowed
+                        for i in range(room)])
+        allowed += sum([(await w1.admit(tenant, f"a{i}", 100, 100, "bf16", ())).allowed
+                        for i in range(1, 40)])
+        await w1.flush(give_back=True)
+        await w2.flush(give_back=True)
+        held = await _held(ledger)
+        assert held[0] == pytest.approx(each * allowed)
+        assert allowed <= room
+
+
+class _SlowCommit:
+    """A ledger whose settlement flush is in flight for a while; `commits`: whether a
+    flush cancelled meanwhile still commits (SQLite: the worker thread runs on) or not
+    (PostgreSQL: the transaction is rolled back)."""
+
+    def __init__(self, ledger: Any, commits: bool) -> None:
+        self.ledger = ledger
+        self.commits = commits
+        self.slow = False
+        self.writes: list[asyncio.Future[None]] = []
+
+    async def locked(self, *args: Any) -> None:
+        await self.ledger.locked(*args)
+
+    async def settle_reservations(self, *args: Any) -> None:
+        if not self.slow:
+            await self.ledger.settle_reservations(*args)
+            return
+        self.slow = False
+
+        async def write() -> None:
+            await asyncio.sleep(0.2)
+            await self.ledger.settle_reservations(*args)
+
+        if self.commits:
+            fut = asyncio.ensure_future(write())
+            self.writes.append(fut)
+            await asyncio.shield(fut)
+        else:
+            await write()
+
+
+@pytest.mark.parametrize("commits", [True, False])
+async def test_a_stop_during_a_flush_settles_every_request_and_gives_the_allowance_back(
+        tmp_path: Path, commits: bool) -> None:
+    """stop() lets a flush under way finish before it cancels the loop and flushes the
+    rest: every request ends settled and no allowance is left. (Cancelled, the flush's write
+    committed or not, and the requests it moved, or the allowance it gave back, were held
+    until they expired.)"""
+    each = _each()
+    cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}],
+                  limits={"max_concurrent": 100_000})
+    async with _opened(tmp_path) as ledger:
+        slow = _SlowCommit(ledger, commits)
+        store = TenancyStore(slow, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                             lambda: NOW)
+        tenant = cfg.tenants[0]
+        for i in range(3):
+            assert (await store.admit(tenant, f"q{i}", 100, 100, "bf16", ())).allowed
+        slow.slow = True
+        store._task = asyncio.get_running_loop().create_task(store.flush(give_back=True))
+        await asyncio.sleep(0.05)  # the flush is in flight, q1 and q2 moved
+        used = estimate(100, 7, store.rates_of("tenant-a", "bf16", 100, NOW))
+        for i in range(3):  # every request ends; then the gateway stops
+            store.settle("tenant-a", f"q{i}", used, "e", 5)
+        await store.stop()
+        for fut in slow.writes:
+            await fut
+        rows = await ledger._fetch(
+            "SELECT request_id, open, energy_j FROM reservations ORDER BY request_id", ())
+        assert [r[:2] for r in rows] == [("q0", 0), ("q1", 0), ("q2", 0)]
