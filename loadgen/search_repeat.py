@@ -34,6 +34,21 @@ def same_verdict(runs: Sequence[dict[str, Any]]) -> bool:
     return len(set(verdicts)) == 1 or all(v == "no significant difference" for v, _ in verdicts)
 
 
+def answers(run: dict[str, Any]) -> set[str]:
+    """The arms a run's decision names: the one recommended, or those with no significant
+    difference between them (none when nothing met the SLO)."""
+    d = run["decision"]
+    return {d["recommended"]} if d["recommended"] else set(d["tied"])
+
+
+def agreeing(runs: Sequence[dict[str, Any]]) -> set[str]:
+    """The arms every run's answer names: empty when two runs contradict each other (one
+    recommends an arm another leaves out). A short run that cannot tell two arms apart
+    ("no significant difference") agrees with one that recommends either of them."""
+    sets = [answers(r) for r in runs]
+    return set.intersection(*sets) if sets else set()
+
+
 def _outside_text(label: str, i: int, j: int, cap: float | None,
                   iv: dict[str, Any] | None) -> str:
     if cap is not None and iv and iv["high"] is not None:
@@ -59,7 +74,7 @@ def checks(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     overlaps += overlap(arm_a["capacity_interval"], iv)
                 if not ok:
                     outside.append(_outside_text(arm_a["label"], i, j, cap, iv))
-    return {"same_recommendation": same_verdict(runs),
+    return {"same_recommendation": same_verdict(runs), "agreeing": sorted(agreeing(runs)),
             "verdicts": [(r["decision"]["verdict"], r["decision"]["recommended"]) for r in runs],
             "capacities_inside_other_intervals": contained,
             "capacities_inside_other_repeat_ranges": in_repeat,

