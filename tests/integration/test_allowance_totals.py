@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from accounting.ledger.postgres import PostgresLedger
-from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.tenancy.budget import estimate
 from gateway.tenancy.store import TenancyStore
-from tests.accounting.test_budget_allowance import NOW, _each, _tenant
+from tests.accounting.test_budget_allowance import NOW, _each, _opened, _tenant
 from tests.support.postgres import fresh_database
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,12 +72,8 @@ async def _exercise(ledger: Any) -> None:
 
 
 async def test_allowance_rows_keep_the_totals_exact_on_sqlite(tmp_path: Path) -> None:
-    ledger = SqliteLedger(tmp_path / "l.db")
-    await ledger.open()
-    try:
+    async with _opened(tmp_path) as ledger:
         await _exercise(ledger)
-    finally:
-        await ledger.close()
 
 
 @pytest.mark.postgres
