@@ -26,7 +26,8 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from accounting.pricing import Pricing
 from gateway.tenancy.budget import Cost, Rates, priced
@@ -52,9 +53,9 @@ MIN_BILLS = 3  # fewer bills of its own in a band: the prior
 MAX_MARGIN = 2.0  # the most the worst under-estimate among the bills scales the fit by
 
 
-@dataclass(frozen=True, slots=True)
-class Bill:
-    """One final request of a tenant: its precision, tokens and charges."""
+class Bill(NamedTuple):
+    """One final request of a tenant: its precision, tokens and charges (a tuple: a refresh
+    makes thousands of them, and a frozen dataclass costs four times as much)."""
 
     precision: str
     prompt_tokens: int
@@ -152,6 +153,12 @@ class TenantRates:
                                 float(max(x.prompt_tokens for x in group)),
                                 float(max(x.completion_tokens for x in group)))
         return cls(learnt)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]]) -> TenantRates:
+        """From the ledger's bill rows (`tenant_bills`: Bill's fields in order). Milliseconds
+        of Python for a busy tenant's rows: the store runs it on a worker thread."""
+        return cls.from_bills(map(Bill._make, rows))
 
     def describe(self) -> list[dict[str, object]]:
         """The learnt rates, for `/v1/usage`: per precision and prompt band (tokens, the

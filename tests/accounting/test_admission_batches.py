@@ -232,3 +232,30 @@ async def test_a_tenants_bills_are_read_while_a_write_holds_the_ledger(tmp_path:
     finally:
         release.set()
         await ledger.close()
+
+
+async def test_rates_are_fitted_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy tenant's fit is milliseconds of Python: it runs on a worker thread, so requests
+    are not held behind it, and the store gets the same rates as a fit of the same bills."""
+    import threading
+
+    from gateway.tenancy.rates import Bill, TenantRates
+
+    fit = TenantRates.from_bills.__func__  # type: ignore[attr-defined]
+    threads: list[int] = []
+
+    def from_bills(cls: type[TenantRates], bills: Any) -> TenantRates:
+        threads.append(threading.get_ident())
+        return fit(cls, bills)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(TenantRates, "from_bills", classmethod(from_bills))
+    cfg = _tenant(budgets=[{"period": "day", "j": 1e9}])
+    ledger = _BillsLedger(100.0)
+    store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(),  # type: ignore[arg-type]
+                         lambda: 1.7e9)
+    store.budgeted = ("tenant-a",)
+    await store.refresh()
+    assert threads and threading.get_ident() not in threads
+    bills = await ledger.tenant_bills("tenant-a", 1.7e9 - 60.0, 1.0, 2000)
+    assert store.rates["tenant-a"].learnt == fit(TenantRates, [Bill(*b) for b in bills]).learnt
+    assert store.rates["tenant-a"].learnt  # the bills were enough to learn from
