@@ -163,6 +163,11 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
 # serving, which the simulator models): a long prompt is prefilled in chunks of this many,
 # one step each.
 CHUNK_TOKENS = 8192.0
+# Prefill seconds from which a row's prompt steps are weighed over its prefill alone: 30
+# riders whose first tokens the engine emitted in one step reach the gateway a few
+# milliseconds apart, and 1-ms heads weighed the earliest by the few spans begun by then
+# (billed up to 3x their Shapley share); a 12,000-token prompt reads for 0.4 s.
+SPLIT_PREFILL_S = 0.05
 
 
 def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
@@ -231,7 +236,9 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         # largest decode, shared by decode tokens.
         # A row's prefill (its first `prefill_s` seconds) ran its chunks beside the batch of
         # that time, its decode beside the batch after: each weighed over its own part.
-        pf = cols.prefill_s
+        # Only a prefill of SPLIT_PREFILL_S or more: a shorter head would weigh its prompt by
+        # the jitter of the gateway's timestamps, not by the batch it was read in.
+        pf = [f if f >= SPLIT_PREFILL_S else 0.0 for f in cols.prefill_s]
         split = any(0.0 < f < r for f, r in zip(pf, res, strict=True))
         heads = [f if 0.0 < f < r else 0.0 for f, r in zip(pf, res, strict=True)] if split else None
         weights_d = _stepping_weights(own, start, res, interval_s, heads)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from accounting.apportion import CHUNK_TOKENS, apportion
+from accounting.apportion import CHUNK_TOKENS, SPLIT_PREFILL_S, apportion
 from accounting.work import WorkRow, work_rows
 from tests.accounting.test_accounting_work import record
 
@@ -87,3 +87,13 @@ def test_work_rows_carry_the_prefills_seconds_in_each_interval() -> None:
     assert split[1000].prefill_s == pytest.approx(0.15)  # 1000.85..1001.0
     assert split[1001].prefill_s == pytest.approx(0.1)  # 1001.0..1001.1
     assert split[1001].start_s == 0.0
+
+
+def test_a_prefill_of_a_few_milliseconds_is_weighed_over_the_whole_span() -> None:
+    """A head shorter than SPLIT_PREFILL_S measures the gateway's timing jitter, not the
+    batch the prompt was read in: the row is weighed as one without prefill seconds."""
+    rows = [WorkRow("short", 0, 8.0, 1.0, 0.5, 0.0, 0.0, 0.002),
+            *(WorkRow(f"d{i}", 0, 0.0, 50.0, 0.6, 0.4) for i in range(4))]
+    assert SPLIT_PREFILL_S > 0.002
+    same = [rows[0]._replace(prefill_s=0.0), *rows[1:]]
+    assert _step_shares(rows) == _step_shares(same)
