@@ -76,7 +76,9 @@ def markdown(res: dict[str, Any]) -> str:
                f"interpolated at the interval's edges: median |diff| {100 * iv['median_abs']:.2f} %, "
                f"p95 {100 * iv['p95_abs']:.2f} %, worst {100 * iv['max_abs']:.2f} % ({iv['n']} "
                "intervals, all but the first, which is measured from the gateway's first reading on); "
-               f"over the whole span {_pct(gw['span_energy_vs_sampler_rel'])}.") if iv else "",
+               f"over the whole span {_pct(gw['span_energy_vs_sampler_rel'])} (where the power "
+               "steps at an end, interpolating between the gateway's readings can miss by up to "
+               f"{gw.get('span_interpolation_bound_j', 0.0):.1f} J).") if iv else "",
               "", "| tenant | requests | energy J | carbon g | cost USD |",
               "| --- | ---: | ---: | ---: | ---: |"]
     for b in gw["bills"]:

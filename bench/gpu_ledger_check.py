@@ -29,6 +29,9 @@ MODEL = "llama-3.1-8b"
 ENGINE = "gpu0"
 KEYS = {"tenant-a": "sk-bench-a", "tenant-b": "sk-bench-b"}
 ADMIN_KEY = "sk-bench-admin"
+# The gateway reads the meter every 0.25 s (the default) and places an interval's ends by
+# interpolating linearly between the readings around them.
+POLL_S = 0.25
 
 
 def gateway_config(engine_url: str, ledger: Path, port: int) -> dict[str, Any]:
@@ -43,7 +46,7 @@ def gateway_config(engine_url: str, ledger: Path, port: int) -> dict[str, Any]:
         "models": [{"name": MODEL, "endpoints": [
             {"name": ENGINE, "url": engine_url, "kind": "vllm", "precision": "bf16"}]}],
         "health": {"interval_s": 0.5, "timeout_s": 1},
-        "accounting": {"interval_s": 1, "flush_s": 0.5, "settle_s": 2,
+        "accounting": {"interval_s": 1, "flush_s": 0.5, "settle_s": 2, "poll_s": POLL_S,
                        "ledger": {"kind": "sqlite", "path": str(ledger)},
                        "region": "US", "pue": 1.2, "price_usd_per_kwh": 0.08, "gpu_hour_usd": 3.0,
                        "meters": {ENGINE: {"kind": "nvml", "gpus": [0]}}},
@@ -94,6 +97,18 @@ def wait_apportioned(ledger: Path, until_s: float, timeout_s: float) -> bool:
     return False
 
 
+def interpolation_bound_j(samples: Samples, t: float, gap_s: float = POLL_S) -> float:
+    """How far a value interpolated at `t` between readings `gap_s` apart can miss the counter
+    when the power steps at `t`: |P_after - P_before| x gap / 4 (the worst phase of the
+    readings). Power is read off the independent samples; 0 where they do not reach."""
+    try:
+        before = (samples.energy_at(t) - samples.energy_at(t - gap_s)) / gap_s
+        after = (samples.energy_at(t + gap_s) - samples.energy_at(t)) / gap_s
+    except ValueError:
+        return 0.0
+    return abs(after - before) * gap_s / 4
+
+
 def ledger_check(ledger: Path, samples: Samples) -> dict[str, Any]:
     with contextlib.closing(sqlite3.connect(ledger)) as db:
         intervals = db.execute(
@@ -124,12 +139,18 @@ def ledger_check(ledger: Path, samples: Samples) -> dict[str, Any]:
         conservation.append(cons)
         if sampled:
             vs_sampler.append(rel(energy, sampled))
-        rows.append({"interval": idx, "start_s": start, "energy_j": energy, "idle_j": idle,
-                     "shares_j": shared, "requests": n, "sampled_j": sampled})
+        rows.append({"interval": idx, "start_s": start, "end_s": start + length,
+                     "energy_j": energy, "idle_j": idle, "shares_j": shared,
+                     "requests": n, "sampled_j": sampled})
     total = math.fsum(r["energy_j"] for r in rows)
     sampled_rows = [r for r in rows if r["sampled_j"] is not None]
     span_total = math.fsum(r["energy_j"] for r in sampled_rows)
     span_sampled = math.fsum(r["sampled_j"] for r in sampled_rows)
+    # Both ends of the span are interpolated by the gateway; where the power steps there (a
+    # load switched on at an interval boundary), each end can miss by the bound below.
+    span_bound = (interpolation_bound_j(samples, sampled_rows[0]["start_s"])
+                  + interpolation_bound_j(samples, sampled_rows[-1]["end_s"])
+                  if sampled_rows else 0.0)
     bills = [{"tenant": t, "requests": n, "energy_j": e, "carbon_g": c, "cost_usd": u}
              for t, n, e, c, u in tenants]
     idle_total = math.fsum(r["idle_j"] for r in rows)
@@ -144,6 +165,8 @@ def ledger_check(ledger: Path, samples: Samples) -> dict[str, Any]:
                                      "p95_abs": quantile(abs_vs, 0.95), "max_abs": max(abs_vs),
                                      "n": len(abs_vs)} if abs_vs else None),
         "span_energy_vs_sampler_rel": rel(span_total, span_sampled) if span_sampled else None,
+        "span_energy_j": span_total, "span_sampled_j": span_sampled,
+        "span_interpolation_bound_j": span_bound,
         "rows": rows,
     }
 

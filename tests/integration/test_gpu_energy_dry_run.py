@@ -53,5 +53,8 @@ def test_dry_run_charges_every_request_the_metered_energy(tmp_path: Path) -> Non
     assert gw["requests_without_shares"] == 0
     assert gw["conservation_max_rel"] <= 1e-9
     assert abs(gw["bills_plus_idle_vs_energy_rel"]) <= 1e-9
-    assert abs(gw["span_energy_vs_sampler_rel"]) <= 0.01
+    # Over the whole span the ledger's energy is the sampler's to within 1 %, beside what the
+    # gateway's interpolation at the two ends can miss where the fake's power steps there.
+    span_error_j = abs(gw["span_energy_j"] - gw["span_sampled_j"])
+    assert span_error_j <= 0.01 * gw["span_sampled_j"] + gw["span_interpolation_bound_j"], gw
     assert gw["apportioned_in_time"]
