@@ -7,6 +7,8 @@ lock is freed and another replica takes over from the stored engine state.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,10 @@ from accounting.ledger.common import SqlLedger
 
 APPORTIONER_LOCK = 0x7761_7474_6761_7465  # "wattgate" as a bigint key
 MIGRATION_LOCK = APPORTIONER_LOCK - 1
+# how long close waits for connections in use to be given back and closed before it cuts them
+CLOSE_S = 5.0
+
+log = logging.getLogger("wattgate.accounting")
 
 
 class PostgresLedger(SqlLedger):
@@ -40,31 +46,43 @@ class PostgresLedger(SqlLedger):
         return out
 
     async def open(self) -> None:
+        """Connect and migrate; on failure nothing stays open and a later open tries again."""
         if self._pool is not None:
             return
         try:
             self._pool = await asyncpg.create_pool(self._dsn, min_size=1,
                                                    max_size=self._pool_size)
-            async with self._pool.acquire() as conn, conn.transaction():
-                # Replicas starting together must not race on the schema.
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
-                await conn.execute(sql.CREATE_VERSION)
-                current = await conn.fetchval(sql.GET_VERSION) or 0
-                for version, statements in sql.schema("postgres"):
-                    if version <= current:
-                        continue
-                    for statement in statements:
-                        await conn.execute(statement)
-                    await conn.execute(self._q(sql.SET_VERSION), version)
+            await self._migrate()
         # ValueError: a URL asyncpg refuses (`?sslmode=bogus`; its ClientConfigurationError)
         except (OSError, asyncpg.PostgresError, ValueError) as exc:
+            await self.close()
             raise LedgerError(f"cannot open postgres ledger: {exc}") from exc
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _migrate(self) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Replicas starting together must not race on the schema.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+            await conn.execute(sql.CREATE_VERSION)
+            current = await conn.fetchval(sql.GET_VERSION) or 0
+            for version, statements in sql.schema("postgres"):
+                if version <= current:
+                    continue
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(self._q(sql.SET_VERSION), version)
 
     async def close(self) -> None:
-        await self.release_apportioner()
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.close()
+        """Close the apportioner's connection and the pool, each within CLOSE_S: connections
+        still in use then (a statement the server does not answer) are cut, not waited on."""
+        try:
+            await self.release_apportioner()
+        finally:
+            if self._pool is not None:
+                pool, self._pool = self._pool, None
+                await _close_pool(pool)
 
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
@@ -127,4 +145,17 @@ class PostgresLedger(SqlLedger):
         if self._lock_conn is not None:
             conn, self._lock_conn = self._lock_conn, None
             if not conn.is_closed():
-                await conn.close()  # closing the session frees its advisory locks
+                try:  # closing the session frees its advisory locks
+                    await conn.close(timeout=CLOSE_S)
+                except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                    # asyncpg has cut the connection: the server ends the session all the same
+                    log.warning("postgres ledger: apportioner connection cut: %r", exc)
+
+
+async def _close_pool(pool: Any) -> None:
+    """Close `pool` gracefully within CLOSE_S, else cut its connections (`terminate`)."""
+    try:
+        await asyncio.wait_for(pool.close(), CLOSE_S)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        log.warning("postgres ledger: connections cut on close: %r", exc)
+        pool.terminate()

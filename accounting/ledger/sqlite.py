@@ -93,10 +93,14 @@ class SqliteLedger(SqlLedger):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=10.0)
-        conn.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL: a process crash loses nothing committed; only power loss can.
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a process crash loses nothing committed; only power loss can.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+        except BaseException:
+            conn.close()
+            raise
         self._conn = conn
         self._identity = _identity(self.path)
         self._checked_at = time.monotonic()
@@ -120,19 +124,28 @@ class SqliteLedger(SqlLedger):
         raise LedgerError(self.fault)
 
     async def open(self) -> None:
+        """Connect and migrate; on failure the connection is closed again, so a later open
+        tries again (the worker threads stay for it)."""
         if self._conn is not None:
             return
         try:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._connect)
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot open sqlite ledger {self.path}: {exc}") from exc
-        await self._run(_migrate)
+        try:
+            await self._run(_migrate)
+        except BaseException:
+            await self._disconnect()
+            raise
 
-    async def close(self) -> None:
-        await self.release_apportioner()
+    async def _disconnect(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await asyncio.get_running_loop().run_in_executor(self._pool, conn.close)
+
+    async def close(self) -> None:
+        await self.release_apportioner()
+        await self._disconnect()
 
         def close_aside() -> None:  # on the reader's thread, after any read in flight
             if self._aside is not None:
