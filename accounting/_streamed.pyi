@@ -2,6 +2,6 @@ from accounting.work import Work
 
 def streamed_rows(rid: str, times: tuple[float, ...], cum: list[int] | None, total: int,
                   off: float, completion: int, prompt: float, prefill: dict[int, float],
-                  attention: dict[int, float], t_disp: float, t_end: float, k_first: int,
-                  k_last: int, interval_s: float, span: bool, k_r0: int,
-                  k_rl: int) -> list[Work]: ...
+                  attention: dict[int, float], t_disp: float, t_end: float, t_pf: float,
+                  k_first: int, k_last: int, interval_s: float, span: bool, k_r0: int,
+                  k_rl: int, first: float) -> list[Work]: ...

@@ -8,7 +8,9 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
   or ended before its first token) has them over the same span just before its decode, which
   ends the engine's span at the engine's decode pace, what comes before being queueing; when
   the span leaves no room for queueing (`NO_QUEUE_FACTOR`), from its dispatch;
-- decode tokens: completion tokens spread over the token-bearing events in `reads`,
+- decode tokens: completion tokens but the first (the engine emits it in the prompt's last
+  step: a request with a prompt ran one decode step fewer than it has tokens), spread over
+  the token-bearing events in `reads`,
   proportionally to events; a request with none spreads them uniformly from the end of its
   prefill to the engine's finish: for a non-streamed answer, the engine's response head
   (`engine_done_s`), not the gateway's read of the body, which a busy gateway makes late;
@@ -18,7 +20,10 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
   ones before it), in the same unit (`PREFILL_ATTENTION_PER_KV`);
 - residency: seconds of (prefill start)..finished inside the interval, with the offset where that
   span starts in the interval (residency is one contiguous span per interval, which lets the
-  apportioner compute the engine's busy time exactly).
+  apportioner compute the engine's busy time exactly);
+- prefill seconds: the part of that span, from its start, that the prefill's placement
+  (above) covers, so the apportioner weighs the prompt's steps over the prefill and the
+  decode's over the rest (0: no prefill there, or a row written before it was kept).
 Requests that never reached an engine have no rows.
 """
 
@@ -52,10 +57,11 @@ class WorkRow(NamedTuple):
     residency_s: float
     start_s: float = 0.0  # offset of the residency span from the interval start
     kv_tokens: float = 0.0  # sum over decoded tokens of their context length (KV read work)
+    prefill_s: float = 0.0  # seconds of the residency span, from its start, spent prefilling
 
 
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
-Work = tuple[str, int, float, float, float, float, float]
+Work = tuple[str, int, float, float, float, float, float, float]
 
 
 class WorkColumns(NamedTuple):
@@ -69,6 +75,7 @@ class WorkColumns(NamedTuple):
     residency_s: tuple[float, ...]
     start_s: tuple[float, ...]
     kv_tokens: tuple[float, ...]
+    prefill_s: tuple[float, ...]
 
     @classmethod
     def of(cls, rows: Sequence[Work]) -> WorkColumns:
@@ -77,7 +84,7 @@ class WorkColumns(NamedTuple):
         return cls._make(zip(*rows, strict=True))
 
 
-EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
+EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), (), ())
 
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work). From the simulated H100
@@ -132,20 +139,6 @@ def spread(amount: float, t0: float, t1: float, interval_s: float, acc: dict[int
         if hi > lo:
             acc[k] = acc.get(k, 0.0) + amount * (hi - lo) / span
         k += 1
-
-
-def residency(t0: float, t1: float, interval_s: float) -> dict[int, tuple[float, float]]:
-    """{interval: (seconds resident, offset of the span's start)} for one span [t0, t1]."""
-    out: dict[int, tuple[float, float]] = {}
-    k = interval_index(t0, interval_s)
-    k_last = interval_index(t1, interval_s)
-    while k <= k_last:
-        lo = max(t0, k * interval_s)
-        hi = min(t1, (k + 1) * interval_s)
-        if hi > lo:
-            out[k] = (hi - lo, lo - k * interval_s)
-        k += 1
-    return out
 
 
 def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
@@ -230,7 +223,12 @@ def work_rows(rec: RequestRecord, interval_s: float,
             prefill[k] = prompt  # the usual case: the prefill lies in one interval
         else:
             spread(prompt, t_disp, t_prefilled, interval_s, prefill)
+    # where the prefill's placement ends inside the residency span (no prefill: its start)
+    t_pf = (t_prefilled if t_prefilled < t_end else t_end) if prompt else t_disp
+    # The engine emits the first token in the prompt's last step: it is no decode step, and
+    # comes off the decode of the first token event's interval (or off the spread decode).
     completion = rec.completion_tokens
+    first = 1.0 if prompt and completion else 0.0
     times, events = rec.read_times, rec.read_events
     k_first = math.floor(t_disp / interval_s)
     k_last = math.floor(t_end / interval_s)
@@ -241,19 +239,21 @@ def work_rows(rec: RequestRecord, interval_s: float,
                 and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(events))):
             if shortcut and k_first == k_last:
                 # One interval (most streams): _streamed_rows' row without its loop.
+                d = total * (completion / total)
                 return _one_interval_stream(rec.request_id, k_first, prefill.get(k_first, 0.0),
-                                            total * (completion / total), prompt, t_disp, t_end,
-                                            interval_s)
+                                            d - (first if first < d else d), prompt, t_disp,
+                                            t_end, t_pf, interval_s)
             # A prefill split over intervals: count events as _events_per_interval does.
             span = (k_r0, k_rl) if len(prefill) > 1 else None
             return _streamed_rows(rec.request_id, times, events, total, off, completion, prompt,
-                                  prefill, t_disp, t_end, k_first, k_last, interval_s, span)
+                                  prefill, t_disp, t_end, t_pf, k_first, k_last, interval_s,
+                                  span, first)
     if (shortcut and k_first == k_last and not times
             and (not prefill or (len(prefill) == 1 and k_first in prefill))):
         # One interval and no token events (most non-streamed requests): the row the loop
         # below builds, bit for bit, without its per-interval dictionaries.
         return _one_interval_row(rec.request_id, k_first, prefill.get(k_first, 0.0),
-                                 completion, t_disp, t_decode, t_end, interval_s)
+                                 completion - first, t_disp, t_decode, t_end, t_pf, interval_s)
     decode: dict[int, float] = {}
     if completion:
         per_k = _events_per_interval(times, events, off, interval_s)
@@ -261,8 +261,10 @@ def work_rows(rec: RequestRecord, interval_s: float,
         if n_events:
             per_event = completion / n_events
             decode = {k: n * per_event for k, n in per_k.items()}
+            k0 = min(decode)
+            decode[k0] -= first if first < decode[k0] else decode[k0]
         else:
-            spread(float(completion), t_decode, t_end, interval_s, decode)
+            spread(completion - first, t_decode, t_end, interval_s, decode)
     kv: dict[int, float] = {}
     done = 0.0
     for k in sorted(decode):
@@ -283,20 +285,21 @@ def work_rows(rec: RequestRecord, interval_s: float,
         p = get_p(k, 0.0)
         d = get_d(k, 0.0)
         if res > 0.0:
-            append((rid, k, p, d, res, start - lo, get_kv(k, 0.0)))
+            pf = (t_pf if t_pf < hi else hi) - start
+            append((rid, k, p, d, res, start - lo, get_kv(k, 0.0), pf if pf > 0.0 else 0.0))
         elif p or d:
-            append((rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0)))
+            append((rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0), 0.0))
     # Token events stamped outside dispatched..finished (clock skew) still count.
     outside = [k for k in (*prefill, *decode) if k < k_first or k > k_last]
     for k in sorted(set(outside)):
-        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0)))
+        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0), 0.0))
     return rows
 
 
-def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float,
-                      t_decode: float, t_end: float, interval_s: float) -> list[Work]:
-    """work_rows of a request inside interval k with no token events: decode spread uniformly
-    over t_decode..finished (spread()'s arithmetic, so the same bits)."""
+def _one_interval_row(rid: str, k: int, p: float, completion: float, t_disp: float,
+                      t_decode: float, t_end: float, t_pf: float, interval_s: float) -> list[Work]:
+    """work_rows of a request inside interval k with no token events: `completion` decoded
+    tokens spread uniformly over t_decode..finished (spread()'s arithmetic: the same bits)."""
     lo = k * interval_s
     hi = lo + interval_s
     d = 0.0
@@ -315,14 +318,15 @@ def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start
     if res > 0.0:
-        return [(rid, k, p, d, res, start - lo, kv)]
+        pf = (t_pf if t_pf < hi else hi) - start
+        return [(rid, k, p, d, res, start - lo, kv, pf if pf > 0.0 else 0.0)]
     if p or d:
-        return [(rid, k, p, d, 0.0, 0.0, kv)]
+        return [(rid, k, p, d, 0.0, 0.0, kv, 0.0)]
     return []
 
 
 def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_disp: float,
-                         t_end: float, interval_s: float) -> list[Work]:
+                         t_end: float, t_pf: float, interval_s: float) -> list[Work]:
     """_streamed_rows of a stream inside interval k, which decodes `d` tokens there; the same
     arithmetic, so the same bits."""
     kv = d * (prompt + 0.0 + d / 2.0)
@@ -333,26 +337,28 @@ def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start
     if res > 0.0:
-        return [(rid, k, p, d, res, start - lo, kv)]
-    return [(rid, k, p, d, 0.0, 0.0, kv)]
+        pf = (t_pf if t_pf < hi else hi) - start
+        return [(rid, k, p, d, res, start - lo, kv, pf if pf > 0.0 else 0.0)]
+    return [(rid, k, p, d, 0.0, 0.0, kv, 0.0)] if p or d else []
 
 
 def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,
                    off: float, completion: int, prompt: float, prefill: dict[int, float],
-                   t_disp: float, t_end: float, k_first: int, k_last: int, interval_s: float,
-                   span: tuple[int, int] | None) -> list[Work]:
+                   t_disp: float, t_end: float, t_pf: float, k_first: int, k_last: int,
+                   interval_s: float, span: tuple[int, int] | None, first: float) -> list[Work]:
     """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
     the prefill all inside the residency span. Same rows as the general path. With `span`
     (the intervals of the first and last read) events are counted exactly as
-    _events_per_interval counts them; without, at each interval's end."""
+    _events_per_interval counts them; without, at each interval's end. `first` tokens (that
+    the prompt's last step emitted) come off the first interval with events."""
     # One event per read (the usual case): the events before read i are i itself.
     cum = None if total == len(times) else list(accumulate(events))
     attention = prefill_attention(prefill)
     k_r0, k_rl = span if span is not None else (k_first, k_last)
     if compiled is not None and type(times) is tuple:
         return compiled(rid, times, cum, total, off, completion, prompt, prefill, attention,
-                        t_disp, t_end, k_first, k_last, interval_s, span is not None, k_r0,
-                        k_rl)
+                        t_disp, t_end, t_pf, k_first, k_last, interval_s, span is not None, k_r0,
+                        k_rl, first)
     per_event = completion / total
     get_p = prefill.get
     rows: list[Work] = []
@@ -372,19 +378,23 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
         start = t_disp if t_disp > lo else lo
         res = (t_end if t_end < hi else hi) - start
         p = get_p(k, 0.0)
+        pf = (t_pf if t_pf < hi else hi) - start
+        pf = pf if pf > 0.0 else 0.0
         if c > prev:
             d = (c - prev) * per_event
+            if not prev:
+                d = d - (first if first < d else d)
             kv = d * (prompt + done + d / 2.0)
             if k in attention:
                 kv = kv + attention[k]
             done += d
             prev = c
             if res > 0.0:
-                append((rid, k, p, d, res, start - lo, kv))
-            else:
-                append((rid, k, p, d, 0.0, 0.0, kv))
+                append((rid, k, p, d, res, start - lo, kv, pf))
+            elif p or d:
+                append((rid, k, p, d, 0.0, 0.0, kv, 0.0))
         elif res > 0.0:
-            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0)))
+            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0), pf))
         elif p:
-            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0)))
+            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0), 0.0))
     return rows

@@ -101,6 +101,7 @@ class EngineWork(NamedTuple):
     residency_s: float
     start_s: float
     kv_tokens: float
+    prefill_s: float
     engine: str
 
 
@@ -121,7 +122,7 @@ def work_by_engine(work: WorkByEngine) -> Mapping[str, Sequence[Work]]:
         return work
     out: dict[str, list[Work]] = {}
     for w in work:
-        out.setdefault(w.engine, []).append(w[:7])
+        out.setdefault(w.engine, []).append(w[:8])
     return out
 
 
