@@ -153,11 +153,83 @@ error:
     return NULL;
 }
 
+/* heads.py's cusum_split, the same operations in the same order: over the reads whose wall
+   times (times + off) lie in [s, e], the read where the count of events departs most from an
+   even pace. (events in the head, the cut's wall time, the departure) or None. */
+static PyObject *cusum_split(PyObject *self, PyObject *args) {
+    PyObject *times, *cum;
+    double off, s, e;
+    if (!PyArg_ParseTuple(args, "O!Oddd", &PyTuple_Type, &times, &cum, &off, &s, &e))
+        return NULL;
+    if (cum != Py_None && !PyList_Check(cum)) {
+        PyErr_SetString(PyExc_TypeError, "cum: a list or None");
+        return NULL;
+    }
+    int failed = 0;
+    Py_ssize_t n_times = PyTuple_GET_SIZE(times);
+    Py_ssize_t i0 = bisect_left(times, s - off, &failed);
+    Py_ssize_t i1 = failed ? 0 : bisect_left(times, e - off, &failed);
+    if (failed)
+        return NULL;
+    while (i1 < n_times) {
+        double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i1));
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(t + off <= e))
+            break;
+        i1++;
+    }
+    if (i1 - i0 < 2 || e <= s)
+        Py_RETURN_NONE;
+    long long base = 0, n;
+    if (cum != Py_None && i0 > 0) {
+        base = PyLong_AsLongLong(PyList_GET_ITEM(cum, i0 - 1));
+        if (base == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (cum == Py_None) {
+        n = (long long)(i1 - i0);
+    } else {
+        n = PyLong_AsLongLong(PyList_GET_ITEM(cum, i1 - 1));
+        if (n == -1 && PyErr_Occurred())
+            return NULL;
+        n -= base;
+    }
+    double best = -1.0, cut = s;
+    long long got = 0;
+    for (Py_ssize_t i = i0; i < i1 - 1; i++) {
+        long long c;
+        if (cum == Py_None) {
+            c = (long long)(i - i0 + 1);
+        } else {
+            c = PyLong_AsLongLong(PyList_GET_ITEM(cum, i));
+            if (c == -1 && PyErr_Occurred())
+                return NULL;
+            c -= base;
+        }
+        double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i));
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        t = t + off;
+        double dev = (double)c - (double)n * (t - s) / (e - s);
+        if (dev < 0.0)
+            dev = -dev;
+        if (dev > best) {
+            best = dev;
+            got = c;
+            cut = t;
+        }
+    }
+    return Py_BuildValue("(Ldd)", got, cut, best);
+}
+
 static PyMethodDef methods[] = {
     {"streamed_rows", streamed_rows, METH_VARARGS,
      "work.py's _streamed_rows loop: (rid, times, cum | None, total, off, completion, prompt, "
      "prefill, attention, t_disp, t_end, t_pf, k_first, k_last, interval_s, span, k_r0, k_rl, "
      "first)"},
+    {"cusum_split", cusum_split, METH_VARARGS,
+     "heads.py's cusum_split: (times, cum | None, off, s, e) -> (events, cut, departure) | None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,11 +15,14 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   are its decode rate (one token per step over its resident time) times its instant weight
   among the decoders alone, i.e. its tokens x the mean of 1/batch over its span, and a
   prompt's steps its chunks (max(1, p / CHUNK_TOKENS): the last emits the first token, which
-  work rows do not count as decoded) x the same mean. A row with prefill seconds f (its
-  span's first f of r seconds prefilled) weighs each part over its own time:
-  steps = W(f) * chunks / f + (W(r) - W(f)) * d / (r - f), W(x) the integral of 1/n over
-  the span's first x seconds (a long prompt read alone does not make its decode, beside a
-  batch, look as if it ran alone); f = 0 (not known) weighs both over the whole span. The
+  work rows do not count as decoded) x the same mean. A row with a head of f seconds
+  (its span's first f of r: its prefill, or its decode up to where its pace changed,
+  accounting/heads.py) holding e of its d decode tokens weighs each part over its own time:
+  steps = W(f) * (chunks + e) / f + (W(r) - W(f)) * (d - e) / (r - f), W(x) the integral
+  of 1/n over the span's first x seconds (a long prompt read alone does not make its
+  decode, beside a batch, look as if it ran alone; a decoder alone before a burst joined it
+  does not look as if it shared its solo steps); f = 0 (none, or f < SPLIT_S) weighs both
+  over the whole span. The
   interval's steps are their sum, and each decoder's share of the steps' energy is its own
   steps: a request split into pieces one after another ran the same steps, and a resident
   request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
@@ -45,6 +48,7 @@ from operator import add
 from typing import NamedTuple
 
 from accounting.coefficients import Coefficients
+from accounting.heads import SPLIT_S
 from accounting.work import Work, WorkColumns
 
 
@@ -163,11 +167,6 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
 # serving, which the simulator models): a long prompt is prefilled in chunks of this many,
 # one step each.
 CHUNK_TOKENS = 8192.0
-# Prefill seconds from which a row's prompt steps are weighed over its prefill alone: 30
-# riders whose first tokens the engine emitted in one step reach the gateway a few
-# milliseconds apart, and 1-ms heads weighed the earliest by the few spans begun by then
-# (billed up to 3x their Shapley share); a 12,000-token prompt reads for 0.4 s.
-SPLIT_PREFILL_S = 0.05
 
 
 def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
@@ -234,21 +233,23 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         # ran them: a request split in two, one after the other, ran the same steps, and a
         # resident request with no token work ran none. Spans too short to weigh: the
         # largest decode, shared by decode tokens.
-        # A row's prefill (its first `prefill_s` seconds) ran its chunks beside the batch of
-        # that time, its decode beside the batch after: each weighed over its own part.
-        # Only a prefill of SPLIT_PREFILL_S or more: a shorter head would weigh its prompt by
-        # the jitter of the gateway's timestamps, not by the batch it was read in.
-        pf = [f if f >= SPLIT_PREFILL_S else 0.0 for f in cols.prefill_s]
-        split = any(0.0 < f < r for f, r in zip(pf, res, strict=True))
-        heads = [f if 0.0 < f < r else 0.0 for f, r in zip(pf, res, strict=True)] if split else None
+        # A row's head (its first `head_s` seconds: its prefill, or its decode up to where
+        # the pace changed, accounting/heads.py) ran its chunks and `head_decode` tokens
+        # beside the batch of that time, the rest beside the batch after: each weighed over
+        # its own part. Only a head of SPLIT_S or more: a shorter one would weigh its tokens
+        # by the jitter of the gateway's timestamps, not by the batch they ran in.
+        hs = [f if f >= SPLIT_S else 0.0 for f in cols.head_s]
+        split = any(0.0 < f < r for f, r in zip(hs, res, strict=True))
+        heads = [f if 0.0 < f < r else 0.0 for f, r in zip(hs, res, strict=True)] if split else None
         weights_d = _stepping_weights(own, start, res, interval_s, heads)
         chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
         part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
                 for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]
         if heads is not None:
-            part = [(h * c / f + max(w - h, 0.0) * d / (r - f)) if h > 0.0 else q
-                    for q, h, w, d, c, r, f in zip(part, heads, weights_d, dec, chunks, res, pf,
-                                                   strict=True)]
+            part = [(h * (c + e) / f + max(w - h, 0.0) * (d - e) / (r - f)) if h > 0.0 else q
+                    for q, h, w, d, e, c, r, f in zip(part, heads, weights_d, dec,
+                                                      cols.head_decode, chunks, res, hs,
+                                                      strict=True)]
         own_steps = math.fsum(part)
         if own_steps > 0.0 and math.isfinite(own_steps):
             steps = own_steps

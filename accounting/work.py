@@ -21,9 +21,10 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
 - residency: seconds of (prefill start)..finished inside the interval, with the offset where that
   span starts in the interval (residency is one contiguous span per interval, which lets the
   apportioner compute the engine's busy time exactly);
-- prefill seconds: the part of that span, from its start, that the prefill's placement
-  (above) covers, so the apportioner weighs the prompt's steps over the prefill and the
-  decode's over the rest (0: no prefill there, or a row written before it was kept).
+- the head of that span (accounting/heads.py): the prefill's part of it, from its start, or
+  where the pace of the row's token events changes, with the decode tokens in it, so the
+  apportioner weighs the head's steps and the tail's each over their own time (0: none, or a
+  row written before heads were kept).
 Requests that never reached an engine have no rows.
 """
 
@@ -31,60 +32,26 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import accumulate
-from typing import NamedTuple
 
+from accounting.heads import with_heads
 from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
+from accounting.workrow import EMPTY_COLUMNS, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
-compiled: Callable[..., list[Work]] | None  # _streamed_rows' loop in C, where it was built
+__all__ = ["EMPTY_COLUMNS", "Work", "WorkColumns", "WorkRow", "work_rows"]
+
+# A row as the builders below make it: a Work without its head's decode (with_heads adds it).
+_Row = tuple[str, int, float, float, float, float, float, float]
+
+compiled: Callable[..., list[_Row]] | None  # _streamed_rows' loop in C, where it was built
 try:
     from accounting._streamed import streamed_rows as compiled
 except ImportError:  # pragma: no cover - a build without a C compiler
     compiled = None
 
 
-class WorkRow(NamedTuple):
-    """One request's work in one interval, with its fields named. `work_rows` builds the same
-    values as plain tuples (`Work`: 4x cheaper to build than this class, and the spreading of
-    every record over the grid is mostly row building); the ledger reads rows back as this."""
-
-    request_id: str
-    interval_idx: int
-    prefill_tokens: float
-    decode_tokens: float
-    residency_s: float
-    start_s: float = 0.0  # offset of the residency span from the interval start
-    kv_tokens: float = 0.0  # sum over decoded tokens of their context length (KV read work)
-    prefill_s: float = 0.0  # seconds of the residency span, from its start, spent prefilling
-
-
-# A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
-Work = tuple[str, int, float, float, float, float, float, float]
-
-
-class WorkColumns(NamedTuple):
-    """Work rows column by column, named (one C-level transpose of the rows): what the
-    apportioner reads instead of indexing each row."""
-
-    request_id: tuple[str, ...]
-    interval_idx: tuple[int, ...]
-    prefill_tokens: tuple[float, ...]
-    decode_tokens: tuple[float, ...]
-    residency_s: tuple[float, ...]
-    start_s: tuple[float, ...]
-    kv_tokens: tuple[float, ...]
-    prefill_s: tuple[float, ...]
-
-    @classmethod
-    def of(cls, rows: Sequence[Work]) -> WorkColumns:
-        if not rows:
-            return EMPTY_COLUMNS
-        return cls._make(zip(*rows, strict=True))
-
-
-EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), (), ())
 
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work). From the simulated H100
@@ -178,6 +145,16 @@ def work_rows(rec: RequestRecord, interval_s: float,
     prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
     token events at the end of its span.
     `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
+    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut)
+    total = sum(rec.read_events) if rec.read_times else 0
+    return with_heads(rows, rec.read_times, rec.read_events, rec.arrived_wall_s - rec.arrived_s,
+                      interval_s, rec.completion_tokens / total if total else 0.0,
+                      1.0 if rec.prompt_tokens and rec.completion_tokens else 0.0)
+
+
+def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tpot_s: float,
+          shortcut: bool) -> list[_Row]:
+    """work_rows' rows without the head's decode (the last field is the prefill's seconds)."""
     if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
@@ -273,7 +250,7 @@ def work_rows(rec: RequestRecord, interval_s: float,
         done += d
     for k, a in prefill_attention(prefill).items():
         kv[k] = kv[k] + a if k in kv else a
-    rows: list[Work] = []
+    rows: list[_Row] = []
     append = rows.append
     rid = rec.request_id
     get_p, get_d, get_kv = prefill.get, decode.get, kv.get
@@ -297,7 +274,7 @@ def work_rows(rec: RequestRecord, interval_s: float,
 
 
 def _one_interval_row(rid: str, k: int, p: float, completion: float, t_disp: float,
-                      t_decode: float, t_end: float, t_pf: float, interval_s: float) -> list[Work]:
+                      t_decode: float, t_end: float, t_pf: float, interval_s: float) -> list[_Row]:
     """work_rows of a request inside interval k with no token events: `completion` decoded
     tokens spread uniformly over t_decode..finished (spread()'s arithmetic: the same bits)."""
     lo = k * interval_s
@@ -326,7 +303,7 @@ def _one_interval_row(rid: str, k: int, p: float, completion: float, t_disp: flo
 
 
 def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_disp: float,
-                         t_end: float, t_pf: float, interval_s: float) -> list[Work]:
+                         t_end: float, t_pf: float, interval_s: float) -> list[_Row]:
     """_streamed_rows of a stream inside interval k, which decodes `d` tokens there; the same
     arithmetic, so the same bits."""
     kv = d * (prompt + 0.0 + d / 2.0)
@@ -345,7 +322,7 @@ def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_
 def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,
                    off: float, completion: int, prompt: float, prefill: dict[int, float],
                    t_disp: float, t_end: float, t_pf: float, k_first: int, k_last: int,
-                   interval_s: float, span: tuple[int, int] | None, first: float) -> list[Work]:
+                   interval_s: float, span: tuple[int, int] | None, first: float) -> list[_Row]:
     """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
     the prefill all inside the residency span. Same rows as the general path. With `span`
     (the intervals of the first and last read) events are counted exactly as
@@ -361,7 +338,7 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
                         k_rl, first)
     per_event = completion / total
     get_p = prefill.get
-    rows: list[Work] = []
+    rows: list[_Row] = []
     append = rows.append
     done = 0.0
     prev = 0

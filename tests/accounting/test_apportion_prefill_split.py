@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from accounting.apportion import CHUNK_TOKENS, SPLIT_PREFILL_S, apportion
+from accounting.apportion import CHUNK_TOKENS, apportion
+from accounting.heads import SPLIT_S
 from accounting.work import WorkRow, work_rows
 from tests.accounting.test_accounting_work import record
 
@@ -79,21 +80,22 @@ def test_a_row_without_prefill_seconds_weighs_its_steps_over_its_whole_span() ->
 
 def test_work_rows_carry_the_prefills_seconds_in_each_interval() -> None:
     """1,000 prompt tokens at 4,000 tok/s: 1001.25..1001.5, the first 0.25 s of the row's
-    0.75 s; a prefill across an interval's end is split at it."""
+    0.75 s, its head with no decode in it; a prefill across an interval's end is split at
+    it."""
     rows = _rows()
-    assert rows[1001].prefill_s == pytest.approx(0.25)
-    assert rows[1002].prefill_s == rows[1003].prefill_s == 0.0
+    assert rows[1001].head_s == pytest.approx(0.25) and rows[1001].head_decode == 0.0
+    assert rows[1002].head_s == rows[1003].head_s == 0.0
     split = _rows(first_token_s=1.1, read_times=(1.1, 2.2, 3.5))
-    assert split[1000].prefill_s == pytest.approx(0.15)  # 1000.85..1001.0
-    assert split[1001].prefill_s == pytest.approx(0.1)  # 1001.0..1001.1
+    assert split[1000].head_s == pytest.approx(0.15)  # 1000.85..1001.0
+    assert split[1001].head_s == pytest.approx(0.1)  # 1001.0..1001.1
     assert split[1001].start_s == 0.0
 
 
 def test_a_prefill_of_a_few_milliseconds_is_weighed_over_the_whole_span() -> None:
-    """A head shorter than SPLIT_PREFILL_S measures the gateway's timing jitter, not the
-    batch the prompt was read in: the row is weighed as one without prefill seconds."""
+    """A head shorter than SPLIT_S measures the gateway's timing jitter, not the batch the
+    prompt was read in: the row is weighed as one without a head."""
     rows = [WorkRow("short", 0, 8.0, 1.0, 0.5, 0.0, 0.0, 0.002),
             *(WorkRow(f"d{i}", 0, 0.0, 50.0, 0.6, 0.4) for i in range(4))]
-    assert SPLIT_PREFILL_S > 0.002
-    same = [rows[0]._replace(prefill_s=0.0), *rows[1:]]
+    assert SPLIT_S > 0.002
+    same = [rows[0]._replace(head_s=0.0), *rows[1:]]
     assert _step_shares(rows) == _step_shares(same)
