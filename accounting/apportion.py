@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 from accounting.coefficients import Coefficients
 from accounting.heads import SPLIT_S
+from accounting.prefill import CHUNK_TOKENS
 from accounting.work import Work, WorkColumns
 
 
@@ -163,10 +164,6 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
             for lo, r in zip(starts, residencies, strict=True)]
 
 
-# Prompt tokens one engine step takes at most (vLLM V1's max_num_batched_tokens for online
-# serving, which the simulator models): a long prompt is prefilled in chunks of this many,
-# one step each.
-CHUNK_TOKENS = 8192.0
 
 
 def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],

@@ -4,10 +4,13 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
 - prefill tokens: prompt tokens spread uniformly over the time the engine takes to read them
   (prompt_tokens / the engine's prefill rate, `accounting.prefill`) just before the
   first token, bounded by the dispatch (what comes before is queueing in the engine: not
-  resident in its batch, and charged nothing); a request with no token event (non-streamed,
-  or ended before its first token) has them over the same span just before its decode, which
-  ends the engine's span at the engine's decode pace, what comes before being queueing; when
-  the span leaves no room for queueing (`NO_QUEUE_FACTOR`), from its dispatch;
+  resident in its batch, and charged nothing); a prompt of one chunk (MIN_PROMPT_TOKENS to
+  CHUNK_TOKENS) whose step began earlier (`step_from_s`: the engine's previous step's last
+  token event) is spread from there, the step it shared with other prompts; a request with
+  no token event (non-streamed, or ended before its first token) has them over the same span
+  just before its decode, which ends the engine's span at the engine's decode pace, what
+  comes before being queueing; when the span leaves no room for queueing
+  (`NO_QUEUE_FACTOR`), from its dispatch;
 - decode tokens: completion tokens but the first (the engine emits it in the prompt's last
   step: a request with a prompt ran one decode step fewer than it has tokens), spread over
   the token-bearing events in `reads`,
@@ -36,7 +39,12 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from accounting.heads import with_heads
-from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
+from accounting.prefill import (
+    CHUNK_TOKENS,
+    DEFAULT_TOKENS_PER_S,
+    DEFAULT_TPOT_S,
+    MIN_PROMPT_TOKENS,
+)
 from accounting.workrow import EMPTY_COLUMNS, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
@@ -172,9 +180,15 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
     if first is not None:
         t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
-        # busy: the request is resident, and prefilling, only for its prefill's span.
-        if t_first - prefill_s > t_disp:
-            t_disp = t_first - prefill_s
+        # busy: the request is resident, and prefilling, only for its prefill's span. A prompt
+        # of one chunk that shared its step with others (a burst's) was read for that whole
+        # step, from the engine's previous step on: longer than its own tokens take.
+        start = t_first - prefill_s
+        if (rec.step_from_s is not None and MIN_PROMPT_TOKENS <= prompt <= CHUNK_TOKENS
+                and rec.step_from_s + off < start):
+            start = rec.step_from_s + off
+        if start > t_disp:
+            t_disp = start
         if t_disp > t_end:
             t_disp = t_end
         t_decode = t_disp
