@@ -72,3 +72,23 @@ def test_the_gateway_marks_the_engine_step_before_each_first_token() -> None:
     assert late.step_from_s == pytest.approx(10.0 + 2 * STEP_GAP_S / 3)
     burst[0].token_read(10.21, 1)  # a later token keeps its first one's step
     assert burst[0].step_from_s == 9.8
+
+
+def test_the_published_record_carries_the_step_before_its_first_token() -> None:
+    """RecordPublisher.publish hands the flight's step_from_s to the record's sinks."""
+    from types import SimpleNamespace
+
+    from core.vocab import SloClass
+    from gateway.pipeline.record import RecordPublisher
+
+    got: list[object] = []
+    config = SimpleNamespace(slo_classes=[SloClass("d")])
+    publisher = RecordPublisher(config, None, None, [got.append], lambda: 11.0)  # type: ignore[arg-type]
+    engine = _Engine()
+    first = _flight(engine)
+    first.token_read(9.8, 1)
+    f = _flight(engine)
+    f.token_read(10.0, 1)
+    f.endpoint = None  # no endpoint chosen: the record names none, the step stays
+    publisher.publish(f, 10.5)
+    assert [r.step_from_s for r in got] == [9.8]  # type: ignore[attr-defined]
