@@ -11,7 +11,7 @@ import pytest
 
 from accounting.coefficients import fit_intervals, fitted, nnls
 from accounting.energy import Boundary, EnergyTrack
-from accounting.work import Work, WorkRow, spread, work_rows
+from accounting.work import WorkRow, spread, work_rows
 from core.records import RequestRecord
 from core.timing import latency, split_reads
 
@@ -201,7 +201,7 @@ def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit(
     streams: list[str] = []
     one_stream = work._one_interval_stream
 
-    def counted(rid: str, *args: Any) -> list[Work]:
+    def counted(rid: str, *args: Any) -> list[work._Row]:
         streams.append(rid)
         return one_stream(rid, *args)
 

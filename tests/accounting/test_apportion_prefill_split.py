@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from accounting.apportion import CHUNK_TOKENS, apportion
+from accounting.apportion import apportion
 from accounting.heads import SPLIT_S
+from accounting.prefill import CHUNK_TOKENS
 from accounting.work import WorkRow, work_rows
 from tests.accounting.test_accounting_work import record
 
