@@ -30,16 +30,16 @@ static Py_ssize_t bisect_left(PyObject *times, double x, int *failed) {
 }
 
 static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, double d,
-                      double res, double start, double kv) {
-    double values[5] = {p, d, res, start, kv};
-    PyObject *row = PyTuple_New(7);
+                      double res, double start, double kv, double pf) {
+    double values[6] = {p, d, res, start, kv, pf};
+    PyObject *row = PyTuple_New(8);
     if (row == NULL)
         return -1;
     Py_INCREF(rid);
     PyTuple_SET_ITEM(row, 0, rid);
     Py_INCREF(k_obj);
     PyTuple_SET_ITEM(row, 1, k_obj);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         PyObject *v = PyFloat_FromDouble(values[i]);
         if (v == NULL) {
             Py_DECREF(row);
@@ -70,12 +70,12 @@ static int get_float(PyObject *dict, PyObject *k_obj, double *out, int *found) {
 static PyObject *streamed_rows(PyObject *self, PyObject *args) {
     PyObject *rid, *times, *cum, *prefill, *attention;
     long long total, completion, k_first, k_last, k_r0, k_rl;
-    double off, prompt, t_disp, t_end, interval_s;
+    double off, prompt, t_disp, t_end, t_pf, interval_s, first;
     int span;
-    if (!PyArg_ParseTuple(args, "UO!OLdLdO!O!ddLLdpLL", &rid, &PyTuple_Type, &times, &cum,
+    if (!PyArg_ParseTuple(args, "UO!OLdLdO!O!dddLLdpLLd", &rid, &PyTuple_Type, &times, &cum,
                           &total, &off, &completion, &prompt, &PyDict_Type, &prefill,
-                          &PyDict_Type, &attention, &t_disp, &t_end, &k_first, &k_last,
-                          &interval_s, &span, &k_r0, &k_rl))
+                          &PyDict_Type, &attention, &t_disp, &t_end, &t_pf, &k_first, &k_last,
+                          &interval_s, &span, &k_r0, &k_rl, &first))
         return NULL;
     if (cum != Py_None && !PyList_Check(cum)) {
         PyErr_SetString(PyExc_TypeError, "cum: a list or None");
@@ -114,6 +114,8 @@ static PyObject *streamed_rows(PyObject *self, PyObject *args) {
         }
         double start = t_disp > lo ? t_disp : lo;
         double res = (t_end < hi ? t_end : hi) - start;
+        double pf = (t_pf < hi ? t_pf : hi) - start;
+        pf = pf > 0.0 ? pf : 0.0;
         PyObject *k_obj = PyLong_FromLongLong(k);
         if (k_obj == NULL)
             goto error;
@@ -125,19 +127,21 @@ static PyObject *streamed_rows(PyObject *self, PyObject *args) {
         }
         if (c > prev) {
             double d = (double)(c - prev) * per_event;
+            if (prev == 0)
+                d = d - (first < d ? first : d);
             double kv = d * (prompt + done + d / 2.0);
             if (has_a)
                 kv = kv + a;
             done += d;
             prev = c;
             if (res > 0.0)
-                rc = append_row(rows, rid, k_obj, p, d, res, start - lo, kv);
-            else
-                rc = append_row(rows, rid, k_obj, p, d, 0.0, 0.0, kv);
+                rc = append_row(rows, rid, k_obj, p, d, res, start - lo, kv, pf);
+            else if (p != 0.0 || d != 0.0)
+                rc = append_row(rows, rid, k_obj, p, d, 0.0, 0.0, kv, 0.0);
         } else if (res > 0.0) {
-            rc = append_row(rows, rid, k_obj, p, 0.0, res, start - lo, a);
+            rc = append_row(rows, rid, k_obj, p, 0.0, res, start - lo, a, pf);
         } else if (p != 0.0) {
-            rc = append_row(rows, rid, k_obj, p, 0.0, 0.0, 0.0, a);
+            rc = append_row(rows, rid, k_obj, p, 0.0, 0.0, 0.0, a, 0.0);
         }
         Py_DECREF(k_obj);
         if (rc < 0)
@@ -149,10 +153,83 @@ error:
     return NULL;
 }
 
+/* heads.py's cusum_split, the same operations in the same order: over the reads whose wall
+   times (times + off) lie in [s, e], the read where the count of events departs most from an
+   even pace. (events in the head, the cut's wall time, the departure) or None. */
+static PyObject *cusum_split(PyObject *self, PyObject *args) {
+    PyObject *times, *cum;
+    double off, s, e;
+    if (!PyArg_ParseTuple(args, "O!Oddd", &PyTuple_Type, &times, &cum, &off, &s, &e))
+        return NULL;
+    if (cum != Py_None && !PyList_Check(cum)) {
+        PyErr_SetString(PyExc_TypeError, "cum: a list or None");
+        return NULL;
+    }
+    int failed = 0;
+    Py_ssize_t n_times = PyTuple_GET_SIZE(times);
+    Py_ssize_t i0 = bisect_left(times, s - off, &failed);
+    Py_ssize_t i1 = failed ? 0 : bisect_left(times, e - off, &failed);
+    if (failed)
+        return NULL;
+    while (i1 < n_times) {
+        double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i1));
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(t + off <= e))
+            break;
+        i1++;
+    }
+    if (i1 - i0 < 2 || e <= s)
+        Py_RETURN_NONE;
+    long long base = 0, n;
+    if (cum != Py_None && i0 > 0) {
+        base = PyLong_AsLongLong(PyList_GET_ITEM(cum, i0 - 1));
+        if (base == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (cum == Py_None) {
+        n = (long long)(i1 - i0);
+    } else {
+        n = PyLong_AsLongLong(PyList_GET_ITEM(cum, i1 - 1));
+        if (n == -1 && PyErr_Occurred())
+            return NULL;
+        n -= base;
+    }
+    double best = -1.0, cut = s;
+    long long got = 0;
+    for (Py_ssize_t i = i0; i < i1 - 1; i++) {
+        long long c;
+        if (cum == Py_None) {
+            c = (long long)(i - i0 + 1);
+        } else {
+            c = PyLong_AsLongLong(PyList_GET_ITEM(cum, i));
+            if (c == -1 && PyErr_Occurred())
+                return NULL;
+            c -= base;
+        }
+        double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i));
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        t = t + off;
+        double dev = (double)c - (double)n * (t - s) / (e - s);
+        if (dev < 0.0)
+            dev = -dev;
+        if (dev > best) {
+            best = dev;
+            got = c;
+            cut = t;
+        }
+    }
+    return Py_BuildValue("(Ldd)", got, cut, best);
+}
+
 static PyMethodDef methods[] = {
     {"streamed_rows", streamed_rows, METH_VARARGS,
      "work.py's _streamed_rows loop: (rid, times, cum | None, total, off, completion, prompt, "
-     "prefill, attention, t_disp, t_end, k_first, k_last, interval_s, span, k_r0, k_rl)"},
+     "prefill, attention, t_disp, t_end, t_pf, k_first, k_last, interval_s, span, k_r0, k_rl, "
+     "first)"},
+    {"cusum_split", cusum_split, METH_VARARGS,
+     "heads.py's cusum_split: (times, cum | None, off, s, e) -> (events, cut, departure) | None"},
     {NULL, NULL, 0, NULL},
 };
 

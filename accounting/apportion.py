@@ -13,7 +13,16 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
   delta(tokens per step) for each step. With `instant` (the service), each decoder's steps
   are its decode rate (one token per step over its resident time) times its instant weight
-  among the decoders alone, i.e. its tokens x the mean of 1/batch over its span; the
+  among the decoders alone, i.e. its tokens x the mean of 1/batch over its span, and a
+  prompt's steps its chunks (max(1, p / CHUNK_TOKENS): the last emits the first token, which
+  work rows do not count as decoded) x the same mean. A row with a head of f seconds
+  (its span's first f of r: its prefill, or its decode up to where its pace changed,
+  accounting/heads.py) holding e of its d decode tokens weighs each part over its own time:
+  steps = W(f) * (chunks + e) / f + (W(r) - W(f)) * (d - e) / (r - f), W(x) the integral
+  of 1/n over the span's first x seconds (a long prompt read alone does not make its
+  decode, beside a batch, look as if it ran alone; a decoder alone before a burst joined it
+  does not look as if it shared its solo steps); f = 0 (none, or f < SPLIT_S) weighs both
+  over the whole span. The
   interval's steps are their sum, and each decoder's share of the steps' energy is its own
   steps: a request split into pieces one after another ran the same steps, and a resident
   request that decoded nothing ran none and thins nobody's weight. Without `instant`, steps
@@ -39,6 +48,8 @@ from operator import add
 from typing import NamedTuple
 
 from accounting.coefficients import Coefficients
+from accounting.heads import SPLIT_S
+from accounting.prefill import CHUNK_TOKENS
 from accounting.work import Work, WorkColumns
 
 
@@ -104,15 +115,20 @@ def busy_seconds(rows: Sequence[Work] | WorkColumns, interval_s: float) -> float
 
 
 def instant_weights(starts: Sequence[float], residencies: Sequence[float],
-                    interval_s: float) -> list[float]:
+                    interval_s: float, heads: list[float] | None = None) -> list[float]:
     """Per span, the integral over it of 1/n(t) (n(t): spans covering t). They sum to the
-    length of the union of the spans. Depends only on the set of spans, not their order."""
+    length of the union of the spans. Depends only on the set of spans, not their order.
+    With `heads` (seconds from each span's start, below its length), each entry is replaced,
+    in place, by the integral of 1/n(t) over that head of its span."""
     n = len(starts)
     full = interval_s * _FULL
     partial = [(lo, lo + r) for lo, r in zip(starts, residencies, strict=True)
                if 0.0 < r < full]
     base = sum(r >= full for r in residencies)  # spans covering the whole interval
     if not partial:
+        if heads is not None:
+            heads[:] = [h / base if r >= full else 0.0 for h, r in zip(heads, residencies,
+                                                                         strict=True)]
         return [interval_s / base if r >= full else 0.0 for r in residencies] if base else [0.0] * n
     # Spans covering the whole interval are a constant `base` in n(t): only the partial spans'
     # ends (and the interval's, for the full spans) are breakpoints of the sweep.
@@ -121,6 +137,10 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
     points = {*lo_sorted, *hi_sorted}
     if base:
         points.update((0.0, interval_s))
+    cuts = [] if heads is None else [
+        (0.0 if r >= full else lo) + h if h > 0.0 and r > 0.0 else None
+        for lo, r, h in zip(starts, residencies, heads, strict=True)]
+    points.update(x for x in cuts if x is not None)
     bounds = sorted(points)
     at: dict[float, float] = {}  # integral of 1/n from the first bound to each bound
     m = len(lo_sorted)
@@ -137,30 +157,36 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
             j += 1
         prev = x
     whole = at[interval_s] - at[0.0] if base else 0.0
+    if heads is not None:
+        heads[:] = [0.0 if x is None else at[x] - at[0.0 if r >= full else lo]
+                    for x, lo, r in zip(cuts, starts, residencies, strict=True)]
     return [whole if r >= full else (at[lo + r] - at[lo] if r > 0.0 else 0.0)
             for lo, r in zip(starts, residencies, strict=True)]
 
 
-# Prompt tokens one engine step takes at most (vLLM V1's max_num_batched_tokens for online
-# serving, which the simulator models): a long prompt is prefilled in chunks of this many,
-# one step each.
-CHUNK_TOKENS = 8192.0
 
 
 def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
-                      interval_s: float) -> list[float]:
+                      interval_s: float, heads: list[float] | None = None) -> list[float]:
     """Instant weights of the requests with token work of their own in the interval (a
     decode or a prompt chunk: they were in steps), computed over those requests only (0 for
-    the others, which were in no step and must not thin anyone's weight)."""
+    the others, which were in no step and must not thin anyone's weight); `heads` as
+    instant_weights takes them."""
     decoding = [o > 0.0 for o in own]
     if all(decoding):
-        return instant_weights(start, res, interval_s)
+        return instant_weights(start, res, interval_s, heads)
     idx = [i for i, flag in enumerate(decoding) if flag]
     out = [0.0] * len(decoding)
     if idx:
-        sub = instant_weights([start[i] for i in idx], [res[i] for i in idx], interval_s)
+        sub_heads = None if heads is None else [heads[i] for i in idx]
+        sub = instant_weights([start[i] for i in idx], [res[i] for i in idx], interval_s,
+                              sub_heads)
         for i, w in zip(idx, sub, strict=True):
             out[i] = w
+        if heads is not None and sub_heads is not None:
+            heads[:] = [0.0] * len(decoding)
+            for i, h in zip(idx, sub_heads, strict=True):
+                heads[i] = h
     return out
 
 
@@ -204,9 +230,23 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         # ran them: a request split in two, one after the other, ran the same steps, and a
         # resident request with no token work ran none. Spans too short to weigh: the
         # largest decode, shared by decode tokens.
-        weights_d = _stepping_weights(own, start, res, interval_s)
-        part = [w * (d + p / CHUNK_TOKENS) / r if w > 0.0 and r > 0.0 else 0.0
-                for w, d, p, r in zip(weights_d, dec, pre, res, strict=True)]
+        # A row's head (its first `head_s` seconds: its prefill, or its decode up to where
+        # the pace changed, accounting/heads.py) ran its chunks and `head_decode` tokens
+        # beside the batch of that time, the rest beside the batch after: each weighed over
+        # its own part. Only a head of SPLIT_S or more: a shorter one would weigh its tokens
+        # by the jitter of the gateway's timestamps, not by the batch they ran in.
+        hs = [f if f >= SPLIT_S else 0.0 for f in cols.head_s]
+        split = any(0.0 < f < r for f, r in zip(hs, res, strict=True))
+        heads = [f if 0.0 < f < r else 0.0 for f, r in zip(hs, res, strict=True)] if split else None
+        weights_d = _stepping_weights(own, start, res, interval_s, heads)
+        chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
+        part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
+                for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]
+        if heads is not None:
+            part = [(h * (c + e) / f + max(w - h, 0.0) * (d - e) / (r - f)) if h > 0.0 else q
+                    for q, h, w, d, e, c, r, f in zip(part, heads, weights_d, dec,
+                                                      cols.head_decode, chunks, res, hs,
+                                                      strict=True)]
         own_steps = math.fsum(part)
         if own_steps > 0.0 and math.isfinite(own_steps):
             steps = own_steps

@@ -32,6 +32,10 @@ from core.records import RequestRecord
 DEFAULT_TOKENS_PER_S = 20_000.0
 DEFAULT_TPOT_S = 0.02
 MIN_PROMPT_TOKENS = 128
+# Prompt tokens one engine step takes at most (vLLM V1's max_num_batched_tokens for online
+# serving, which the simulator models): a long prompt is prefilled in chunks of this many,
+# one step each.
+CHUNK_TOKENS = 8192.0
 MIN_SAMPLES = 4  # per length class, before its rate is used
 WINDOW = 32  # recent samples kept per length class
 TPOT_WINDOW = 64

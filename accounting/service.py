@@ -54,6 +54,22 @@ STATES_EVERY_S = 1.0  # a recorder-only process re-reads the apportioned boundar
 LINK_DRAIN_S = 5.0  # a stopping linked gateway waits this long for its child to write its records
 
 
+# A meter reading this long after each interval boundary: the energy at a boundary is
+# interpolated between the readings around it, and readings poll_s (0.25 s, more on a loaded
+# machine) apart gave an interval up to 30 J of its neighbour's when a burst's prefill began
+# just before the boundary.
+BOUNDARY_LAG_S = 0.002
+
+
+def poll_pause(now: float, interval_s: float, poll_s: float) -> float:
+    """Seconds until the next step: poll_s, or less where the next interval boundary (wall
+    clock) comes sooner, then BOUNDARY_LAG_S past it."""
+    edge = (now // interval_s + 1.0) * interval_s + BOUNDARY_LAG_S - now
+    if edge > interval_s:  # just past a boundary, before its lag: that one
+        edge -= interval_s
+    return min(poll_s, max(edge, 0.0))
+
+
 class AccountingService:
     def __init__(self, config: AccountingConfig, engines: Sequence[EngineInfo], *,
                  ledger: Ledger | None = None, meters: dict[str, Meter] | None = None,
@@ -153,7 +169,8 @@ class AccountingService:
                 log.warning("accounting step failed: %s", exc)
                 if self._ledger_errors is not None:
                     self._ledger_errors.inc()
-            await asyncio.sleep(self.config.poll_s)
+            await asyncio.sleep(poll_pause(self._clock(), self.config.interval_s,
+                                           self.config.poll_s))
 
     async def first_step(self) -> None:
         """Wait for the loop's first successful step (meters read, ledger reached)."""

@@ -4,11 +4,16 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
 - prefill tokens: prompt tokens spread uniformly over the time the engine takes to read them
   (prompt_tokens / the engine's prefill rate, `accounting.prefill`) just before the
   first token, bounded by the dispatch (what comes before is queueing in the engine: not
-  resident in its batch, and charged nothing); a request with no token event (non-streamed,
-  or ended before its first token) has them over the same span just before its decode, which
-  ends the engine's span at the engine's decode pace, what comes before being queueing; when
-  the span leaves no room for queueing (`NO_QUEUE_FACTOR`), from its dispatch;
-- decode tokens: completion tokens spread over the token-bearing events in `reads`,
+  resident in its batch, and charged nothing); a prompt of one chunk (MIN_PROMPT_TOKENS to
+  CHUNK_TOKENS) whose step began earlier (`step_from_s`: the engine's previous step's last
+  token event) is spread from there, the step it shared with other prompts; a request with
+  no token event (non-streamed, or ended before its first token) has them over the same span
+  just before its decode, which ends the engine's span at the engine's decode pace, what
+  comes before being queueing; when the span leaves no room for queueing
+  (`NO_QUEUE_FACTOR`), from its dispatch;
+- decode tokens: completion tokens but the first (the engine emits it in the prompt's last
+  step: a request with a prompt ran one decode step fewer than it has tokens), spread over
+  the token-bearing events in `reads`,
   proportionally to events; a request with none spreads them uniformly from the end of its
   prefill to the engine's finish: for a non-streamed answer, the engine's response head
   (`engine_done_s`), not the gateway's read of the body, which a busy gateway makes late;
@@ -18,7 +23,11 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
   ones before it), in the same unit (`PREFILL_ATTENTION_PER_KV`);
 - residency: seconds of (prefill start)..finished inside the interval, with the offset where that
   span starts in the interval (residency is one contiguous span per interval, which lets the
-  apportioner compute the engine's busy time exactly).
+  apportioner compute the engine's busy time exactly);
+- the head of that span (accounting/heads.py): the prefill's part of it, from its start, or
+  where the pace of the row's token events changes, with the decode tokens in it, so the
+  apportioner weighs the head's steps and the tail's each over their own time (0: none, or a
+  row written before heads were kept).
 Requests that never reached an engine have no rows.
 """
 
@@ -26,58 +35,31 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from itertools import accumulate
-from typing import NamedTuple
 
-from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S
+from accounting.heads import with_heads
+from accounting.prefill import (
+    CHUNK_TOKENS,
+    DEFAULT_TOKENS_PER_S,
+    DEFAULT_TPOT_S,
+    MIN_PROMPT_TOKENS,
+)
+from accounting.workrow import EMPTY_COLUMNS, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
-compiled: Callable[..., list[Work]] | None  # _streamed_rows' loop in C, where it was built
+__all__ = ["EMPTY_COLUMNS", "Work", "WorkColumns", "WorkRow", "work_rows"]
+
+# A row as the builders below make it: a Work without its head's decode (with_heads adds it).
+_Row = tuple[str, int, float, float, float, float, float, float]
+
+compiled: Callable[..., list[_Row]] | None  # _streamed_rows' loop in C, where it was built
 try:
     from accounting._streamed import streamed_rows as compiled
 except ImportError:  # pragma: no cover - a build without a C compiler
     compiled = None
 
 
-class WorkRow(NamedTuple):
-    """One request's work in one interval, with its fields named. `work_rows` builds the same
-    values as plain tuples (`Work`: 4x cheaper to build than this class, and the spreading of
-    every record over the grid is mostly row building); the ledger reads rows back as this."""
-
-    request_id: str
-    interval_idx: int
-    prefill_tokens: float
-    decode_tokens: float
-    residency_s: float
-    start_s: float = 0.0  # offset of the residency span from the interval start
-    kv_tokens: float = 0.0  # sum over decoded tokens of their context length (KV read work)
-
-
-# A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
-Work = tuple[str, int, float, float, float, float, float]
-
-
-class WorkColumns(NamedTuple):
-    """Work rows column by column, named (one C-level transpose of the rows): what the
-    apportioner reads instead of indexing each row."""
-
-    request_id: tuple[str, ...]
-    interval_idx: tuple[int, ...]
-    prefill_tokens: tuple[float, ...]
-    decode_tokens: tuple[float, ...]
-    residency_s: tuple[float, ...]
-    start_s: tuple[float, ...]
-    kv_tokens: tuple[float, ...]
-
-    @classmethod
-    def of(cls, rows: Sequence[Work]) -> WorkColumns:
-        if not rows:
-            return EMPTY_COLUMNS
-        return cls._make(zip(*rows, strict=True))
-
-
-EMPTY_COLUMNS = WorkColumns((), (), (), (), (), (), ())
 
 # One prompt token attending over one context token in prefill, in units of one decoded
 # token's read of one context token's KV cache (the `gamma` work). From the simulated H100
@@ -134,20 +116,6 @@ def spread(amount: float, t0: float, t1: float, interval_s: float, acc: dict[int
         k += 1
 
 
-def residency(t0: float, t1: float, interval_s: float) -> dict[int, tuple[float, float]]:
-    """{interval: (seconds resident, offset of the span's start)} for one span [t0, t1]."""
-    out: dict[int, tuple[float, float]] = {}
-    k = interval_index(t0, interval_s)
-    k_last = interval_index(t1, interval_s)
-    while k <= k_last:
-        lo = max(t0, k * interval_s)
-        hi = min(t1, (k + 1) * interval_s)
-        if hi > lo:
-            out[k] = (hi - lo, lo - k * interval_s)
-        k += 1
-    return out
-
-
 def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
                          wall_offset_s: float, interval_s: float) -> dict[int, int]:
     """Token events per interval. Reads come in time order, so each interval's count is a
@@ -185,6 +153,16 @@ def work_rows(rec: RequestRecord, interval_s: float,
     prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
     token events at the end of its span.
     `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
+    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut)
+    total = sum(rec.read_events) if rec.read_times else 0
+    return with_heads(rows, rec.read_times, rec.read_events, rec.arrived_wall_s - rec.arrived_s,
+                      interval_s, rec.completion_tokens / total if total else 0.0,
+                      1.0 if rec.prompt_tokens and rec.completion_tokens else 0.0)
+
+
+def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tpot_s: float,
+          shortcut: bool) -> list[_Row]:
+    """work_rows' rows without the head's decode (the last field is the prefill's seconds)."""
     if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
@@ -202,9 +180,15 @@ def work_rows(rec: RequestRecord, interval_s: float,
     if first is not None:
         t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
-        # busy: the request is resident, and prefilling, only for its prefill's span.
-        if t_first - prefill_s > t_disp:
-            t_disp = t_first - prefill_s
+        # busy: the request is resident, and prefilling, only for its prefill's span. A prompt
+        # of one chunk that shared its step with others (a burst's) was read for that whole
+        # step, from the engine's previous step on: longer than its own tokens take.
+        start = t_first - prefill_s
+        if (rec.step_from_s is not None and MIN_PROMPT_TOKENS <= prompt <= CHUNK_TOKENS
+                and rec.step_from_s + off < start):
+            start = rec.step_from_s + off
+        if start > t_disp:
+            t_disp = start
         if t_disp > t_end:
             t_disp = t_end
         t_decode = t_disp
@@ -230,7 +214,12 @@ def work_rows(rec: RequestRecord, interval_s: float,
             prefill[k] = prompt  # the usual case: the prefill lies in one interval
         else:
             spread(prompt, t_disp, t_prefilled, interval_s, prefill)
+    # where the prefill's placement ends inside the residency span (no prefill: its start)
+    t_pf = (t_prefilled if t_prefilled < t_end else t_end) if prompt else t_disp
+    # The engine emits the first token in the prompt's last step: it is no decode step, and
+    # comes off the decode of the first token event's interval (or off the spread decode).
     completion = rec.completion_tokens
+    first = 1.0 if prompt and completion else 0.0
     times, events = rec.read_times, rec.read_events
     k_first = math.floor(t_disp / interval_s)
     k_last = math.floor(t_end / interval_s)
@@ -241,19 +230,21 @@ def work_rows(rec: RequestRecord, interval_s: float,
                 and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(events))):
             if shortcut and k_first == k_last:
                 # One interval (most streams): _streamed_rows' row without its loop.
+                d = total * (completion / total)
                 return _one_interval_stream(rec.request_id, k_first, prefill.get(k_first, 0.0),
-                                            total * (completion / total), prompt, t_disp, t_end,
-                                            interval_s)
+                                            d - (first if first < d else d), prompt, t_disp,
+                                            t_end, t_pf, interval_s)
             # A prefill split over intervals: count events as _events_per_interval does.
             span = (k_r0, k_rl) if len(prefill) > 1 else None
             return _streamed_rows(rec.request_id, times, events, total, off, completion, prompt,
-                                  prefill, t_disp, t_end, k_first, k_last, interval_s, span)
+                                  prefill, t_disp, t_end, t_pf, k_first, k_last, interval_s,
+                                  span, first)
     if (shortcut and k_first == k_last and not times
             and (not prefill or (len(prefill) == 1 and k_first in prefill))):
         # One interval and no token events (most non-streamed requests): the row the loop
         # below builds, bit for bit, without its per-interval dictionaries.
         return _one_interval_row(rec.request_id, k_first, prefill.get(k_first, 0.0),
-                                 completion, t_disp, t_decode, t_end, interval_s)
+                                 completion - first, t_disp, t_decode, t_end, t_pf, interval_s)
     decode: dict[int, float] = {}
     if completion:
         per_k = _events_per_interval(times, events, off, interval_s)
@@ -261,8 +252,10 @@ def work_rows(rec: RequestRecord, interval_s: float,
         if n_events:
             per_event = completion / n_events
             decode = {k: n * per_event for k, n in per_k.items()}
+            k0 = min(decode)
+            decode[k0] -= first if first < decode[k0] else decode[k0]
         else:
-            spread(float(completion), t_decode, t_end, interval_s, decode)
+            spread(completion - first, t_decode, t_end, interval_s, decode)
     kv: dict[int, float] = {}
     done = 0.0
     for k in sorted(decode):
@@ -271,7 +264,7 @@ def work_rows(rec: RequestRecord, interval_s: float,
         done += d
     for k, a in prefill_attention(prefill).items():
         kv[k] = kv[k] + a if k in kv else a
-    rows: list[Work] = []
+    rows: list[_Row] = []
     append = rows.append
     rid = rec.request_id
     get_p, get_d, get_kv = prefill.get, decode.get, kv.get
@@ -283,20 +276,21 @@ def work_rows(rec: RequestRecord, interval_s: float,
         p = get_p(k, 0.0)
         d = get_d(k, 0.0)
         if res > 0.0:
-            append((rid, k, p, d, res, start - lo, get_kv(k, 0.0)))
+            pf = (t_pf if t_pf < hi else hi) - start
+            append((rid, k, p, d, res, start - lo, get_kv(k, 0.0), pf if pf > 0.0 else 0.0))
         elif p or d:
-            append((rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0)))
+            append((rid, k, p, d, 0.0, 0.0, get_kv(k, 0.0), 0.0))
     # Token events stamped outside dispatched..finished (clock skew) still count.
     outside = [k for k in (*prefill, *decode) if k < k_first or k > k_last]
     for k in sorted(set(outside)):
-        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0)))
+        append((rid, k, get_p(k, 0.0), get_d(k, 0.0), 0.0, 0.0, get_kv(k, 0.0), 0.0))
     return rows
 
 
-def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float,
-                      t_decode: float, t_end: float, interval_s: float) -> list[Work]:
-    """work_rows of a request inside interval k with no token events: decode spread uniformly
-    over t_decode..finished (spread()'s arithmetic, so the same bits)."""
+def _one_interval_row(rid: str, k: int, p: float, completion: float, t_disp: float,
+                      t_decode: float, t_end: float, t_pf: float, interval_s: float) -> list[_Row]:
+    """work_rows of a request inside interval k with no token events: `completion` decoded
+    tokens spread uniformly over t_decode..finished (spread()'s arithmetic: the same bits)."""
     lo = k * interval_s
     hi = lo + interval_s
     d = 0.0
@@ -315,14 +309,15 @@ def _one_interval_row(rid: str, k: int, p: float, completion: int, t_disp: float
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start
     if res > 0.0:
-        return [(rid, k, p, d, res, start - lo, kv)]
+        pf = (t_pf if t_pf < hi else hi) - start
+        return [(rid, k, p, d, res, start - lo, kv, pf if pf > 0.0 else 0.0)]
     if p or d:
-        return [(rid, k, p, d, 0.0, 0.0, kv)]
+        return [(rid, k, p, d, 0.0, 0.0, kv, 0.0)]
     return []
 
 
 def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_disp: float,
-                         t_end: float, interval_s: float) -> list[Work]:
+                         t_end: float, t_pf: float, interval_s: float) -> list[_Row]:
     """_streamed_rows of a stream inside interval k, which decodes `d` tokens there; the same
     arithmetic, so the same bits."""
     kv = d * (prompt + 0.0 + d / 2.0)
@@ -333,29 +328,31 @@ def _one_interval_stream(rid: str, k: int, p: float, d: float, prompt: float, t_
     start = t_disp if t_disp > lo else lo
     res = (t_end if t_end < hi else hi) - start
     if res > 0.0:
-        return [(rid, k, p, d, res, start - lo, kv)]
-    return [(rid, k, p, d, 0.0, 0.0, kv)]
+        pf = (t_pf if t_pf < hi else hi) - start
+        return [(rid, k, p, d, res, start - lo, kv, pf if pf > 0.0 else 0.0)]
+    return [(rid, k, p, d, 0.0, 0.0, kv, 0.0)] if p or d else []
 
 
 def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], total: int,
                    off: float, completion: int, prompt: float, prefill: dict[int, float],
-                   t_disp: float, t_end: float, k_first: int, k_last: int, interval_s: float,
-                   span: tuple[int, int] | None) -> list[Work]:
+                   t_disp: float, t_end: float, t_pf: float, k_first: int, k_last: int,
+                   interval_s: float, span: tuple[int, int] | None, first: float) -> list[_Row]:
     """work_rows' usual case in one pass over the intervals: `total` (> 0) token events and
     the prefill all inside the residency span. Same rows as the general path. With `span`
     (the intervals of the first and last read) events are counted exactly as
-    _events_per_interval counts them; without, at each interval's end."""
+    _events_per_interval counts them; without, at each interval's end. `first` tokens (that
+    the prompt's last step emitted) come off the first interval with events."""
     # One event per read (the usual case): the events before read i are i itself.
     cum = None if total == len(times) else list(accumulate(events))
     attention = prefill_attention(prefill)
     k_r0, k_rl = span if span is not None else (k_first, k_last)
     if compiled is not None and type(times) is tuple:
         return compiled(rid, times, cum, total, off, completion, prompt, prefill, attention,
-                        t_disp, t_end, k_first, k_last, interval_s, span is not None, k_r0,
-                        k_rl)
+                        t_disp, t_end, t_pf, k_first, k_last, interval_s, span is not None, k_r0,
+                        k_rl, first)
     per_event = completion / total
     get_p = prefill.get
-    rows: list[Work] = []
+    rows: list[_Row] = []
     append = rows.append
     done = 0.0
     prev = 0
@@ -372,19 +369,23 @@ def _streamed_rows(rid: str, times: tuple[float, ...], events: tuple[int, ...], 
         start = t_disp if t_disp > lo else lo
         res = (t_end if t_end < hi else hi) - start
         p = get_p(k, 0.0)
+        pf = (t_pf if t_pf < hi else hi) - start
+        pf = pf if pf > 0.0 else 0.0
         if c > prev:
             d = (c - prev) * per_event
+            if not prev:
+                d = d - (first if first < d else d)
             kv = d * (prompt + done + d / 2.0)
             if k in attention:
                 kv = kv + attention[k]
             done += d
             prev = c
             if res > 0.0:
-                append((rid, k, p, d, res, start - lo, kv))
-            else:
-                append((rid, k, p, d, 0.0, 0.0, kv))
+                append((rid, k, p, d, res, start - lo, kv, pf))
+            elif p or d:
+                append((rid, k, p, d, 0.0, 0.0, kv, 0.0))
         elif res > 0.0:
-            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0)))
+            append((rid, k, p, 0.0, res, start - lo, attention.get(k, 0.0), pf))
         elif p:
-            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0)))
+            append((rid, k, p, 0.0, 0.0, 0.0, attention.get(k, 0.0), 0.0))
     return rows

@@ -92,7 +92,9 @@ class Synth:
             outcome="failed" if failed else "served", delivered_s=None)
         work = [EngineWork(request_id=row.request_id, interval_idx=k, prefill_tokens=10.0,
                            decode_tokens=20.0, residency_s=0.5, start_s=float(k),
-                           kv_tokens=100.0, engine=engine) for k in range(first, last + 1)]
+                           kv_tokens=100.0, head_s=0.0, head_decode=0.0,
+                           engine=engine)
+                for k in range(first, last + 1)]
         return row, work
 
     async def run(self) -> None:

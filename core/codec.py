@@ -17,6 +17,8 @@ Versions:
   JSON number each: a stream's read times were most of its line's bytes, and turning each
   into decimal and back most of the time encoding and decoding it took (the same bits come
   back either way).
+- 4: version 3's fields and, last, `step_from_s` (the engine's last token event of the step
+  before the request's first token's); a line of an earlier version reads it as null.
 A change of fields is a new version; the old ones stay readable as long as a journal written
 by a release that wrote them may be replayed.
 
@@ -39,7 +41,7 @@ from core.records import RequestRecord
 from core.timing import Latency
 from core.vocab import Precision, PromptSource
 
-VERSION: Final = 3
+VERSION: Final = 4
 # A count the ledger's 64-bit INTEGER columns hold: a line with any other is not a record
 Count = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # A request's token count: past this an engine's usage is its error, not a count (the gateway
@@ -83,14 +85,21 @@ class UnversionedLine(msgspec.Struct, array_like=True, gc=False):
     ttft_s: float | None
     tpot_s: float | None
     e2e_s: float | None
+    step_from_s: Time | None = None  # from version 4; earlier lines end before it
 
 
 class VersionTwoLine(UnversionedLine, tag=2):
     """Version 2: the fields of version 1 behind the version number."""
 
 
+class VersionThreeLine(UnversionedLine, tag=3):
+    """Version 3: version 2's fields, the read times packed (`pack_times`)."""
+
+    read_times: bytes  # type: ignore[assignment]
+
+
 class RecordLine(UnversionedLine, tag=VERSION):
-    """The current version: version 2's fields, the read times packed (`pack_times`)."""
+    """The current version: version 3's and `step_from_s`, the read times packed."""
 
     read_times: bytes  # type: ignore[assignment]
 
@@ -104,7 +113,7 @@ class FrameHead(msgspec.Struct, array_like=True, gc=False, tag=VERSION):
 
 
 _encoder = msgspec.json.Encoder()
-_line = msgspec.json.Decoder(RecordLine | VersionTwoLine)
+_line = msgspec.json.Decoder(RecordLine | VersionThreeLine | VersionTwoLine)
 _unversioned = msgspec.json.Decoder(UnversionedLine)
 _lines = msgspec.json.Decoder(list[RecordLine])
 _head = msgspec.json.Decoder(FrameHead)
@@ -176,7 +185,7 @@ if _missing or _RECORD_FIELDS[-1] != "trace":
 def record_of(line: UnversionedLine) -> RequestRecord:
     """The record a line carries (any version), its latency without ITL samples; ValueError
     for version 3's read times that are not times."""
-    times = (unpack_times(line.read_times) if isinstance(line, RecordLine)
+    times = (unpack_times(line.read_times) if isinstance(line, (RecordLine, VersionThreeLine))
              else line.read_times)
     values: tuple[Any, ...] = (*_before_times(line), times, *_times_to_latency(line),
                                Latency(line.ttft_s, line.tpot_s, line.e2e_s, (), ()),

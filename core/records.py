@@ -51,6 +51,11 @@ class RequestRecord:
     # engine sends once the whole body is ready. None for streams (their last token event
     # marks it) and for requests that never got an answer.
     engine_done_s: float | None = None
+    # The engine's last token event (monotonic), as this process relayed them, of the step
+    # before the one that emitted this request's first token: where a prompt that shared its
+    # step with others began to be read (accounting/work.py). None: no event before it, or no
+    # token event.
+    step_from_s: float | None = None
     # Its trace ids when telemetry is on (gateway/telemetry): the request's own process
     # exports its spans; the journal and the accounting child do not carry it.
     trace: RequestTrace | None = None

@@ -45,8 +45,8 @@ class EndpointState:
 
     __slots__ = ("_candidates", "_candidates_of", "adapter", "backoff_until", "checked",
                  "consecutive_failures", "ejected_until", "ejections", "endpoint", "failures",
-                 "healthy", "inflight", "judged", "load", "model", "recent", "scrapes",
-                 "successes")
+                 "healthy", "inflight", "judged", "last_token_s", "load", "model", "recent",
+                 "scrapes", "step_end_s", "successes")
 
     def __init__(self, model: str, endpoint: Endpoint):
         self.model = model
@@ -68,6 +68,10 @@ class EndpointState:
         # alone, as Envoy does, or an engine back from an ejection at a busy engine's 50 %
         # would be ejected again, for twice as long, by its first failure
         self.judged = SuccessWindow()
+        # its token events as this process relays them (monotonic): the last one, and the
+        # last of the step before the one it belongs to (gateway/pipeline/flight.py)
+        self.last_token_s = 0.0
+        self.step_end_s = 0.0
         # routing's snapshots by in-flight count, for the scraped load and endpoint they show
         self._candidates: dict[int, Candidate] = {}
         self._candidates_of: tuple[EngineLoad, Endpoint] | None = None

@@ -101,6 +101,8 @@ class EngineWork(NamedTuple):
     residency_s: float
     start_s: float
     kv_tokens: float
+    head_s: float
+    head_decode: float
     engine: str
 
 
@@ -121,7 +123,7 @@ def work_by_engine(work: WorkByEngine) -> Mapping[str, Sequence[Work]]:
         return work
     out: dict[str, list[Work]] = {}
     for w in work:
-        out.setdefault(w.engine, []).append(w[:7])
+        out.setdefault(w.engine, []).append(w[:9])
     return out
 
 

@@ -1,5 +1,7 @@
 """Work rows stored in packs: one ledger row per (engine, interval) and append, holding every
-work row that append wrote for that interval (schema version 11).
+work row that append wrote for that interval (schema version 11; rows with `head_s` and
+`head_decode` from version 13: a pack written before holds arrays without them, which read
+as 0).
 
 A work row per request and interval was a B-tree insert for each (about 7 per streamed
 request); a pack is one for all of an append's requests in the interval. The pack's key is

@@ -151,6 +151,13 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
     # Reservation totals (reservation_schema.py).
     (12, reservation_schema.MIGRATION),
+    # Each work row's head (WorkRow.head_s, head_decode; accounting/heads.py): its seconds
+    # from the residency's start (its prefill, or its decode up to where the pace changed)
+    # and the decode tokens in it; the apportioner weighs the head's steps over the head and
+    # the rest over the rest. Rows written before have 0 (the packs' arrays lack them, which
+    # read as 0): their steps are weighed over the whole residency, as they were.
+    (13, ("ALTER TABLE work ADD COLUMN head_s {REAL} NOT NULL DEFAULT 0",
+          "ALTER TABLE work ADD COLUMN head_decode {REAL} NOT NULL DEFAULT 0")),
 )
 # Statements one store runs after a version's shared ones.
 DIALECT_MIGRATIONS: dict[str, dict[int, tuple[str, ...]]] = {
@@ -193,7 +200,8 @@ INSERT_REQUEST = """INSERT INTO requests (request_id, tenant, model, engine, pre
     delivered_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (request_id) DO NOTHING"""
 INSERT_WORK = """INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s,
-    kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING"""
+    kv, head_s, head_decode, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)
+    ON CONFLICT DO NOTHING"""
 UPSERT_REPLICA = """INSERT INTO replicas (replica, open_since_s, seen_s) VALUES (?, ?, ?)
     ON CONFLICT (replica) DO UPDATE SET open_since_s = excluded.open_since_s,
     seen_s = excluded.seen_s"""
@@ -205,8 +213,8 @@ STATE_COLUMNS = ("engine, next_interval, boundary_s, boundary_j, resets, counter
 SELECT_STATES = f"SELECT {STATE_COLUMNS} FROM engine_state"
 # A WorkRow's columns. Tenants are read apart, once per request (SELECT_TENANTS), not joined
 # onto each of its rows.
-SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv
-    FROM work WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
+SELECT_WORK = """SELECT request_id, interval_idx, prefill, decode, residency_s, start_s, kv,
+    head_s, head_decode FROM work WHERE engine = ? AND interval_idx >= ? AND interval_idx <= ?"""
 # Each append, per (engine, interval) it wrote work for (in key order: two replicas' appends
 # take the rows' locks in the same order).
 UPSERT_VERSION = """INSERT INTO work_versions (engine, interval_idx, version, dirty)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from gateway.upstreams import EndpointState
 
 REQUEST_ID_HEADER = "x-wattgate-request-id"
+# Token events of one engine step reach the gateway within a few milliseconds of each other
+# (30 first tokens of one step: 3 ms); an engine's steps are 7 ms or more apart.
+STEP_GAP_S = 0.003
 
 
 MAX_TOKEN_COUNT = MAX_TOKENS  # an engine's usage past this is its error, not a count
@@ -39,8 +42,8 @@ class Flight:
                  "delivered", "dispatched_s", "endpoint", "engine_done_s", "engine_failed",
                  "first_byte_s", "first_token_s", "http_status", "model", "prompt_source",
                  "prompt_tokens", "read_events", "read_times", "request_id", "slo_class",
-                 "status", "stream", "tenant", "tenant_config", "ticket", "trace",
-                 "upstream_status", "usage_known")
+                 "status", "step_from_s", "stream", "tenant", "tenant_config", "ticket",
+                 "trace", "upstream_status", "usage_known")
 
     def __init__(self, request_id: str, arrived_s: float, arrived_wall_s: float, slo_class: str):
         self.request_id = request_id
@@ -55,6 +58,9 @@ class Flight:
         self.dispatched_s: float | None = None
         self.first_byte_s: float | None = None
         self.first_token_s: float | None = None
+        # the engine's last token event of the step before its first token's (a prompt that
+        # shares that step with others is read from there, accounting/work.py)
+        self.step_from_s: float | None = None
         self.read_times: list[float] = []
         self.read_events: list[int] = []
         self.prompt_tokens = 0
@@ -86,9 +92,17 @@ class Flight:
                 and self.upstream_status in (None, 200))
 
     def token_read(self, now: float, tokens: int) -> None:
-        """One engine read that carried `tokens` token-bearing events, at `now`."""
+        """One engine read that carried `tokens` token-bearing events, at `now`. Events more
+        than STEP_GAP_S after the engine's last one begin a new step."""
+        ep = self.endpoint
+        if ep is not None:
+            if now - ep.last_token_s > STEP_GAP_S:
+                ep.step_end_s = ep.last_token_s
+            ep.last_token_s = now
         if self.first_token_s is None:
             self.first_token_s = now
+            if ep is not None and ep.step_end_s > 0.0:
+                self.step_from_s = ep.step_end_s
         self.read_times.append(now)
         self.read_events.append(tokens)
 

@@ -139,7 +139,8 @@ class RecordPublisher:
             prompt_tokens=flight.prompt_tokens,
             completion_tokens=flight.completion_tokens, attempts=flight.attempts, latency=lat,
             slo_met=slo_met(slo, lat, ok), prompt_source=flight.prompt_source,
-            engine_done_s=flight.engine_done_s, trace=flight.trace,
+            engine_done_s=flight.engine_done_s, step_from_s=flight.step_from_s,
+            trace=flight.trace,
         )
         if flight.ticket is not None:
             self.admission.release(flight.ticket, record)

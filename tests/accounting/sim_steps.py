@@ -105,7 +105,7 @@ def bills(run: Steps, c: Coefficients, dt: float = 1.0
             a, b = max(lo, k * dt), min(hi, (k + 1) * dt)
             if b > a:
                 p, d, kv = work[k].get(rid, [0.0, 0.0, 0.0])
-                rows.append((rid, k, p, d, b - a, a - k * dt, kv))
+                rows.append((rid, k, p, d, b - a, a - k * dt, kv, 0.0, 0.0))
         ap = apportion_by(energy[k], dt, run.idle_w, rows, c)
         for sh in ap.shares:
             billed[sh.request_id] += sh.energy_j

@@ -11,7 +11,7 @@ import pytest
 
 from accounting.coefficients import fit_intervals, fitted, nnls
 from accounting.energy import Boundary, EnergyTrack
-from accounting.work import Work, WorkRow, spread, work_rows
+from accounting.work import WorkRow, spread, work_rows
 from core.records import RequestRecord
 from core.timing import latency, split_reads
 
@@ -32,12 +32,13 @@ def test_streamed_request_spreads_prefill_decode_and_residency() -> None:
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(record(), 1.0, 4000.0))}
     assert sorted(rows) == [1001, 1002, 1003]
     assert rows[1001].prefill_tokens == pytest.approx(1000)  # 1001.25..1001.5 is the prefill
-    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([2, 4, 2])
+    # 8 tokens out over 4 events; the first came with the prompt's last step, not decoded
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([1, 4, 2])
     assert rows[1001].residency_s == pytest.approx(0.75) and rows[1001].start_s == 0.25
     assert rows[1003].residency_s == pytest.approx(0.5) and rows[1003].start_s == 0.0
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(2.25)
     # KV work: each decoded token times its context (prompt + tokens decoded before it).
-    assert rows[1002].kv_tokens == pytest.approx(4 * (1000 + 2 + 2))
+    assert rows[1002].kv_tokens == pytest.approx(4 * (1000 + 1 + 2))
 
 
 def test_non_streamed_request_places_decode_at_its_end_and_prefill_before_it() -> None:
@@ -49,7 +50,9 @@ def test_non_streamed_request_places_decode_at_its_end_and_prefill_before_it() -
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 2000.0, 0.1))}
     assert sorted(rows) == [1002, 1003]
     assert rows[1002].prefill_tokens == 1000
-    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([3, 5])
+    # 7 decoded (the first token came with the prompt's last step), spread over 0.8 s
+    assert [rows[k].decode_tokens for k in sorted(rows)] == pytest.approx([7 * 0.3 / 0.8,
+                                                                          7 * 0.5 / 0.8])
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.3)
 
 
@@ -65,7 +68,7 @@ def test_non_streamed_request_that_decoded_slower_than_the_pace_was_not_queued()
     assert sorted(rows) == [1000, 1001]
     assert rows[1000].prefill_tokens == 1000 and rows[1000].decode_tokens == 0.0
     assert rows[1000].start_s == pytest.approx(0.5)
-    assert rows[1001].decode_tokens == pytest.approx(8)
+    assert rows[1001].decode_tokens == pytest.approx(7)
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.5)
 
 
@@ -75,9 +78,10 @@ def test_long_prefill_is_placed_over_its_whole_span_before_the_first_token() -> 
     rec = record(prompt_tokens=30_000, dispatched_s=0.1, first_token_s=4.0,
                  read_times=(4.0,), read_events=(1,), completion_tokens=1, finished_s=4.0)
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
-    assert sorted(rows) == [1001, 1002, 1003, 1004]
+    # its one token came with the prompt's last step: no decode after it
+    assert sorted(rows) == [1001, 1002, 1003]
     assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx(
-        [10_000, 10_000, 10_000, 0])
+        [10_000, 10_000, 10_000])
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(3.0)
 
 
@@ -85,7 +89,7 @@ def test_long_prefill_is_bounded_by_the_dispatch() -> None:
     rec = record(prompt_tokens=30_000, dispatched_s=2.5, first_token_s=4.0,
                  read_times=(4.0,), read_events=(1,), completion_tokens=1, finished_s=4.0)
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
-    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx([10_000, 20_000, 0])
+    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx([10_000, 20_000])
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.5)
 
 
@@ -96,7 +100,7 @@ def test_non_streamed_work_ends_when_the_engine_finished_not_when_the_gateway_re
                  dispatched_s=0.1, engine_done_s=0.9, finished_s=2.9)
     rows = [WorkRow._make(r) for r in work_rows(rec, 1.0, 10_000.0, 0.05)]
     assert [r.interval_idx for r in rows] == [1000]
-    assert rows[0].decode_tokens == pytest.approx(8) and rows[0].prefill_tokens == 1000
+    assert rows[0].decode_tokens == pytest.approx(7) and rows[0].prefill_tokens == 1000
     # prefill 0.1 s and decode 8 x 0.05 s fill the engine's span: no queueing in it
     assert rows[0].residency_s == pytest.approx(0.8)
 
@@ -197,7 +201,7 @@ def test_the_one_interval_path_builds_the_general_paths_rows_bit_for_bit(
     streams: list[str] = []
     one_stream = work._one_interval_stream
 
-    def counted(rid: str, *args: Any) -> list[Work]:
+    def counted(rid: str, *args: Any) -> list[work._Row]:
         streams.append(rid)
         return one_stream(rid, *args)
 

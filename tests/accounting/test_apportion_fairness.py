@@ -233,14 +233,14 @@ def record(prompt: int, read_times: tuple[float, ...], finished_s: float) -> Req
 def test_a_stream_ended_early_is_charged_the_work_it_did(
         prompt: int, ttft_s: float, itl_s: float, n: int, data: st.DataObject) -> None:
     """A stream dropped after k of its n tokens: its rows carry its whole prompt and exactly
-    the k tokens it decoded, none after its end; the full stream's rows up to that point are
-    the same work."""
+    the k - 1 tokens it decoded (the first came with the prompt), none after its end; the
+    full stream's rows up to that point are the same work."""
     k = data.draw(st.integers(1, n - 1))
     times = tuple(100.0 + ttft_s + i * itl_s for i in range(n))
     full = work_rows(record(prompt, times, times[-1]), DT)
     cut = work_rows(record(prompt, times[:k], times[k - 1]), DT)
     assert math.fsum(r[2] for r in cut) == pytest.approx(prompt)
-    assert math.fsum(r[3] for r in cut) == pytest.approx(k)
+    assert math.fsum(r[3] for r in cut) == pytest.approx(k - 1 if prompt else k)
     last = math.floor(times[k - 1] / DT)
     assert all(r[1] <= last for r in cut)
     done_by_cut = math.fsum(r[3] for r in full if r[1] < last)

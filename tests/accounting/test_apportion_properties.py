@@ -25,7 +25,9 @@ def work_sets(draw: st.DrawFn, with_kv: bool = False) -> list[WorkRow]:
         prefill = draw(st.sampled_from([0.0]) | st.floats(0.0, 8192.0))
         decode = draw(st.sampled_from([0.0]) | st.floats(0.0, 256.0))
         kv = draw(st.sampled_from([0.0]) | st.floats(0.0, 1e6)) if with_kv else 0.0
-        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start, kv))
+        # the prefill's seconds from the span's start (0: not known, or none)
+        pf = draw(st.sampled_from([0.0, res]) | st.floats(0.0, res)) if prefill else 0.0
+        rows.append(WorkRow(f"r{i}", 7, prefill, decode, res, start, kv, pf))
     return rows
 
 

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from accounting.apportion import CHUNK_TOKENS, apportion_by
+from accounting.apportion import apportion_by
 from accounting.coefficients import DEFAULTS
+from accounting.prefill import CHUNK_TOKENS
 from accounting.work import WorkRow
 
 BF16 = DEFAULTS["bf16"]  # no delta_1: every step's weight reads cost delta

@@ -392,7 +392,8 @@ async def test_appended_requests_need_no_tenant_lookup_and_the_cache_stays_bound
     for i in range(30):
         row = RequestRow(f"r{i:02d}", f"t{i % 3}", "m", "e0", "bf16", "d", "ok", 1, 10.0 + i,
                          11.0 + i, 0, 5, 6, 1, i, i, "x")
-        await ledger.append([row], [EngineWork(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, "e0")])
+        work = EngineWork(f"r{i:02d}", i, 5.0, 6.0, 0.5, 0.0, 9.0, 0.0, 0.0, "e0")
+        await ledger.append([row], [work])
         assert len(ledger._tenant_cache) <= 10
     newest = (await ledger.snapshot("e0", [(25, 29)])).rows
     assert [(p.row.request_id, p.tenant) for p in sorted(newest, key=lambda p: p.row)] == [

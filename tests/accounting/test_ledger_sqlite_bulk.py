@@ -33,7 +33,8 @@ def _request(i: int, tenant: str = "a") -> tuple[Any, ...]:
 
 
 def _work(i: int, k: int, engine: str = "e1") -> EngineWork:
-    return EngineWork(f"r{i:06d}", k, 1.0 * i, 2.0 * i, 0.25, 0.125, 3.0 * i, engine)
+    return EngineWork(f"r{i:06d}", k, 1.0 * i, 2.0 * i, 0.25, 0.125, 3.0 * i, 0.0625, 0.5 * i,
+                      engine)
 
 
 def _share(i: int, k: int) -> tuple[Any, ...]:

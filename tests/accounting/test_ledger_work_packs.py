@@ -30,7 +30,8 @@ def _request(rid: str, engine: str = "e0") -> RequestRow:
 
 def _work(rid: str, k: int, x: float) -> Work:
     # values whose every bit matters: a float rounded anywhere reads back unequal
-    return (rid, k, x / 3.0, x / 7.0, 0.1 + x * 1e-17, x * 1e300, 2.0 ** -1074 * k)
+    return (rid, k, x / 3.0, x / 7.0, 0.1 + x * 1e-17, x * 1e300, 2.0 ** -1074 * k,
+            x / 11.0, x / 13.0)
 
 
 async def test_an_append_writes_one_pack_per_interval_read_back_bit_for_bit(

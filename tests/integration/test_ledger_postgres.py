@@ -190,7 +190,7 @@ async def test_a_version_2_ledger_migrates_with_the_span_of_each_requests_work(
          "slo_met, last_interval, replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
          [("r0", "t", "m", "e0", "bf16", "d", "ok", 1, 10.0, 11.5, 0, 5, 6, 1, 11, "x"),
           ("r1", "t", "m", "e0", "bf16", "d", "ok", 1, 12.0, 12.5, 0, 5, 6, 1, 12, "x")]),
-        # the work table's columns as a version-2 ledger has them
+        # the work table's columns at version 2 (sql.INSERT_WORK names later ones)
         ("INSERT INTO work (request_id, interval_idx, prefill, decode, residency_s, start_s, "
          "kv, engine, apportioned) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
          [("r0", 10, 5.0, 1.0, 1.0, 0.0, 2.0, "e0"),

@@ -144,3 +144,16 @@ def test_lines_the_previous_version_wrote_are_read() -> None:
     want = [_as_journalled(r) for r in fixture_records()]
     assert decode_lines(lines) == (want, 0)
     assert [decode(line) for line in lines.split(b"\n") if line] == want
+
+
+def test_version_4_carries_the_step_before_the_first_token_and_version_3_lines_are_read() -> None:
+    """A record's `step_from_s` round-trips; a line of version 3 (the same fields but it,
+    which ended before it) reads it as None."""
+    rec = dataclasses.replace(fixture_records()[0], step_from_s=12.5)
+    assert decode(encode(rec)) == _as_journalled(rec)
+    values = orjson.loads(encode(rec))
+    assert values[0] == VERSION == 4 and values[-1] == 12.5
+    v3 = orjson.dumps([3, *values[1:-1]]) + b"\n"
+    assert decode(v3) == _as_journalled(dataclasses.replace(rec, step_from_s=None))
+    assert decode_lines(v3 + encode(rec)) == (
+        [_as_journalled(dataclasses.replace(rec, step_from_s=None)), _as_journalled(rec)], 0)
