@@ -1,6 +1,6 @@
 """Work rows stored in packs: one ledger row per (engine, interval) and append, holding every
 work row that append wrote for that interval (schema version 11; rows with `head_s` and
-`head_decode` from version 13: a pack written before holds arrays without them, which read
+`head_decode` from version 14: a pack written before holds arrays without them, which read
 as 0).
 
 A work row per request and interval was a B-tree insert for each (about 7 per streamed

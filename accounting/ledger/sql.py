@@ -151,12 +151,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     )),
     # Reservation totals (reservation_schema.py).
     (12, reservation_schema.MIGRATION),
+    # Version 13 is empty: a development build used it for a column nothing reads (a ledger
+    # it wrote keeps it, with its default; the packs it wrote read their prefill as a head).
+    (13, ()),
     # Each work row's head (WorkRow.head_s, head_decode; accounting/heads.py): its seconds
     # from the residency's start (its prefill, or its decode up to where the pace changed)
     # and the decode tokens in it; the apportioner weighs the head's steps over the head and
     # the rest over the rest. Rows written before have 0 (the packs' arrays lack them, which
     # read as 0): their steps are weighed over the whole residency, as they were.
-    (13, ("ALTER TABLE work ADD COLUMN head_s {REAL} NOT NULL DEFAULT 0",
+    (14, ("ALTER TABLE work ADD COLUMN head_s {REAL} NOT NULL DEFAULT 0",
           "ALTER TABLE work ADD COLUMN head_decode {REAL} NOT NULL DEFAULT 0")),
 )
 # Statements one store runs after a version's shared ones.
