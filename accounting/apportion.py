@@ -115,21 +115,26 @@ def busy_seconds(rows: Sequence[Work] | WorkColumns, interval_s: float) -> float
 
 
 def instant_weights(starts: Sequence[float], residencies: Sequence[float],
-                    interval_s: float, heads: list[float] | None = None) -> list[float]:
+                    interval_s: float) -> list[float]:
     """Per span, the integral over it of 1/n(t) (n(t): spans covering t). They sum to the
-    length of the union of the spans. Depends only on the set of spans, not their order.
-    With `heads` (seconds from each span's start, below its length), each entry is replaced,
-    in place, by the integral of 1/n(t) over that head of its span."""
+    length of the union of the spans. Depends only on the set of spans, not their order."""
+    return _sweep(starts, residencies, interval_s, None)[0]
+
+
+def _sweep(starts: Sequence[float], residencies: Sequence[float], interval_s: float,
+           heads: Sequence[float] | None) -> tuple[list[float], list[float] | None]:
+    """instant_weights, and with `heads` (seconds from each span's start, below its length;
+    0: none) the integral of 1/n(t) over each span's head too (0 where it has none)."""
     n = len(starts)
     full = interval_s * _FULL
     partial = [(lo, lo + r) for lo, r in zip(starts, residencies, strict=True)
                if 0.0 < r < full]
     base = sum(r >= full for r in residencies)  # spans covering the whole interval
     if not partial:
-        if heads is not None:
-            heads[:] = [h / base if r >= full else 0.0 for h, r in zip(heads, residencies,
-                                                                         strict=True)]
-        return [interval_s / base if r >= full else 0.0 for r in residencies] if base else [0.0] * n
+        head_w = None if heads is None else [
+            h / base if r >= full else 0.0 for h, r in zip(heads, residencies, strict=True)]
+        return ([interval_s / base if r >= full else 0.0 for r in residencies] if base
+                else [0.0] * n), head_w
     # Spans covering the whole interval are a constant `base` in n(t): only the partial spans'
     # ends (and the interval's, for the full spans) are breakpoints of the sweep.
     lo_sorted = sorted(lo for lo, _ in partial)
@@ -157,37 +162,35 @@ def instant_weights(starts: Sequence[float], residencies: Sequence[float],
             j += 1
         prev = x
     whole = at[interval_s] - at[0.0] if base else 0.0
-    if heads is not None:
-        heads[:] = [0.0 if x is None else at[x] - at[0.0 if r >= full else lo]
-                    for x, lo, r in zip(cuts, starts, residencies, strict=True)]
+    head_w = None if heads is None else [
+        0.0 if x is None else at[x] - at[0.0 if r >= full else lo]
+        for x, lo, r in zip(cuts, starts, residencies, strict=True)]
     return [whole if r >= full else (at[lo + r] - at[lo] if r > 0.0 else 0.0)
-            for lo, r in zip(starts, residencies, strict=True)]
-
-
+            for lo, r in zip(starts, residencies, strict=True)], head_w
 
 
 def _stepping_weights(own: Sequence[float], start: Sequence[float], res: Sequence[float],
-                      interval_s: float, heads: list[float] | None = None) -> list[float]:
+                      interval_s: float, heads: Sequence[float] | None
+                      ) -> tuple[list[float], list[float] | None]:
     """Instant weights of the requests with token work of their own in the interval (a
     decode or a prompt chunk: they were in steps), computed over those requests only (0 for
-    the others, which were in no step and must not thin anyone's weight); `heads` as
-    instant_weights takes them."""
+    the others, which were in no step and must not thin anyone's weight); with `heads`, the
+    weights of their heads too (_sweep)."""
     decoding = [o > 0.0 for o in own]
     if all(decoding):
-        return instant_weights(start, res, interval_s, heads)
+        return _sweep(start, res, interval_s, heads)
     idx = [i for i, flag in enumerate(decoding) if flag]
     out = [0.0] * len(decoding)
+    head_w = None if heads is None else [0.0] * len(decoding)
     if idx:
-        sub_heads = None if heads is None else [heads[i] for i in idx]
-        sub = instant_weights([start[i] for i in idx], [res[i] for i in idx], interval_s,
-                              sub_heads)
+        sub, sub_heads = _sweep([start[i] for i in idx], [res[i] for i in idx], interval_s,
+                                None if heads is None else [heads[i] for i in idx])
         for i, w in zip(idx, sub, strict=True):
             out[i] = w
-        if heads is not None and sub_heads is not None:
-            heads[:] = [0.0] * len(decoding)
+        if head_w is not None and sub_heads is not None:
             for i, h in zip(idx, sub_heads, strict=True):
-                heads[i] = h
-    return out
+                head_w[i] = h
+    return out, head_w
 
 
 def step_joules(delta: float, delta_1: float | None, half_tokens: float,
@@ -238,13 +241,13 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         hs = [f if f >= SPLIT_S else 0.0 for f in cols.head_s]
         split = any(0.0 < f < r for f, r in zip(hs, res, strict=True))
         heads = [f if 0.0 < f < r else 0.0 for f, r in zip(hs, res, strict=True)] if split else None
-        weights_d = _stepping_weights(own, start, res, interval_s, heads)
+        weights_d, head_w = _stepping_weights(own, start, res, interval_s, heads)
         chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
         part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
                 for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]
-        if heads is not None:
+        if head_w is not None:
             part = [(h * (c + e) / f + max(w - h, 0.0) * (d - e) / (r - f)) if h > 0.0 else q
-                    for q, h, w, d, e, c, r, f in zip(part, heads, weights_d, dec,
+                    for q, h, w, d, e, c, r, f in zip(part, head_w, weights_d, dec,
                                                       cols.head_decode, chunks, res, hs,
                                                       strict=True)]
         own_steps = math.fsum(part)
