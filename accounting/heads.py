@@ -30,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
-from accounting.workrow import Work
+from accounting.workrow import HeadlessWork, Work
 
 # A head shorter than this measures the gateway's timing jitter, not a batch: 30 riders whose
 # first tokens the engine emitted in one step reach the gateway a few milliseconds apart, and
@@ -81,10 +81,7 @@ except ImportError:  # pragma: no cover - a build without a C compiler
     pass
 
 
-_Row = tuple[str, int, float, float, float, float, float, float]  # a Work without head_decode
-
-
-def with_heads(rows: Sequence[_Row], times: tuple[float, ...], events: Sequence[int],
+def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: Sequence[int],
                off: float, interval_s: float, per_event: float, first: float) -> list[Work]:
     """`rows` (each ending with its prefill seconds) with `head_decode` appended: 0 where the
     head is the prefill or the pace is even; where it changes, the cut as `head_s`."""

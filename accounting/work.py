@@ -45,13 +45,12 @@ from accounting.prefill import (
     DEFAULT_TPOT_S,
     MIN_PROMPT_TOKENS,
 )
-from accounting.workrow import EMPTY_COLUMNS, Work, WorkColumns, WorkRow
+from accounting.workrow import EMPTY_COLUMNS, HeadlessWork, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
 __all__ = ["EMPTY_COLUMNS", "Work", "WorkColumns", "WorkRow", "work_rows"]
 
-# A row as the builders below make it: a Work without its head's decode (with_heads adds it).
-_Row = tuple[str, int, float, float, float, float, float, float]
+_Row = HeadlessWork  # a row as the builders below make it (with_heads adds its head)
 
 compiled: Callable[..., list[_Row]] | None  # _streamed_rows' loop in C, where it was built
 try:

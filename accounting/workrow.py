@@ -27,6 +27,9 @@ class WorkRow(NamedTuple):
 
 # A WorkRow's fields as a plain tuple, in WorkRow's order. A WorkRow is one.
 Work = tuple[str, int, float, float, float, float, float, float, float]
+# A Work as `work_rows` builds it before its head is found (accounting/heads.py): its last
+# field is the prefill's seconds, and head_decode is not there yet.
+HeadlessWork = tuple[str, int, float, float, float, float, float, float]
 
 
 class WorkColumns(NamedTuple):
