@@ -62,15 +62,19 @@ async def test_cut_off_streams_carry_vllms_prompt_count(
             ids[rid] = expected
     recs = accesslog.by_id(log, set(ids))
     # The tiny model streams fast: a stream whose finish_reason was handed to the client's
-    # socket before its close was seen is `ok` (with the engine's usage), the rest are cut off
-    # and carry the engine's /tokenize count. Either way the count is vLLM's own.
+    # socket before its close was seen is `ok` (with the engine's usage). The rest are cut
+    # off: one whose engine had already sent its usage (read in one go before the write to the
+    # closed socket failed) keeps that count, the others carry the engine's /tokenize count,
+    # and at least one must. Every way the count is vLLM's own.
     cut = [rid for rid in ids if recs[rid]["status"] == "client_disconnected"]
     assert cut, [recs[rid]["status"] for rid in ids]
     for rid, expected in ids.items():
         rec = recs[rid]
         assert rec["status"] in ("client_disconnected", "ok"), rec
-        source = "engine_tokenize" if rid in cut else "engine"
-        assert (rec["prompt_source"], rec["prompt_tokens"]) == (source, expected), rec
+        sources = {"engine_tokenize", "engine"} if rid in cut else {"engine"}
+        assert rec["prompt_source"] in sources and rec["prompt_tokens"] == expected, rec
+    assert any(recs[rid]["prompt_source"] == "engine_tokenize" for rid in cut), \
+        [(recs[rid]["completion_tokens"], recs[rid]["prompt_source"]) for rid in cut]
 
 
 async def test_clients_closing_after_the_finish_reason_chunk_are_all_ok(
