@@ -134,7 +134,13 @@ class AccountingService:
     async def start(self) -> None:
         await self.ledger.open()
         if self.recorder is not None:
-            await self.recorder.replay_journal()
+            try:
+                await self.recorder.replay_journal()
+            except BaseException:
+                # a journal that cannot be replayed fails the start: the ledger it opened
+                # (its connections, the apportioner lock) must not outlive it
+                await self.ledger.close()
+                raise
         self._stopping.clear()
         self._task = asyncio.create_task(self._run(), name="wattgate-accounting")
 

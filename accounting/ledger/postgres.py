@@ -62,7 +62,7 @@ class PostgresLedger(SqlLedger):
             raise
 
     async def _migrate(self) -> None:
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._live().acquire() as conn, conn.transaction():
             # Replicas starting together must not race on the schema.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
             await conn.execute(sql.CREATE_VERSION)
@@ -84,9 +84,15 @@ class PostgresLedger(SqlLedger):
                 pool, self._pool = self._pool, None
                 await _close_pool(pool)
 
+    def _live(self) -> Any:
+        """The pool; a LedgerError (not an AttributeError) where the ledger is not open."""
+        if self._pool is None:
+            raise LedgerError("postgres ledger is not open")
+        return self._pool
+
     async def _fetch(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         try:
-            rows = await self._pool.fetch(self._q(query), *params)
+            rows = await self._live().fetch(self._q(query), *params)
         except (OSError, asyncpg.PostgresError) as exc:
             raise LedgerError(f"postgres ledger: {exc}") from exc
         return [tuple(r) for r in rows]
@@ -94,7 +100,7 @@ class PostgresLedger(SqlLedger):
     async def _snapshot(self, queries: Sequence[tuple[str, tuple[Any, ...]]]
                         ) -> list[list[tuple[Any, ...]]]:
         try:
-            async with self._pool.acquire() as conn, conn.transaction(
+            async with self._live().acquire() as conn, conn.transaction(
                     isolation="repeatable_read", readonly=True):
                 return [[tuple(r) for r in await conn.fetch(self._q(q), *p)]
                         for q, p in queries]
@@ -103,7 +109,7 @@ class PostgresLedger(SqlLedger):
 
     async def _transaction(self, batches: Sequence[Batch]) -> None:
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._live().acquire() as conn, conn.transaction():
                 for statement, rows in batches:
                     if rows:
                         await conn.executemany(self._q(statement), rows)
@@ -113,7 +119,7 @@ class PostgresLedger(SqlLedger):
     async def _locked(self, key: int, queries: Sequence[tuple[str, tuple[Any, ...]]],
                       decide: Decide) -> None:
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._live().acquire() as conn, conn.transaction():
                 # Released at the end of the transaction: admissions of one key take turns
                 # across every replica.
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", key)

@@ -67,7 +67,7 @@ class SqliteLedger(SqlLedger):
             except sqlite3.Error as exc:
                 raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
 
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return await _submit(self._pool, call)
 
     async def _fetch_aside(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         def call() -> list[tuple[Any, ...]]:
@@ -84,10 +84,7 @@ class SqliteLedger(SqlLedger):
             except sqlite3.Error as exc:
                 raise LedgerError(f"sqlite ledger {self.path}: {exc}") from exc
 
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._aside_pool, call)
-        except RuntimeError as exc:  # its thread is gone: the ledger was closed
-            raise LedgerError("sqlite ledger is not open") from exc
+        return await _submit(self._aside_pool, call)
 
     def _connect(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -324,3 +321,12 @@ def _migrate(c: sqlite3.Connection) -> None:
         c.execute("ROLLBACK")
         raise
     c.execute("COMMIT")
+
+
+def _submit(pool: ThreadPoolExecutor, call: Callable[[], T]) -> asyncio.Future[T]:
+    """`call` on `pool`'s thread; a LedgerError where the pool is shut down (the ledger was
+    closed), not the executor's RuntimeError."""
+    try:
+        return asyncio.get_running_loop().run_in_executor(pool, call)
+    except RuntimeError as exc:
+        raise LedgerError("sqlite ledger is not open") from exc

@@ -73,10 +73,12 @@ class TenantControls:
                 yield
                 return
             await store.ledger.open()
-            store.start(self.refresh)
-            yield
-            await store.stop()
-            await store.ledger.close()
+            try:
+                store.start(self.refresh)
+                yield
+                await store.stop()
+            finally:  # a failed start or stop must not leave the ledger's connections open
+                await store.ledger.close()
         finally:
             if shared is not None:
                 await shared.stop()

@@ -14,6 +14,7 @@ import pytest
 
 from accounting.config import AccountingConfig, JournalConfig, LedgerConfig, parse_accounting
 from accounting.journal import Journal, read_segment, recover
+from accounting.ledger.base import LedgerError
 from accounting.service import AccountingService, EngineInfo
 from core.codec import encode
 from core.records import RequestRecord
@@ -185,6 +186,21 @@ async def test_replay_at_start_writes_orphaned_records_once_and_deletes_them(
         assert segments(jdir) == []
     ids = ledger_ids(tmp_path / "l.db")
     assert sorted(ids) == sorted(r.request_id for r in recs)
+
+
+@pytest.mark.timeout(60)
+async def test_a_start_whose_replay_fails_closes_the_ledger_it_opened(tmp_path: Path) -> None:
+    svc = _service(tmp_path)
+    assert svc.recorder is not None
+
+    async def broken() -> None:
+        raise RuntimeError("replay broke")
+
+    svc.recorder.replay_journal = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="replay broke"):
+        await svc.start()
+    with pytest.raises(LedgerError, match="not open"):
+        await svc.ledger.usage(0.0, 1.0, None)
 
 
 @pytest.mark.timeout(60)

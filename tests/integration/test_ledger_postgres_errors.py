@@ -93,3 +93,17 @@ async def test_close_cuts_a_statement_unanswered_after_close_s_and_the_statement
     with pytest.raises(LedgerError):
         await stuck
     # (the server's session runs its pg_sleep on until it notices the connection gone)
+
+
+async def test_a_closed_or_never_opened_ledger_raises_ledger_error(pg: str) -> None:
+    _, dsn = await _database(pg)
+    ledger = PostgresLedger(dsn)
+    with pytest.raises(LedgerError, match="not open"):
+        await ledger.usage(0.0, 1.0, None)
+    await ledger.open()
+    assert (await ledger.usage(0.0, 1.0, None)) is not None
+    await ledger.close()
+    with pytest.raises(LedgerError, match="not open"):
+        await ledger.usage(0.0, 1.0, None)
+    with pytest.raises(LedgerError, match="not open"):
+        await ledger._transaction([("DELETE FROM work", [()])])
