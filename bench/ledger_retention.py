@@ -5,7 +5,7 @@ per-request rows older than the retention are pruned).
 
     python -m bench.ledger_retention                  # 1M requests in 30 days; writes
                                                       # bench/results/ledger_retention.*
-    python -m bench.ledger_retention --requests 10000000  # the 10M in a month;
+    python -m bench.ledger_retention --requests 10000000  # the benchmark's 10M in a month;
                                                       # writes ledger_retention_10m.*
     python -m bench.ledger_retention --quick          # 50k requests in 1.5 days, prints only
 
@@ -45,7 +45,7 @@ from bench.provenance import commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOUR_S = 3600.0
-MONTH_ROWS = 10_000_000  # the month of requests
+MONTH_ROWS = 10_000_000  # a busy month of requests
 MONTH_H = 30 * 24
 PER_REQUEST = ("requests", "work", "shares", "intervals", "work_versions")
 ROLLUPS = ("request_hours", "share_hours", "engine_hours")

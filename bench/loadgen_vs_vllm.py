@@ -53,7 +53,7 @@ from loadgen.workload import TenantSpec, Workload, build_plan  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 TOKENIZER_DIR = REPO / ".cache" / "tiny-llama"
-TOLERANCE = 0.05  # the bar: medians agree within 5%
+TOLERANCE = 0.05  # the bar: medians agree within 5%
 METRICS = ("ttft", "tpot", "e2e")
 SIM_ARGS = ("--gpu", "h100", "--model", "llama-3.1-8b", "--precision", "bf16")
 MODEL = "llama-3.1-8b"

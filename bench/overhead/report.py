@@ -1,10 +1,10 @@
-"""Aggregate raw runs into medians with their spread, and evaluate the issue's targets (pure).
+"""Aggregate raw runs into medians with their spread, and evaluate the performance targets (pure).
 
 Every check compares the headline `wattgate` (the gateway as users run it, accounting on) with a
 reference in the same cell: vllm-router, the direct path, or the same gateway without
 accounting. Each gives the median ratio, the spread of the per-run ratios (run r of one target
 against run r of the other: they ran back to back), whether the goal is met, and the margin:
-how far past the goal, as a share of the goal (the issue asks for ~15 %).
+how far past the goal, as a share of the goal (the targets ask for 15 %).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ def _check_table(result_checks: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["## Targets (accounting on: `wattgate` as users run it, `wattgate-tenants` with "
              "tenant controls and the journal)", "",
              "Value: the ratio of the medians (or ms); min–max: the same over the paired runs; "
-             "margin: the share of the goal to spare (the issue asks for ~15 %).", "",
+             "margin: the share of the goal to spare (the targets ask for 15 %).", "",
              "| check | wattgate | reference | value | min–max | margin | met | every run |",
              "|---|---:|---:|---:|---:|---:|---|---|"]
     for c in result_checks:

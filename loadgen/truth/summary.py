@@ -12,7 +12,7 @@ from typing import Any
 from loadgen.truth.join import EngineBalance, Joined
 from loadgen.truth.workload import ADVERSARY
 
-# The targets (#18).
+# The accuracy targets: per-request median and p95 error, each tenant's total.
 MEDIAN_MAX = 0.05
 P95_MAX = 0.15
 TENANT_MAX = 0.02

@@ -127,7 +127,7 @@ def test_splitting_a_request_into_pieces_with_the_same_work_and_span_keeps_the_b
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the per-step term (issue #18) assumes a request's decode tokens are spread evenly over "
+    "the per-step term assumes a request's decode tokens are spread evenly over "
     "its span: a split that puts the tokens into a short piece at the end of the span (1 "
     "token over 1 s as five empty pieces and one of 0.125 s) makes the neighbour look alone "
     "in the batch for most of the interval, and moves step energy onto it (the strategy "
@@ -172,7 +172,7 @@ def test_a_tenant_that_adds_token_work_does_not_pay_less(
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the per-step term (issue #18): adding a decoded token raises the interval's estimated "
+    "the per-step term: adding a decoded token raises the interval's estimated "
     "steps and the per-token price of every sequence's steps, so a tenant whose bill is "
     "mostly prompt tokens can pay slightly less when its decoder grows (seen on intervals of "
     "one or two tokens)"))
@@ -197,7 +197,7 @@ def test_a_tenant_that_adds_a_request_does_not_pay_less(
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "the per-step term (issue #18): a new request with a few prompt tokens joins the batch "
+    "the per-step term: a new request with a few prompt tokens joins the batch "
     "and thins the tenant's own decoder's share of the steps more than its own one chunk "
     "adds (seen on intervals of one decode token and one prompt token)"))
 @settings(derandomize=True, max_examples=150, deadline=None)

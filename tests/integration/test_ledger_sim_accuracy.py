@@ -185,7 +185,7 @@ def test_apportioning_matches_simulator_ground_truth(tmp_path: Path) -> None:
         result = uvloop.run(run_accuracy(tmp_path, urls))
     s = summarise(result)
     assert s["final"] == s["sent"]
-    # The targets are median <= 5 % and p95 <= 15 % (docs/accounting.md, "How accurate, how fast").
+    # The accuracy targets are median <= 5 % and p95 <= 15 % (docs/accounting.md, "How accurate, how fast").
     # The median is met with margin (2.5-3.1 % over nine runs); p95 is 9.6-20.6 % on this
     # shared 2-core machine, driven by short requests decoding through the prefill bursts at
     # phase starts, so the p95 bound here guards against regressions rather than the target.

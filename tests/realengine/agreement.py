@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-TTFT_SLACK_S = 0.002  # the bar: the gateway's TTFT within 2 ms of the client's
+TTFT_SLACK_S = 0.002  # the bar: the gateway's TTFT within 2 ms of the client's
 CLOCK_EPS_S = 1e-5  # two clocks read on one machine, rounded in the log
 
 
