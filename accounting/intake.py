@@ -1,9 +1,10 @@
 """The accounting child's end of the records' link (link.py): frames in, records to the
 child's `LedgerRecorder`, acknowledgements out.
 
-A frame's records are decoded in one call (core/codec.py `decode_lines`), handed to the
-recorder with their lines (which its journal writes as they are), and the frame is
-acknowledged once the recorder has written every record it carried to the ledger.
+The frames of one read are taken as one: their records are decoded in one call (core/codec.py
+`decode_lines`), handed to the recorder with their lines (which its journal writes as they
+are), and acknowledged by the last frame's sequence number (acknowledgements are cumulative)
+once the recorder has written every record they carried to the ledger.
 
 One gateway (a socket pair, `start`) or the workers of a node (`wattgate serve --workers N`:
 a Unix socket they connect to, `listen`), each on a connection of its own. The recorder

@@ -17,8 +17,9 @@ acknowledged them; a gateway that stops first leaves them, and the next accounti
 (after a restart) replays them as it replays any dead owner's journal.
 
 Child side (`RecordIntake`, intake.py): reads frames, hands their records to the child's
-`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges each
-frame once the records it carried were written.
+`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges the
+frames of each read once the records they carried were written, by the last one's sequence
+number (an acknowledgement covers every frame through it).
 
 The watermark travels too: every frame carries the gateway's oldest open request and the
 wall-clock time it was sent; the child publishes the earlier of the two, since a request may
