@@ -1,9 +1,10 @@
 """The accounting child's end of the records' link (link.py): frames in, records to the
 child's `LedgerRecorder`, acknowledgements out.
 
-A frame's records are decoded in one call (core/codec.py `decode_lines`), handed to the
-recorder with their lines (which its journal writes as they are), and the frame is
-acknowledged once the recorder has written every record it carried to the ledger.
+The frames of one read are taken as one: their records are decoded in one call (core/codec.py
+`decode_lines`), handed to the recorder with their lines (which its journal writes as they
+are), and acknowledged by the last frame's sequence number (acknowledgements are cumulative)
+once the recorder has written every record they carried to the ledger.
 
 One gateway (a socket pair, `start`) or the workers of a node (`wattgate serve --workers N`:
 a Unix socket they connect to, `listen`), each on a connection of its own. The recorder
@@ -37,7 +38,7 @@ from typing import NamedTuple, cast
 from accounting.link import ACK, FRAME_HEAD, MAX_FRAME, SHIP_S
 from accounting.priority import Background
 from accounting.recorder import LedgerRecorder
-from core.codec import DecodeError, decode_head, decode_lines
+from core.codec import DecodeError, FrameHead, decode_head, decode_lines
 from core.records import RequestRecord
 
 log = logging.getLogger("wattgate.accounting")
@@ -196,15 +197,28 @@ class RecordIntake:
         if conn.pair:
             self.closed.set()
 
-    def _received_frame(self, conn: IntakeConnection, seq: int, body: bytes) -> None:
-        try:
-            cut = body.index(b"\n") + 1
-            head = decode_head(body[:cut])
-        except (DecodeError, ValueError):
-            log.error("accounting child: a frame from the gateway could not be read: closing")
-            conn.close()
+    def _received_frames(self, conn: IntakeConnection, frames: list[tuple[int, bytes]]
+                         ) -> None:
+        """The frames of one read (sequence number, body), taken as one: their records are
+        decoded in one call and they are acknowledged together, by the last one's sequence
+        number (acknowledgements are cumulative), so what a frame costs here does not grow
+        with how many frames a gateway splits its records into (a node's worker sends one
+        per turn of its event loop)."""
+        heads: list[FrameHead] = []
+        parts: list[bytes] = []
+        for _seq, body in frames:
+            try:
+                cut = body.index(b"\n") + 1
+                heads.append(decode_head(body[:cut]))
+            except (DecodeError, ValueError):
+                log.error("accounting child: a frame from the gateway could not be read: "
+                          "closing")
+                conn.close()
+                break
+            parts.append(body[cut:])
+        if not heads:
             return
-        lines = body[cut:]
+        lines = parts[0] if len(parts) == 1 else b"".join(parts)
         recs, bad = decode_lines(lines)
         if bad:
             log.error("accounting child: %d records from the gateway could not be read", bad)
@@ -212,12 +226,14 @@ class RecordIntake:
             self._batch += recs
             self._batch_lines.append(lines)
         self._received += len(recs)
-        conn.heard(head.open_since_s, head.sent_wall_s)
+        last = heads[-1]
+        conn.heard(last.open_since_s, last.sent_wall_s)
         if not self._heard:
             self._reported.add(conn.pid)
             self._heard = len(self._reported) >= self._expect
         arrived_s = min([r.arrived_wall_s for r in recs], default=math.inf)
-        conn.frames.append(ReceivedFrame(self._received, seq, head.sent_wall_s, arrived_s))
+        conn.frames.append(ReceivedFrame(self._received, frames[len(heads) - 1][0],
+                                         heads[0].sent_wall_s, arrived_s))
         if not recs:
             self._written(self.recorder.records_written)
 
@@ -295,6 +311,7 @@ class IntakeConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self._buf
         buf += data
+        frames: list[tuple[int, bytes]] = []
         while len(buf) >= FRAME_HEAD.size:
             size, seq = FRAME_HEAD.unpack_from(buf)
             if size > MAX_FRAME:
@@ -304,10 +321,10 @@ class IntakeConnection(asyncio.Protocol):
             end = FRAME_HEAD.size + size
             if len(buf) < end:
                 break
-            self.intake._received_frame(self, seq, bytes(buf[FRAME_HEAD.size:end]))
+            frames.append((seq, bytes(buf[FRAME_HEAD.size:end])))
             del buf[:end]
-            if self._transport is None or self._transport.is_closing():
-                break
+        if frames:
+            self.intake._received_frames(self, frames)
         self.intake.hand_over()
         transport = self._transport
         if not self.pair and transport is not None and not transport.is_closing():

@@ -17,8 +17,9 @@ acknowledged them; a gateway that stops first leaves them, and the next accounti
 (after a restart) replays them as it replays any dead owner's journal.
 
 Child side (`RecordIntake`, intake.py): reads frames, hands their records to the child's
-`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges each
-frame once the records it carried were written.
+`LedgerRecorder` (which journals, ingests and writes them as in a gateway) and acknowledges the
+frames of each read once the records they carried were written, by the last one's sequence
+number (an acknowledgement covers every frame through it).
 
 The watermark travels too: every frame carries the gateway's oldest open request and the
 wall-clock time it was sent; the child publishes the earlier of the two, since a request may
@@ -123,6 +124,8 @@ class RecordLink:
         self._open_since: Callable[[], float | None] = _nothing_open
         self._loop: asyncio.AbstractEventLoop | None = None
         self._acked_event = asyncio.Event()
+        self._detached = asyncio.Event()  # set while no child's socket is attached
+        self._detached.set()
         self.forgotten = 0  # records dropped past MAX_HELD_RECORDS (the child may have them)
         self._spill: Journal | None = None
         self._spilled_seq = 0  # frames through this one are in the spill journal
@@ -196,6 +199,7 @@ class RecordLink:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         self._sock = sock
+        self._detached.clear()
         self._in.clear()
         self._out.clear()
         for held in self._held:
@@ -212,6 +216,7 @@ class RecordLink:
         sock, self._sock = self._sock, None
         if sock is None:
             return
+        self._detached.set()
         for held in self._held:
             if held.seq > self._spilled_seq:
                 self._spill_frame(held)
@@ -225,6 +230,11 @@ class RecordLink:
     @property
     def attached(self) -> bool:
         return self._sock is not None
+
+    async def detached(self, timeout_s: float) -> None:
+        """Wait at most `timeout_s` until no child's socket is attached."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._detached.wait(), max(timeout_s, 0.0))
 
     def floor(self) -> float:
         """The earliest wall-clock time a new child must take this gateway to still record
@@ -282,15 +292,16 @@ class RecordLink:
         self._timer = None
         recs, self._pending = self._pending, []
         now = self._clock()
-        self._seq += 1
-        body = encode_head(FrameHead(self._open_since(), now))
+        seq = self._seq = self._seq + 1
+        head = encode_head(FrameHead(self._open_since(), now))
+        lines = b""
         if recs:
             try:
-                body += encode_lines(recs)
+                lines = encode_lines(recs)
             except (EncodeError, TypeError, ValueError):
                 recs, lines = _encodable(recs)
-                body += lines
-        frame = HeldFrame(self._seq, recs, FRAME_HEAD.pack(len(body), self._seq) + body)
+        frame = HeldFrame(seq, recs, b"".join(
+            (FRAME_HEAD.pack(len(head) + len(lines), seq), head, lines)))
         self._sent_at = now
         self._held.append(frame)
         self._held_records += len(recs)
@@ -305,10 +316,28 @@ class RecordLink:
                       " (they are in the spill journal, which the next start replays)"
                       if spilled else "")
         if self._sock is not None:
-            self._out += frame.frame
-            self._flush_out()
+            self._send(frame.frame)
         else:
             self._spill_frame(frame)
+
+    def _send(self, data: bytes) -> None:
+        """`data` to the child's socket: at once, in one call, unless some already waits."""
+        if self._out:  # the socket's writer callback is registered: it sends the rest
+            self._out += data
+            return
+        sock = self._sock
+        assert sock is not None and self._loop is not None
+        try:
+            n = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError as exc:
+            log.warning("accounting child's record socket failed: %s", exc)
+            self.detach()
+            return
+        if n < len(data):
+            self._out += memoryview(data)[n:]
+            self._loop.add_writer(sock.fileno(), self._flush_out)
 
     def _flush_out(self) -> None:
         sock = self._sock

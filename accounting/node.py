@@ -45,7 +45,6 @@ PORT_FILE = "child.port"
 RESTARTS_FILE = "child.restarts"  # how often the parent restarted the child, for /metrics
 CONNECT_FIRST_S = 0.05  # a worker retries its connection after this, doubling
 CONNECT_MAX_S = 1.0  # up to this
-ATTACHED_POLL_S = 0.05  # how often a worker checks that its link is still attached
 
 
 class NodeChild(ApportionerChild):
@@ -159,7 +158,9 @@ class WorkerLink(ApportionerChild):
         while not self._stopping:
             if self.link.attached:
                 backoff = CONNECT_FIRST_S
-                await asyncio.sleep(ATTACHED_POLL_S)
+                # woken when the link lets go of the child's socket or a probe is due, not
+                # polled: an idle worker's wake-ups are CPU its node spends for nothing
+                await self.link.detached(probed + PROBE_EVERY_S - time.monotonic())
                 if time.monotonic() - probed >= PROBE_EVERY_S:
                     probed = time.monotonic()
                     await self._probe_once()  # answered: reads wait for the child again

@@ -9,16 +9,20 @@ lets the answers held for them go."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from accounting.intake import RecordIntake
-from accounting.link import RecordLink
+from accounting.intake import IntakeConnection, RecordIntake
+from accounting.link import ACK, FRAME_HEAD, RecordLink
+from core.codec import FrameHead, encode_head, encode_lines
+from core.records import RequestRecord
 from tests.accounting.test_accounting_recorder import FlakyLedger
 from tests.unit.test_record_link import OPENED, closes, gateway_end, recorder, records, until
 
@@ -191,6 +195,102 @@ async def test_held_answers_go_out_even_when_their_records_cannot_be_shipped() -
         gw.after_sent(lambda: seen.append("answer"))
         await asyncio.sleep(0)  # the ship fails (the loop logs it); the answer goes all the same
         assert seen == ["answer"]
+
+
+class _Transport:
+    """What an intake connection writes (its acknowledgements)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def get_extra_info(self, _name: str) -> None:
+        return None
+
+
+def _frame(seq: int, recs: list[RequestRecord]) -> bytes:
+    body = encode_head(FrameHead(None, 2000.0 + seq)) + encode_lines(recs)
+    return FRAME_HEAD.pack(len(body), seq) + body
+
+
+@closes
+async def test_the_frames_of_one_read_are_held_as_one_and_acknowledged_by_the_last() -> None:
+    """A worker sends a frame per turn of its loop; the child reads them every READ_EVERY_S,
+    and what a read costs it must not grow with how many frames the records came in."""
+    intake = RecordIntake(recorder(FlakyLedger(fail=0)), floor=1000.0)
+    conn = IntakeConnection(intake, pair=False)
+    transport = _Transport()
+    conn.connection_made(transport)  # type: ignore[arg-type]
+    recs = records(5)
+    conn.data_received(_frame(1, recs[:2]) + _frame(2, recs[2:3]) + _frame(3, recs[3:])[:9])
+    assert len(conn.frames) == 1 and conn.frames[0].seq == 2  # the torn third waits
+    assert conn.frames[0].sent_wall_s == 2001.0  # the oldest frame's, for the lag
+    assert len(intake.recorder._pending) == 3
+    conn.data_received(_frame(3, recs[3:])[9:] + _frame(4, []))  # the rest; a heartbeat
+    assert [f.seq for f in conn.frames] == [2, 4]
+    assert conn.open_since() == 2004.0  # the last frame's watermark
+    intake.recorder.ingest()
+    await intake.recorder.flush()
+    assert transport.written == [ACK.pack(4)]  # one acknowledgement, cumulative
+    assert not conn.frames
+    ledger = intake.recorder.ledger
+    assert isinstance(ledger, FlakyLedger)
+    assert {r.request_id for r in ledger.requests} == {r.request_id for r in recs}
+
+
+@closes
+async def test_a_frame_the_socket_takes_in_part_goes_out_whole_and_in_order() -> None:
+    ours, theirs = socket.socketpair()
+    OPENED.extend((ours.close, theirs.close))
+    gw = gateway_end(eager=True)
+    gw.attach(ours)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    recs = records(20)
+    while not gw._out:  # until a frame went in part (nobody reads the other end)
+        for rec in recs:
+            gw.record(rec)
+        await asyncio.sleep(0)
+    for rec in recs[:2]:  # queued behind the rest
+        gw.record(rec)
+    await asyncio.sleep(0)
+    theirs.setblocking(False)
+    got = bytearray()
+    while gw._out or len(got) < sum(len(h.frame) for h in gw._held):
+        with contextlib.suppress(BlockingIOError):
+            got += theirs.recv(1 << 20)
+        await asyncio.sleep(0)
+    seqs = []
+    while got:
+        size, seq = FRAME_HEAD.unpack_from(got)
+        seqs.append(seq)
+        del got[:FRAME_HEAD.size + size]
+    assert seqs == list(range(1, gw._seq + 1))
+
+
+@closes
+async def test_a_worker_waits_for_its_link_to_drop_without_polling() -> None:
+    ours, theirs = socket.socketpair()
+    OPENED.append(theirs.close)
+    gw = gateway_end(eager=True)
+    await asyncio.wait_for(gw.detached(10.0), 1.0)  # none attached: at once
+    gw.attach(ours)
+    t0 = time.monotonic()
+    await gw.detached(0.05)  # attached: it waits the whole timeout
+    assert time.monotonic() - t0 >= 0.04
+    waiting = asyncio.create_task(gw.detached(10.0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    gw.detach()
+    await asyncio.wait_for(waiting, 1.0)  # woken at once by the drop
 
 
 def test_a_link_that_is_not_eager_holds_no_answer() -> None:
