@@ -46,9 +46,11 @@ QUANTILE = 0.9
 
 
 # A prompt whose first token came later after its dispatch than its reading time plus this
-# many steps' time (a chunk's) waited behind other prompts; one read from (about) its dispatch
-# has no prompt before it to share its steps with (a 12,000-token prompt on an engine that
-# only decodes: moving its reading into its last step moved its riders' bills by up to 4 points).
+# many steps' time (a chunk's) waited behind other prompts, and is read back to back with
+# them; one read from (about) its dispatch keeps its reading up to its first token (a
+# 12,000-token prompt that 30 prompts of 8 tokens joined: its last step read its own tail
+# and theirs, and ending its reading half way through that step moved their bills by up to
+# 4 points).
 QUEUED_STEPS = 0.25
 # Token events of one step that a busy gateway relays more than STEP_GAP_S apart
 # (gateway/pipeline/flight.py) mark a "step" of a few milliseconds; a step that read a prompt
