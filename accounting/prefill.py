@@ -16,7 +16,10 @@ the default. Short prompts say little (fixed per-step costs dominate) and are no
 
 The decode pace (seconds per output token, the median of recent streamed TPOTs) places the
 decode of a request without token events (non-streamed) at the end of its engine span, and
-its prefill just before it: what comes first in that span is queueing. Pure: no I/O, no clock.
+its prefill just before it: what comes first in that span is queueing.
+
+`read_span` places a streamed prompt's reading from its first token, the engine's steps and
+its rate. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -40,6 +43,52 @@ MIN_SAMPLES = 4  # per length class, before its rate is used
 WINDOW = 32  # recent samples kept per length class
 TPOT_WINDOW = 64
 QUANTILE = 0.9
+
+
+# A prompt whose first token came later after its dispatch than its reading time plus this
+# many steps' time (a chunk's) waited behind other prompts, and is read back to back with
+# them; one read from (about) its dispatch keeps its reading up to its first token (a
+# 12,000-token prompt that 30 prompts of 8 tokens joined: its last step read its own tail
+# and theirs, and ending its reading half way through that step moved their bills by up to
+# 4 points).
+QUEUED_STEPS = 0.25
+# Token events of one step that a busy gateway relays more than STEP_GAP_S apart
+# (gateway/pipeline/flight.py) mark a "step" of a few milliseconds; a step that read a prompt
+# chunk beside other sequences takes longer than this.
+MIN_CHUNK_STEP_S = 0.02
+
+
+def read_span(step_from_s: float | None, off: float, prompt: float, t_disp: float,
+               t_first: float, prefill_s: float, rate: float) -> tuple[float, float]:
+    """Where the engine read a prompt whose first token came at t_first: its start and end
+    (the dispatch bounds the start later). By default prompt / rate just before the first
+    token. A prompt of one chunk that shared its step with others (a burst's) was read for
+    that whole step, from the engine's previous step on (`step_from_s`): longer than its own
+    tokens take. A longer prompt queued behind others was read back to back with them, in
+    steps of CHUNK_TOKENS: its last chunk shares its step with the next prompt's first, so
+    its reading ended inside that step, not at its end: half way through a full step (its
+    tail is anywhere from 1 to CHUNK_TOKENS tokens), at its end in a step shorter than half a
+    chunk's time (nothing after it in that step)."""
+    start = t_first - prefill_s
+    if step_from_s is None:
+        return start, t_first
+    t_step = step_from_s + off
+    if prompt <= CHUNK_TOKENS:
+        if prompt >= MIN_PROMPT_TOKENS and t_step < start:
+            return t_step, t_first
+        return start, t_first
+    if rate <= 0.0 or t_step <= t_disp:
+        return start, t_first
+    step_s = CHUNK_TOKENS / rate
+    if start <= t_disp + QUEUED_STEPS * step_s:
+        return start, t_first  # read from (about) its dispatch: nothing queued before it
+    last = t_first - t_step
+    if last < MIN_CHUNK_STEP_S:
+        last = step_s  # one step's events read apart, not a step: take a full one
+    end = t_first - last + (last if last > step_s else step_s) / 2.0
+    if end > t_first:
+        end = t_first
+    return end - prefill_s, end
 
 
 def length_class(prompt_tokens: float) -> int:

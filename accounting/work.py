@@ -6,7 +6,9 @@ A finished request becomes one `WorkRow` per interval it touched on its engine:
   first token, bounded by the dispatch (what comes before is queueing in the engine: not
   resident in its batch, and charged nothing); a prompt of one chunk (MIN_PROMPT_TOKENS to
   CHUNK_TOKENS) whose step began earlier (`step_from_s`: the engine's previous step's last
-  token event) is spread from there, the step it shared with other prompts; a request with
+  token event) is spread from there, the step it shared with other prompts; a longer prompt
+  queued behind others ends its reading inside its last step, which it shared with the next
+  prompt (`prefill.read_span`); a request with
   no token event (non-streamed, or ended before its first token) has them over the same span
   just before its decode, which ends the engine's span at the engine's decode pace, what
   comes before being queueing; when the span leaves no room for queueing
@@ -39,12 +41,7 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from accounting.heads import with_heads
-from accounting.prefill import (
-    CHUNK_TOKENS,
-    DEFAULT_TOKENS_PER_S,
-    DEFAULT_TPOT_S,
-    MIN_PROMPT_TOKENS,
-)
+from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S, read_span
 from accounting.workrow import EMPTY_COLUMNS, HeadlessWork, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
@@ -179,19 +176,14 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
     if first is not None:
         t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
-        # busy: the request is resident, and prefilling, only for its prefill's span. A prompt
-        # of one chunk that shared its step with others (a burst's) was read for that whole
-        # step, from the engine's previous step on: longer than its own tokens take.
-        start = t_first - prefill_s
-        if (rec.step_from_s is not None and MIN_PROMPT_TOKENS <= prompt <= CHUNK_TOKENS
-                and rec.step_from_s + off < start):
-            start = rec.step_from_s + off
+        # busy: the request is resident, and prefilling, only for its prefill's span.
+        start, t_prefilled = read_span(rec.step_from_s, off, prompt, t_disp, t_first,
+                                        prefill_s, prefill_tokens_per_s)
         if start > t_disp:
             t_disp = start
         if t_disp > t_end:
             t_disp = t_end
         t_decode = t_disp
-        t_prefilled = t_first
     elif not rec.stream and rec.engine_done_s is None and not rec.completion_tokens:
         # A non-streamed request that never got its answer (the client left, the engine
         # timed out): the engine read its prompt and then decoded, unseen, until the end.

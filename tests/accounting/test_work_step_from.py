@@ -37,12 +37,52 @@ def test_the_step_never_moves_the_prefill_before_the_dispatch_nor_shortens_it() 
 def test_only_a_prompt_of_one_chunk_and_of_a_measurable_length_is_read_from_the_step() -> None:
     """A prompt over CHUNK_TOKENS is read in several steps (its rate places it); a prompt
     under MIN_PROMPT_TOKENS rides in whatever step it joins."""
-    long = _first_row(prompt_tokens=int(CHUNK_TOKENS) + 1000, dispatched_s=0.0,
-                      step_from_s=0.9)
-    # read over its tokens' time (9,192 / 25,000 s before 1001.5), not from 1000.9
+    long = _first_row(prompt_tokens=int(CHUNK_TOKENS) + 1000, dispatched_s=1.1,
+                      step_from_s=1.2)
+    # not queued (its 9,192 / 25,000 s of reading began 32 ms after its dispatch): read over
+    # its tokens' time before its first token, not from 1001.2
     assert long.start_s == pytest.approx(1.5 - 9192 / 25_000 - 1.0)
     tiny = _first_row(prompt_tokens=MIN_PROMPT_TOKENS - 1, step_from_s=1.3)
     assert tiny.start_s > 0.49
+
+
+_STEP = CHUNK_TOKENS / 25_000.0  # one full step's reading time: 0.328 s
+_LONG = int(CHUNK_TOKENS) + 4000  # read in two steps
+
+
+def _queued(first: float, step_from: float) -> WorkRow:
+    """A long prompt dispatched at 1000.0, queued behind others, its first token at `first`."""
+    rows = work_rows(record(prompt_tokens=_LONG, dispatched_s=0.0, first_token_s=first,
+                            step_from_s=step_from, read_times=(first, 3.0), read_events=(1, 1),
+                            finished_s=3.0), 1.0, 25_000.0)
+    return WorkRow._make(rows[0])
+
+
+def test_a_queued_long_prompt_ends_its_reading_inside_a_full_last_step() -> None:
+    """Queued prompts are read back to back in chunks: a full last step (1001.2-1001.528,
+    a chunk's time) also read the next prompt's first chunk, so this prompt's reading ended
+    half way through it on average, 1001.364, and began its tokens' time before that."""
+    row = _queued(1.2 + _STEP, 1.2)
+    end = 1.2 + _STEP / 2.0
+    assert row.start_s == pytest.approx(end - _LONG / 25_000.0)  # in interval 1000
+    # its tokens spread over that reading: the part before 1001.0 in interval 1000
+    assert row.prefill_tokens == pytest.approx(_LONG * (1.0 - row.start_s) / (_LONG / 25_000.0))
+    # a step longer than a chunk's time: half way through it
+    slow = _queued(1.2 + 2 * _STEP, 1.2)
+    assert slow.start_s == pytest.approx(1.2 + _STEP - _LONG / 25_000.0 - 1.0)  # in 1001
+
+
+def test_a_short_last_step_held_only_the_prompts_tail() -> None:
+    """A last step shorter than half a chunk's time read nothing after this prompt: its reading
+    ends at its first token."""
+    row = _queued(1.3, 1.2)
+    assert row.start_s == pytest.approx(1.3 - _LONG / 25_000.0)
+
+
+def test_events_of_one_step_read_apart_are_not_a_step() -> None:
+    """A "step" of 5 ms (one step's events relayed 5 ms apart) is taken as a full one."""
+    row = _queued(1.4, 1.395)
+    assert row.start_s == pytest.approx(1.4 - _STEP / 2.0 - _LONG / 25_000.0)
 
 
 class _Engine:
