@@ -25,8 +25,9 @@ from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
+from gateway.tenancy.renewal import StoreVerdict
 from gateway.tenancy.shared import SharedRates
-from gateway.tenancy.store import StoreVerdict, TenancyStore
+from gateway.tenancy.store import TenancyStore
 
 
 @dataclass(slots=True)
