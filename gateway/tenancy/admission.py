@@ -164,17 +164,17 @@ class Admission:
         # the precisions a downgrade may move to are priced only where one may happen
         rates = {p: store.rates_of(tenant.name, p, prompt_tokens, now_wall) for p in (
             {*tenant.precision.allowed, *candidates} if downgrade else candidates)}
-        cost = {p: estimate(prompt_tokens, output_tokens, r).j for p, r in rates.items()} \
+        cost = {p: estimate(prompt_tokens, output_tokens, r) for p, r in rates.items()} \
             if downgrade or len(candidates) > 1 else {}
-        first = candidates[0] if not cost else max(candidates, key=lambda p: cost[p])
+        first = candidates[0] if not cost else max(candidates, key=lambda p: cost[p].j)
         cheaper: list[str] = []
         if downgrade:  # the dearest it may get first, then the cheaper ones dearest first
             cheaper = sorted((p for p in tenant.precision.allowed
-                              if p in available and cost[p] < cost[first]),
-                             key=lambda p: -cost[p])
+                              if p in available and cost[p].j < cost[first].j),
+                             key=lambda p: -cost[p].j)
         try:
             verdict = await store.admit(tenant, request_id, prompt_tokens, output_tokens, first,
-                                        cheaper, rates)
+                                        cheaper, rates, cost.get(first))
         except LedgerError:
             # Fail closed: without the ledger no replica can tell what the others admitted.
             raise OverloadedError("the budget ledger is unreachable; retry shortly",

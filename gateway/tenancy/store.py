@@ -16,8 +16,7 @@ when its shares are in `tenant_hours`, written in the same transaction as the sh
 its first share and its finality a request counts twice (reservation and charges): budgets
 err on the side of holding. Reservations nobody settled (a replica killed) expire after
 `reservation_ttl_s`; their open flag counts only while their replica is live. Far from the
-limits, requests are admitted from an allowance reserved ahead instead (allowance.py).
-"""
+limits, requests are admitted from allowances reserved ahead (allowance.py, renewal.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ import contextlib
 import logging
 import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from accounting.ledger import reservation_schema as reservations
@@ -45,7 +44,7 @@ from gateway.tenancy.budget import (
     period_start_hour,
     spends,
 )
-from gateway.tenancy.config import TenantControlsConfig
+from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
 from gateway.tenancy.rates import TenantRates
 from gateway.tenancy.renewal import REPLICA_LIVE_S, Ask, StoreVerdict, admission_reads, held_of
@@ -83,29 +82,31 @@ class TenancyStore:
         self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
         self._flushing: asyncio.Event | None = None  # set when the flush under way ends
         self._renewing: dict[str, asyncio.Task[None]] = {}  # per tenant (renewal.py)
-        self._retired: list[Allowance] = []  # renewed: the next flush gives them back
-        self._generation = 0  # of this store's allowances, each under an id of its own
+        self._retired: list[Allowance] = []  # renewed, to give back; ids: _next_id
+        self._generation = 0
 
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
         """What a prompt and an output token of `tenant`'s request cost at `precision`."""
-        learnt = self.rates.get(tenant) or _NO_RATES
-        return learnt.rates(precision, prompt_tokens, self.pricing, now_s)
+        return (self.rates.get(tenant) or _NO_RATES).rates(precision, prompt_tokens,
+                                                           self.pricing, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
                     output_tokens: float, first: str, cheaper: Sequence[str],
-                    rates: Mapping[str, Rates] | None = None) -> StoreVerdict:
-        """Decide a request in its tenant's next admission transaction: the requests of one
-        tenant that arrive while one is running are decided together in the next, in order,
-        each against what the ones before it reserved. `rates`: of `first` and `cheaper` at
-        least, as the caller priced them (else priced now)."""
+                    rates: Mapping[str, Rates] | None = None, cost: Cost | None = None
+                    ) -> StoreVerdict:
+        """Decide a request in its tenant's next admission transaction: those of a tenant
+        arriving while one runs are decided together in the next, in order, each against
+        what the ones before it reserved. `rates` (of `first` and `cheaper` at least) and
+        `cost` (at `first`): as the caller priced them, else priced now."""
         if rates is None:
             now = self.wall()
             rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now)
                      for p in (first, *cheaper)}
         allowance = self._allow.get(tenant.name)
         if allowance is not None and tenant.name not in self._asks:  # none waits before it
-            cost = estimate(prompt_tokens, output_tokens, rates[first])
+            if cost is None:
+                cost = estimate(prompt_tokens, output_tokens, rates[first])
             now = self.wall()
             if allowance.take(request_id, cost, now):
                 self._unwritten.add(request_id)
@@ -163,8 +164,6 @@ class TenancyStore:
         pendings = [a.pending for a in back]
         before = [q for a in back for q in a.give_back()]
         now = self.wall()
-        since = min((period_start_hour(b.period, now) for a in asks
-                     for b in a.tenant.budgets.budgets), default=0)
         verdicts: list[StoreVerdict] = []
         taken: list[Allowance] = []
 
@@ -213,8 +212,9 @@ class TenancyStore:
             return out
 
         try:
-            await self.ledger.locked(lock_key(name), [
-                *before, *self._reads(name, now, since)], decide)
+            budgets = [b for a in asks for b in a.tenant.budgets.budgets]
+            await self.ledger.locked(lock_key(name), [*before, *self._reads(name, now, budgets)],
+                                     decide)
         except BaseException as exc:  # each waiting request gets the ledger's error
             for gone, pending in zip(back, pendings, strict=True):  # nothing was written:
                 gone.pending[:0] = pending  # they hold their requests still
@@ -252,12 +252,11 @@ class TenancyStore:
             if self._allow.get(name) is not old:  # given back meanwhile
                 return
             now = self.wall()
-            since = min((period_start_hour(b.period, now) for b in tenant.budgets.budgets),
-                        default=0)
             pending, old.pending = old.pending, []
             try:
-                new = await renew_allowance(self.ledger, tenant, old, pending, self._next_id(name),
-                                  self._reads(name, now, since), self.replicas, now)
+                reads = self._reads(name, now, tenant.budgets.budgets)
+                new = await renew_allowance(self.ledger, tenant, old, pending,
+                                            self._next_id(name), reads, self.replicas, now)
             except BaseException:  # nothing was written: it holds its requests still
                 old.pending[:0] = pending
                 old.renewable = False
@@ -335,18 +334,19 @@ class TenancyStore:
         the same purge, in the same locked transaction; nothing reserved)."""
         now = self.wall()
         budgets = tenant.budgets.budgets
-        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
         out: list[Spend] = []
 
         def read(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
             out[:] = spends(budgets, rows[2], held_of(rows[3][0])[0], now)
             return ()
 
-        await self.ledger.locked(lock_key(tenant.name), self._reads(tenant.name, now, since),
-                                 read)
+        reads = self._reads(tenant.name, now, budgets)
+        await self.ledger.locked(lock_key(tenant.name), reads, read)
         return out
 
-    def _reads(self, name: str, now: float, since: int) -> list[Query]:
+    def _reads(self, name: str, now: float, budgets: Iterable[Budget]) -> list[Query]:
+        """An admission's purge and reads: hours since the longest of `budgets` began."""
+        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
         return admission_reads(name, now, since, self.cfg.reservation_ttl_s)
 
     async def refresh(self) -> None:
