@@ -17,16 +17,25 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
 from gateway.tenancy.budget import estimate
 from gateway.tenancy.store import TenancyStore
-from tests.support.gateway import raw_config
 
-EP = [{"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}]
 TENANT = "tenant-a"
+CONFIG: dict[str, Any] = {
+    "listen": {"host": "127.0.0.1", "port": 0},
+    "slo_classes": {"interactive": {"ttft_s": 0.5}},
+    "tenants": [{"name": TENANT, "api_key_sha256": "0" * 64, "slo_class": "interactive",
+                 "budgets": [{"period": "day", "j": 1e15}],
+                 "limits": {"max_concurrent": 100_000}}],
+    "models": [{"name": "m", "endpoints": [
+        {"name": "e", "url": "http://127.0.0.1:1", "precision": "bf16"}]}],
+    "accounting": {"ledger": {"kind": "sqlite", "path": "/unused.db"}},
+}
 
 
 async def _nothing() -> None:
@@ -35,10 +44,7 @@ async def _nothing() -> None:
 
 async def run(requests: int, service_s: float) -> list[float]:
     """Each admission's wall time; prints the CPU per request."""
-    raw = raw_config(EP, accounting={"ledger": {"kind": "sqlite", "path": "/unused.db"}})
-    raw["tenants"][0].update(budgets=[{"period": "day", "j": 1e15}],
-                             limits={"max_concurrent": 100_000})
-    cfg = parse_config(raw, env={})
+    cfg = parse_config(CONFIG, env={})
     tenant = cfg.tenants[0]
     waits: list[float] = []
     with tempfile.TemporaryDirectory() as d:
