@@ -2,7 +2,7 @@
 so a budget (or concurrency cap) far from its limit admits without a ledger transaction per
 request; near the limit there is none and every request is decided in the ledger as before.
 
-An allowance is one row of `reservations` (id `allowance:<replica>:<holder>:<tenant>`, one
+An allowance is one row of `reservations` (id `allowance:<replica>:<holder>:<tenant>:<n>`, one
 per process that holds it, no engine): it
 holds what `n` requests of the size of the one that took it would hold (and `n` of the cap's
 slots where the tenant has a cap), so every replica's admission counts it as held. It is

@@ -111,8 +111,9 @@ class TenancyStore:
             if allowance.take(request_id, cost, now):
                 self._unwritten.add(request_id)
                 if allowance.due(now) and tenant.name not in self._renewing:
-                    self._renewing[tenant.name] = asyncio.get_running_loop().create_task(
-                        self._renew(tenant, allowance))
+                    task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
+                    self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
+                    task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
                 return StoreVerdict(True, precision=first, cost=cost)
         loop = asyncio.get_running_loop()
         ask = Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
@@ -271,8 +272,6 @@ class TenancyStore:
                 self._retired.append(new)
         except LedgerError as exc:
             log.warning("tenant controls: renewing the allowance of %s: %s", name, exc)
-        finally:
-            del self._renewing[name]
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:

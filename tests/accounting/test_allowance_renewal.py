@@ -129,3 +129,18 @@ async def test_a_request_the_old_allowance_cannot_take_waits_for_the_renewal(
         gated.gate.set()
         assert (await asyncio.wait_for(late, 5)).allowed
         await _exactly(ledger, store, ["q0", "q1", "q2"])
+
+
+async def test_a_renewal_cancelled_before_it_ran_leaves_nothing_to_wait_for(
+        tmp_path: Path) -> None:
+    """A stop (or an admission) waits for renewals under way: one cancelled before its
+    first step must not be waited for ever, and its allowance still goes back whole."""
+    async with _opened(tmp_path) as ledger:
+        gated, store, tenant, clock = _setup(ledger)
+        assert (await store.admit(tenant, "q0", 100, 100, "bf16", ())).allowed
+        clock[0] += LIFE_S * (1.0 - RENEW_SHARE)
+        assert (await store.admit(tenant, "q1", 100, 100, "bf16", ())).allowed  # no yield
+        store._renewing["tenant-a"].cancel()
+        await asyncio.wait_for(store.stop(), 5)
+        assert not store._renewing and gated.transactions == 1
+        await _exactly(ledger, store, ["q0", "q1"])
