@@ -164,7 +164,7 @@ class TenancyStore:
         back = [*retired, *([old] if old is not None else [])]
         pendings = [a.pending for a in back]
         before = [q for a in back for q in a.give_back()]
-        now = self.wall()
+        now, new_id = self.wall(), self._next_id(name)  # not on the ledger's thread (decide)
         verdicts: list[StoreVerdict] = []
         taken: list[Allowance] = []
 
@@ -204,7 +204,7 @@ class TenancyStore:
                          last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
                          self.replicas)
                 if n:
-                    new = Allowance(name, self._next_id(name), self.replica,
+                    new = Allowance(name, new_id, self.replica,
                                     last_verdict.cost.times(n), n,
                                     last_ask.tenant.limits.max_concurrent is not None, now,
                                     each=last_verdict.cost, n=n)
