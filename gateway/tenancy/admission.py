@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from functools import partial
 
 from accounting.ledger.base import LedgerError
 from core.errors import OverloadedError, WattgateError
@@ -25,8 +25,9 @@ from gateway.tenancy.budget import HOUR_S, Cost, Spend, estimate
 from gateway.tenancy.errors import BudgetExceededError, TenantLimitError
 from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.ratelimit import TenantRateLimiter
+from gateway.tenancy.renewal import StoreVerdict
 from gateway.tenancy.shared import SharedRates
-from gateway.tenancy.store import StoreVerdict, TenancyStore
+from gateway.tenancy.store import TenancyStore
 
 
 @dataclass(slots=True)
@@ -63,10 +64,12 @@ class Admission:
         self.limiters = {t.name: TenantRateLimiter(t.limits, now) for t in config.tenants
                          if t.limits.any}
         self.active: dict[str, int] = {t.name: 0 for t in config.tenants}
-        self._active_gauges: dict[str, Any] = {}  # tenant -> its child of metrics.active
         # looked up per request: a set, not the tenant's fields each time
         self._controlled = frozenset(t.name for t in config.tenants
                                      if t.limits.any or t.budgets.budgets)
+        if metrics is not None:  # read when scraped, not set twice per request
+            for name in sorted(self._controlled):
+                metrics.active.labels(name).set_function(partial(self.active.__getitem__, name))
         acct = config.accounting
         self.interval_s = acct.interval_s if acct is not None else 1.0
         # a finished request's energy is final this long after its last interval ends
@@ -152,7 +155,6 @@ class Admission:
                     headers=ticket.headers))
             self.active[tenant.name] += 1
             ticket.local_slot = True
-            self._gauge(tenant.name)
             return
         now_wall = store.wall()
         candidates = select_precisions(tenant.precision, override, available) or (
@@ -163,17 +165,17 @@ class Admission:
         # the precisions a downgrade may move to are priced only where one may happen
         rates = {p: store.rates_of(tenant.name, p, prompt_tokens, now_wall) for p in (
             {*tenant.precision.allowed, *candidates} if downgrade else candidates)}
-        cost = {p: estimate(prompt_tokens, output_tokens, r).j for p, r in rates.items()} \
+        cost = {p: estimate(prompt_tokens, output_tokens, r) for p, r in rates.items()} \
             if downgrade or len(candidates) > 1 else {}
-        first = candidates[0] if not cost else max(candidates, key=lambda p: cost[p])
+        first = candidates[0] if not cost else max(candidates, key=lambda p: cost[p].j)
         cheaper: list[str] = []
         if downgrade:  # the dearest it may get first, then the cheaper ones dearest first
             cheaper = sorted((p for p in tenant.precision.allowed
-                              if p in available and cost[p] < cost[first]),
-                             key=lambda p: -cost[p])
+                              if p in available and cost[p].j < cost[first].j),
+                             key=lambda p: -cost[p].j)
         try:
             verdict = await store.admit(tenant, request_id, prompt_tokens, output_tokens, first,
-                                        cheaper, rates)
+                                        cheaper, rates, cost.get(first))
         except LedgerError:
             # Fail closed: without the ledger no replica can tell what the others admitted.
             raise OverloadedError("the budget ledger is unreachable; retry shortly",
@@ -188,7 +190,6 @@ class Admission:
                 now_wall))
         ticket.reserved = True
         self.active[tenant.name] += 1
-        self._gauge(tenant.name)
         if verdict.precision != first:
             ticket.precision = verdict.precision
             ticket.headers["x-wattgate-budget"] = f"downgraded;from={first}"
@@ -233,13 +234,6 @@ class Admission:
             wait_s = max(wait_s, self.interval_s + self.final_after_s)
         return min(max(wait_s, 1.0), period_end_s)
 
-    def _gauge(self, tenant: str) -> None:
-        if self.metrics is not None:
-            gauge = self._active_gauges.get(tenant)
-            if gauge is None:  # labels() hashes and locks each call; twice a request
-                gauge = self._active_gauges[tenant] = self.metrics.active.labels(tenant)
-            gauge.set(self.active[tenant])
-
     def release(self, ticket: Ticket | None, rec: RequestRecord) -> None:
         """The request ended (its record): give back what it held, settle what it used."""
         if ticket is None or ticket.tenant != rec.tenant:
@@ -250,7 +244,6 @@ class Admission:
             self._settle(limiter, ticket, used)
         if ticket.local_slot or ticket.reserved:
             self.active[ticket.tenant] -= 1
-            self._gauge(ticket.tenant)
         if ticket.reserved and self.store is not None:
             ran = bool(rec.engine) and rec.dispatched_s is not None
             last = (math.floor(rec.wall(rec.finished_s) / self.interval_s) if ran else None)

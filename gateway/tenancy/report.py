@@ -16,7 +16,7 @@ from accounting.report import fixed, positional
 from gateway.config import FieldReader
 from gateway.tenancy.budget import Cost, Spend, period_start_hour, spends
 from gateway.tenancy.config import TenantBudgets, parse_budgets
-from gateway.tenancy.store import NEW_REPLICA_S, REPLICA_LIVE_S
+from gateway.tenancy.renewal import NEW_REPLICA_S, REPLICA_LIVE_S
 
 COLUMNS = ("tenant", "period", "unit", "budget", "spent", "held", "remaining", "used_percent")
 

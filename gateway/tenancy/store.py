@@ -16,8 +16,7 @@ when its shares are in `tenant_hours`, written in the same transaction as the sh
 its first share and its finality a request counts twice (reservation and charges): budgets
 err on the side of holding. Reservations nobody settled (a replica killed) expire after
 `reservation_ttl_s`; their open flag counts only while their replica is live. Far from the
-limits, requests are admitted from an allowance reserved ahead instead (allowance.py).
-"""
+limits, requests are admitted from allowances reserved ahead (allowance.py, renewal.py)."""
 
 from __future__ import annotations
 
@@ -26,12 +25,10 @@ import contextlib
 import logging
 import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from accounting.ledger import reservation_schema as reservations
-from accounting.ledger import sql
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from accounting.pricing import Pricing
@@ -47,48 +44,16 @@ from gateway.tenancy.budget import (
     period_start_hour,
     spends,
 )
-from gateway.tenancy.config import TenantControlsConfig
+from gateway.tenancy.config import Budget, TenantControlsConfig
+from gateway.tenancy.learning import RATE_EVERY_S, learn
 from gateway.tenancy.rates import TenantRates
+from gateway.tenancy.renewal import REPLICA_LIVE_S, Ask, StoreVerdict, admission_reads, held_of
+from gateway.tenancy.renewal import renew as renew_allowance
 
 log = logging.getLogger("wattgate.tenancy")
 
-REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
-NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
-RATE_WINDOW_S = 600.0  # a tenant's rates from its bills of the last ten minutes
-RATE_MAX_BILLS = 2000  # at most its latest this many
-# The windows read, narrowest first, until one holds RATE_MAX_BILLS: the read scans every
-# share of its window (all tenants'), so a busy tenant's is a minute's, not ten minutes'.
-# After the first, the narrowest the first one's count says may hold them.
-RATE_WINDOWS_S = (60.0, 240.0, RATE_WINDOW_S)
-RATE_EVERY_S = 10.0  # re-learnt this often (a scan of the window's shares per tenant)
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
-
-
-@dataclass(frozen=True, slots=True)
-class StoreVerdict:
-    allowed: bool
-    reason: str = ""  # "budget" or "concurrency" when refused
-    precision: str = ""  # the precision the estimate fits at
-    cost: Cost = field(default_factory=Cost)
-    standing: tuple[Spend, ...] = ()
-    open_now: int = 0  # the tenant's requests in flight
-    settled_last: int | None = None  # last interval of its finished requests not yet final
-
-
-@dataclass(slots=True)
-class _Ask:
-    """A request waiting for its tenant's next admission transaction."""
-
-    tenant: Tenant
-    request_id: str
-    prompt_tokens: float
-    output_tokens: float
-    first: str
-    cheaper: Sequence[str]
-    rates: Mapping[str, Rates]
-    future: asyncio.Future[StoreVerdict]
-
 
 _NO_RATES = TenantRates()
 
@@ -109,40 +74,50 @@ class TenancyStore:
         # (tenant, request id, settlement; None: drop it), flushed in tenant order
         self._queue: list[tuple[str, str, tuple[Any, ...] | None]] = []
         self._task: asyncio.Task[None] | None = None
-        self._asks: dict[str, list[_Ask]] = {}  # per tenant, waiting for its next transaction
+        self._asks: dict[str, list[Ask]] = {}  # per tenant, waiting for its next transaction
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
         # this store's own among the replica's allowances: a node's workers share its name
         self._holder = secrets.token_hex(4)
         self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
         self._flushing: asyncio.Event | None = None  # set when the flush under way ends
+        self._renewing: dict[str, asyncio.Task[None]] = {}  # per tenant (renewal.py)
+        self._retired: list[Allowance] = []  # renewed, to give back; ids: _next_id
+        self._generation = 0
 
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
         """What a prompt and an output token of `tenant`'s request cost at `precision`."""
-        learnt = self.rates.get(tenant) or _NO_RATES
-        return learnt.rates(precision, prompt_tokens, self.pricing, now_s)
+        return (self.rates.get(tenant) or _NO_RATES).rates(precision, prompt_tokens,
+                                                           self.pricing, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
                     output_tokens: float, first: str, cheaper: Sequence[str],
-                    rates: Mapping[str, Rates] | None = None) -> StoreVerdict:
-        """Decide a request in its tenant's next admission transaction: the requests of one
-        tenant that arrive while one is running are decided together in the next, in order,
-        each against what the ones before it reserved. `rates`: of `first` and `cheaper` at
-        least, as the caller priced them (else priced now)."""
+                    rates: Mapping[str, Rates] | None = None, cost: Cost | None = None
+                    ) -> StoreVerdict:
+        """Decide a request in its tenant's next admission transaction: those of a tenant
+        arriving while one runs are decided together in the next, in order, each against
+        what the ones before it reserved. `rates` (of `first` and `cheaper` at least) and
+        `cost` (at `first`): as the caller priced them, else priced now."""
         if rates is None:
             now = self.wall()
             rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now)
                      for p in (first, *cheaper)}
         allowance = self._allow.get(tenant.name)
         if allowance is not None and tenant.name not in self._asks:  # none waits before it
-            cost = estimate(prompt_tokens, output_tokens, rates[first])
-            if allowance.take(request_id, cost, self.wall()):
+            if cost is None:
+                cost = estimate(prompt_tokens, output_tokens, rates[first])
+            now = self.wall()
+            if allowance.take(request_id, cost, now):
                 self._unwritten.add(request_id)
+                if allowance.due(now) and tenant.name not in self._renewing:
+                    task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
+                    self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
+                    task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
                 return StoreVerdict(True, precision=first, cost=cost)
         loop = asyncio.get_running_loop()
-        ask = _Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
-                   loop.create_future())
+        ask = Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
+                  loop.create_future())
         queue = self._asks.get(tenant.name)
         if queue is None:
             queue = self._asks[tenant.name] = []
@@ -157,7 +132,7 @@ class TenancyStore:
                 self.settle(tenant.name, request_id, None, "", None)
             raise
 
-    async def _drain(self, name: str, queue: list[_Ask]) -> None:
+    async def _drain(self, name: str, queue: list[Ask]) -> None:
         """Decide `name`'s asks a batch per transaction until none waits."""
         try:
             while queue:
@@ -177,17 +152,19 @@ class TenancyStore:
             if self._asks.get(name) is queue:  # not one a stop cleared (or its successor)
                 del self._asks[name], self._drains[name]
 
-    async def _decide(self, name: str, asks: list[_Ask]) -> None:
-        while self._flushing is not None:  # it may be moving this tenant's allowance rows
-            await self._flushing.wait()
-        # This replica's allowance goes back first, in the same transaction: the decisions
-        # are made against what its requests really hold, and a new one may be taken after.
+    async def _decide(self, name: str, asks: list[Ask]) -> None:
+        while self._flushing is not None or name in self._renewing:  # each may move its rows
+            await (self._flushing.wait() if self._flushing is not None
+                   else asyncio.wait([self._renewing[name]]))
+        # This replica's allowances (current and retired) go back first, in the same
+        # transaction: decided against what its requests hold, a new one may be taken after.
         old = self._allow.pop(name, None)
-        pending = old.pending if old is not None else []
-        before = old.give_back() if old is not None else []
-        now = self.wall()
-        since = min((period_start_hour(b.period, now) for a in asks
-                     for b in a.tenant.budgets.budgets), default=0)
+        retired = [a for a in self._retired if a.tenant == name]
+        self._retired = [a for a in self._retired if a.tenant != name]
+        back = [*retired, *([old] if old is not None else [])]
+        pendings = [a.pending for a in back]
+        before = [q for a in back for q in a.give_back()]
+        now, new_id = self.wall(), self._next_id(name)  # not on the ledger's thread (decide)
         verdicts: list[StoreVerdict] = []
         taken: list[Allowance] = []
 
@@ -195,8 +172,8 @@ class TenancyStore:
             verdicts.clear()
             taken.clear()
             rows = rows[len(before):]
-            energy, carbon, cost, open_n, last = rows[3][0]
-            held, open_now = Cost(float(energy), float(carbon), float(cost)), int(open_n)
+            held, open_now = held_of(rows[3][0])
+            last = rows[3][0][4]
             settled_last = None if last is None else int(last)
             inserts: list[tuple[Any, ...]] = []
             for a in asks:
@@ -227,19 +204,23 @@ class TenancyStore:
                          last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
                          self.replicas)
                 if n:
-                    new = Allowance(name, allowance_id(name, self.replica, self._holder), self.replica,
+                    new = Allowance(name, new_id, self.replica,
                                     last_verdict.cost.times(n), n,
-                                    last_ask.tenant.limits.max_concurrent is not None, now)
+                                    last_ask.tenant.limits.max_concurrent is not None, now,
+                                    each=last_verdict.cost, n=n)
                     taken.append(new)
                     out.append((reservations.UPSERT_ALLOWANCE, [new.row()]))
             return out
 
         try:
-            await self.ledger.locked(lock_key(name), [
-                *before, *self._purge_and_read(name, now, since)], decide)
+            budgets = [b for a in asks for b in a.tenant.budgets.budgets]
+            await self.ledger.locked(lock_key(name), [*before, *self._reads(name, now, budgets)],
+                                     decide)
         except BaseException as exc:  # each waiting request gets the ledger's error
-            if old is not None:  # nothing was written: it holds its requests still
-                old.pending[:0] = pending
+            for gone, pending in zip(back, pendings, strict=True):  # nothing was written:
+                gone.pending[:0] = pending  # they hold their requests still
+            self._retired += retired
+            if old is not None:
                 self._allow.setdefault(name, old)
             failed = exc if isinstance(exc, LedgerError) else LedgerError(f"admission: {exc!r}")
             for a in asks:
@@ -248,7 +229,7 @@ class TenancyStore:
             if isinstance(exc, LedgerError):
                 return
             raise
-        self._unwritten.difference_update(rid for rid, _, _ in pending)
+        self._unwritten.difference_update(rid for p in pendings for rid, _, _ in p)
         if taken:
             self._allow[name] = taken[0]
         for a, verdict in zip(asks, verdicts, strict=True):
@@ -256,6 +237,41 @@ class TenancyStore:
                 a.future.set_result(verdict)
             elif verdict.allowed:  # its request went away while it was decided
                 self.settle(name, a.request_id, None, "", None)
+
+    def _next_id(self, tenant: str) -> str:
+        self._generation += 1
+        return allowance_id(tenant, self.replica, self._holder, self._generation)
+
+    async def _renew(self, tenant: Tenant, old: Allowance) -> None:
+        """Renew `old` in the background (renewal.py); it admits until its successor is in
+        the ledger, then is retired. Without room for one, or if the ledger fails, it is not
+        renewed again: it runs out and the next request waits for a transaction."""
+        name = tenant.name
+        try:
+            while self._flushing is not None:  # it may be moving rows of `old`
+                await self._flushing.wait()
+            if self._allow.get(name) is not old:  # given back meanwhile
+                return
+            now = self.wall()
+            pending, old.pending = old.pending, []
+            try:
+                reads = self._reads(name, now, tenant.budgets.budgets)
+                new = await renew_allowance(self.ledger, tenant, old, pending,
+                                            self._next_id(name), reads, self.replicas, now)
+            except BaseException:  # nothing was written: it holds its requests still
+                old.pending[:0] = pending
+                old.renewable = False
+                raise
+            self._unwritten.difference_update(rid for rid, _, _ in pending)
+            if new is None:
+                old.renewable = False
+            elif self._allow.get(name) is old:
+                self._allow[name] = new
+                self._retired.append(old)
+            else:  # given back meanwhile: the successor goes back at the next flush too
+                self._retired.append(new)
+        except LedgerError as exc:
+            log.warning("tenant controls: renewing the allowance of %s: %s", name, exc)
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
@@ -275,11 +291,13 @@ class TenancyStore:
         PostgreSQL then aborts one of the two (the flush is retried, the admission's requests
         answered 503).
 
-        First the rows of the requests admitted from allowances are written and taken out
-        of them, and allowances LIFE_S old (all, with `give_back`) are given back; a request
-        whose row an admission transaction under way writes is settled by a later flush."""
+        First the rows admitted from allowances are written and taken out of them, retired
+        ones and those LIFE_S old (all: `give_back`) go back, one being renewed is left to
+        its renewal; a request whose row a transaction under way writes settles later."""
         settled = {rid: row for _, rid, row in self._queue if rid in self._unwritten}
-        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled)
+        retired, self._retired = self._retired, []
+        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled,
+                                         self._renewing, retired)
         written = {rid for _, pending, _ in moved for rid, _, _ in pending}
         unwritten = self._unwritten - written
         # their rows written settled above; waiting for a transaction under way to write them
@@ -300,7 +318,9 @@ class TenancyStore:
             self._queue[:0] = queue + merged
             for a, pending, gone in moved:  # nothing was written: they hold their requests
                 a.pending[:0] = pending
-                if gone:
+                if any(a is r for r in retired):
+                    self._retired.append(a)
+                elif gone:
                     self._allow.setdefault(a.tenant, a)
             raise
         finally:
@@ -312,29 +332,21 @@ class TenancyStore:
         """A budgeted tenant's spend per budget, as its next admission would see it (after
         the same purge, in the same locked transaction; nothing reserved)."""
         now = self.wall()
-        name = tenant.name
         budgets = tenant.budgets.budgets
-        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
         out: list[Spend] = []
 
         def read(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
-            energy, carbon, cost = rows[3][0][:3]
-            out[:] = spends(budgets, rows[2], Cost(float(energy), float(carbon), float(cost)),
-                            now)
+            out[:] = spends(budgets, rows[2], held_of(rows[3][0])[0], now)
             return ()
 
-        await self.ledger.locked(lock_key(name), self._purge_and_read(name, now, since), read)
+        reads = self._reads(tenant.name, now, budgets)
+        await self.ledger.locked(lock_key(tenant.name), reads, read)
         return out
 
-    def _purge_and_read(self, name: str, now: float, since: int) -> list[Query]:
-        """An admission's queries: purge what no longer holds, then read the tenant's hours
-        since `since` and what its reservations hold."""
-        return [
-            (reservations.PURGE_FINAL, (name,)),
-            (reservations.PURGE_EXPIRED, (name, now - self.cfg.reservation_ttl_s)),
-            (sql.SELECT_TENANT_HOURS, (name, since)),
-            (reservations.SELECT_HELD_TOTALS, (now - REPLICA_LIVE_S, now - NEW_REPLICA_S, name)),
-        ]
+    def _reads(self, name: str, now: float, budgets: Iterable[Budget]) -> list[Query]:
+        """An admission's purge and reads: hours since the longest of `budgets` began."""
+        since = min((period_start_hour(b.period, now) for b in budgets), default=0)
+        return admission_reads(name, now, since, self.cfg.reservation_ttl_s)
 
     async def refresh(self) -> None:
         """Live replicas (this one at least), and each budgeted tenant's rates from its own
@@ -344,21 +356,8 @@ class TenancyStore:
         if now - self._rates_at < RATE_EVERY_S:
             return
         self._rates_at = now
-        rates: dict[str, TenantRates] = {}
-        for tenant in self.budgeted:
-            # requests that arrived in the window, with every share of theirs in it
-            first_s = RATE_WINDOWS_S[0]
-            rows = await self.ledger.tenant_bills(tenant, now - first_s, self.interval_s,
-                                                  RATE_MAX_BILLS)
-            if len(rows) < RATE_MAX_BILLS:
-                need_s = first_s * RATE_MAX_BILLS / max(len(rows), 1)
-                window_s = next((w for w in RATE_WINDOWS_S[1:] if w >= need_s),
-                                RATE_WINDOWS_S[-1])
-                rows = await self.ledger.tenant_bills(tenant, now - window_s, self.interval_s,
-                                                      RATE_MAX_BILLS)
-            # milliseconds of Python for a busy tenant's bills: not on the event loop
-            rates[tenant] = await asyncio.to_thread(TenantRates.from_rows, rows)
-        self.rates = rates
+        self.rates = {tenant: await learn(self.ledger, tenant, now, self.interval_s)
+                      for tenant in self.budgeted}
 
     async def run(self, on_refresh: Callable[[], Any]) -> None:
         """Settle every SETTLE_EVERY_S, refresh every refresh_s, until cancelled."""
@@ -386,6 +385,9 @@ class TenancyStore:
         self._task = None
         for task in list(self._drains.values()):
             await cancel_and_wait(task)
+        # renewals, like a flush, are let finish: each is one transaction
+        while self._renewing:
+            await asyncio.wait(list(self._renewing.values()))
         # a drain cancelled before its first step never ran its own clean-up
         for queue in self._asks.values():
             for ask in queue:

@@ -19,7 +19,8 @@ from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
 from gateway.tenancy.budget import Cost
-from gateway.tenancy.store import NEW_REPLICA_S, REPLICA_LIVE_S, TenancyStore
+from gateway.tenancy.renewal import NEW_REPLICA_S, REPLICA_LIVE_S
+from gateway.tenancy.store import TenancyStore
 from tests.support.gateway import raw_config
 
 SqlLedger = SqliteLedger | PostgresLedger

@@ -15,7 +15,7 @@ from accounting.ledger.base import LedgerError
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
-from gateway.tenancy import store as store_module
+from gateway.tenancy import learning
 from gateway.tenancy.store import TenancyStore
 from tests.support.gateway import raw_config
 
@@ -205,7 +205,7 @@ async def test_rates_read_the_narrowest_window_that_holds_enough_bills(
     store.budgeted = ("tenant-a",)
     await store.refresh()
     assert ledger.windows == pytest.approx(windows)
-    assert store_module.RATE_WINDOWS_S[-1] == store_module.RATE_WINDOW_S
+    assert learning.RATE_WINDOWS_S[-1] == learning.RATE_WINDOW_S
 
 
 async def test_a_tenants_bills_are_read_while_a_write_holds_the_ledger(tmp_path: Path) -> None:

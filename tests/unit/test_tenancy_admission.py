@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from accounting.ledger.base import LedgerError
 from accounting.pricing import Pricing
@@ -14,6 +15,7 @@ from gateway.config import parse_config
 from gateway.requests import asked_tokens, prompt_estimate
 from gateway.tenancy.admission import Admission
 from gateway.tenancy.errors import TenantLimitError
+from gateway.tenancy.metrics import TenancyMetrics
 from gateway.tenancy.store import TenancyStore
 from tests.support.gateway import raw_config
 
@@ -81,3 +83,23 @@ def test_budget_downgrade_pinned_and_max_model_len_are_checked_at_load() -> None
     raw["models"][0]["max_model_len"] = 0
     with pytest.raises(ConfigError, match="max_model_len"):
         parse_config(raw, env={})
+
+
+async def test_the_active_gauge_reads_the_requests_in_flight_when_scraped() -> None:
+    """`wattgate_tenant_requests_active` is read from the admission's count at each scrape
+    (nothing set per request), for the tenants with controls only."""
+    raw = raw_config(EP)
+    raw["tenants"][0]["limits"] = {"max_concurrent": 5}
+    cfg = parse_config(raw, env={})
+    registry = CollectorRegistry()
+    admission = Admission(cfg, TenancyMetrics(registry), clock=lambda: 0.0)
+
+    def active(tenant: str) -> float | None:
+        return registry.get_sample_value("wattgate_tenant_requests_active", {"tenant": tenant})
+
+    assert active("tenant-a") == 0 and active("tenant-b") is None
+    for rid in ("a", "b"):
+        await admission.admit(cfg.tenants[0], rid, "m", 1, 4, None, {"bf16"})
+    assert active("tenant-a") == 2
+    admission.active["tenant-a"] -= 1  # as a release does
+    assert active("tenant-a") == 1
