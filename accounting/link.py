@@ -327,29 +327,29 @@ class RecordLink:
             return
         sock = self._sock
         assert sock is not None and self._loop is not None
+        n = self._write(sock, data)
+        if n is not None and n < len(data):
+            self._out += memoryview(data)[n:]
+            self._loop.add_writer(sock.fileno(), self._flush_out)
+
+    def _write(self, sock: socket.socket, data: bytes | bytearray) -> int | None:
+        """What the socket took of `data` now (0 when full); None where it failed (then
+        the link has let go of it)."""
         try:
-            n = sock.send(data)
+            return sock.send(data)
         except (BlockingIOError, InterruptedError):
-            n = 0
+            return 0
         except OSError as exc:
             log.warning("accounting child's record socket failed: %s", exc)
             self.detach()
-            return
-        if n < len(data):
-            self._out += memoryview(data)[n:]
-            self._loop.add_writer(sock.fileno(), self._flush_out)
+            return None
 
     def _flush_out(self) -> None:
         sock = self._sock
         if sock is None or not self._out:
             return
-        try:
-            n = sock.send(self._out)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError as exc:
-            log.warning("accounting child's record socket failed: %s", exc)
-            self.detach()
+        n = self._write(sock, self._out)
+        if n is None:
             return
         del self._out[:n]
         assert self._loop is not None
