@@ -35,15 +35,7 @@ from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
 from gateway.tenancy.allowance import Allowance, allowance_id, flush_allowances, size
-from gateway.tenancy.budget import (
-    Cost,
-    Rates,
-    Spend,
-    choose_precision,
-    estimate,
-    period_start_hour,
-    spends,
-)
+from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, estimate, period_start_hour, spends
 from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
 from gateway.tenancy.rates import TenantRates
@@ -54,6 +46,7 @@ log = logging.getLogger("wattgate.tenancy")
 
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
+STOP_WAIT_S = 5.0  # how long a stop waits for the admission transactions under way
 
 _NO_RATES = TenantRates()
 
@@ -74,6 +67,7 @@ class TenancyStore:
         # (tenant, request id, settlement; None: drop it), flushed in tenant order
         self._queue: list[tuple[str, str, tuple[Any, ...] | None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._asks: dict[str, list[Ask]] = {}  # per tenant, waiting for its next transaction
         self._drains: dict[str, asyncio.Task[None]] = {}
         self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
@@ -99,6 +93,8 @@ class TenancyStore:
         arriving while one runs are decided together in the next, in order, each against
         what the ones before it reserved. `rates` (of `first` and `cheaper` at least) and
         `cost` (at `first`): as the caller priced them, else priced now."""
+        if self._stopping:  # nothing may take room that stop's give-back would not return
+            raise LedgerError("admission stopped")
         if rates is None:
             now = self.wall()
             rates = {p: self.rates_of(tenant.name, p, prompt_tokens, now)
@@ -134,6 +130,7 @@ class TenancyStore:
 
     async def _drain(self, name: str, queue: list[Ask]) -> None:
         """Decide `name`'s asks a batch per transaction until none waits."""
+        batch: list[Ask] = []
         try:
             while queue:
                 batch = [a for a in queue[:MAX_BATCH] if not a.future.done()]
@@ -143,7 +140,7 @@ class TenancyStore:
         except BaseException as exc:  # stopped (cancelled) or a fault: nobody waits for ever
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("tenant controls: admission of %s failed", name)
-            for ask in queue:
+            for ask in (*batch, *queue):  # the batch too: cancelled before its transaction
                 if not ask.future.done():
                     ask.future.set_exception(LedgerError("admission stopped"))
             if isinstance(exc, asyncio.CancelledError):
@@ -374,18 +371,22 @@ class TenancyStore:
             await asyncio.sleep(SETTLE_EVERY_S)
 
     def start(self, on_refresh: Callable[[], Any]) -> None:
+        self._stopping = False
         self._task = asyncio.get_running_loop().create_task(self.run(on_refresh))
 
     async def stop(self) -> None:
-        # A flush under way is let finish: cancelled, its write may commit or not, and what
-        # it moved out of the allowances would be held until it expires either way.
+        # A flush, an admission's transaction and a renewal under way are let finish (the
+        # admissions within STOP_WAIT_S): cancelled, a write may commit all the same, and
+        # what it took or moved out of the allowances would be held until it expires.
+        self._stopping = True
         while self._flushing is not None:
             await self._flushing.wait()
         await cancel_and_wait(self._task)
         self._task = None
+        if self._drains:
+            await asyncio.wait(list(self._drains.values()), timeout=STOP_WAIT_S)
         for task in list(self._drains.values()):
             await cancel_and_wait(task)
-        # renewals, like a flush, are let finish: each is one transaction
         while self._renewing:
             await asyncio.wait(list(self._renewing.values()))
         # a drain cancelled before its first step never ran its own clean-up

@@ -144,3 +144,28 @@ async def test_a_renewal_cancelled_before_it_ran_leaves_nothing_to_wait_for(
         await asyncio.wait_for(store.stop(), 5)
         assert not store._renewing and gated.transactions == 1
         await _exactly(ledger, store, ["q0", "q1"])
+
+
+async def test_a_stop_lets_admissions_under_way_finish_and_refuses_new_ones(
+        tmp_path: Path) -> None:
+    """An admission waiting for a renewal's transaction when the store stops gets its answer;
+    one arriving during the stop is refused; no allowance outlives the stop's give-back."""
+    async with _opened(tmp_path) as ledger:
+        gated, store, tenant, clock = _setup(ledger)
+        assert (await store.admit(tenant, "q0", 100, 100, "bf16", ())).allowed
+        gated.gate.clear()  # the renewal's transaction waits
+        clock[0] += LIFE_S * (1.0 - RENEW_SHARE)
+        await _admit(store, tenant, "q1")  # starts the renewal
+        await asyncio.sleep(0)
+        clock[0] += LIFE_S  # the allowance takes no more: q2 waits for a transaction
+        waiting = asyncio.ensure_future(store.admit(tenant, "q2", 100, 100, "bf16", ()))
+        await asyncio.sleep(0.01)
+        stopping = asyncio.ensure_future(store.stop())
+        await asyncio.sleep(0.01)
+        with pytest.raises(LedgerError, match="stopped"):
+            await store.admit(tenant, "q3", 100, 100, "bf16", ())
+        gated.gate.set()
+        await asyncio.wait_for(stopping, 10)
+        assert (await asyncio.wait_for(waiting, 1)).allowed
+        rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY 1", ())
+        assert [r[0] for r in rows] == ["q0", "q1", "q2"]
