@@ -267,8 +267,9 @@ class TenancyStore:
                 self._retired.append(old)
             else:  # given back meanwhile: the successor goes back at the next flush too
                 self._retired.append(new)
-        except LedgerError as exc:
-            log.warning("tenant controls: renewing the allowance of %s: %s", name, exc)
+        except Exception as exc:  # logged here: nobody awaits a renewal (a fault: its trace too)
+            log.warning("tenant controls: renewing the allowance of %s: %s", name, exc,
+                        exc_info=not isinstance(exc, LedgerError))
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
@@ -375,9 +376,8 @@ class TenancyStore:
         self._task = asyncio.get_running_loop().create_task(self.run(on_refresh))
 
     async def stop(self) -> None:
-        # A flush, an admission's transaction and a renewal under way are let finish (the
-        # admissions within STOP_WAIT_S): cancelled, a write may commit all the same, and
-        # what it took or moved out of the allowances would be held until it expires.
+        # Flushes, admissions (up to STOP_WAIT_S) and renewals under way are let finish: a
+        # cancelled write may commit all the same, and what it took would be held until expiry.
         self._stopping = True
         while self._flushing is not None:
             await self._flushing.wait()
