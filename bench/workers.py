@@ -2,6 +2,7 @@
 
     python -m bench.workers            # 3 interleaved runs per cell, ~9 min
     python -m bench.workers --quick    # 1 short run per cell
+    python -m bench.workers --cells 1/nonstream/1 0,1/stream16/16 --runs 5  # some cells, no files
 
 The fast engine (bench/overhead/fast_engine.c, one process on four ports) and the load client
 (wrk) run on core 0, as in bench/gateway_overhead.py. The node (its parent, its workers and
@@ -105,18 +106,41 @@ def child_restarts(target: Target) -> float:
                if line.startswith("wattgate_apportioner_restarts_total"))
 
 
+Cell = tuple[str, str, int]  # the node's cores, mode, connections
+
+
+def all_cells() -> list[Cell]:
+    return list(itertools.product(LAYOUTS, MODES, CONNECTIONS))
+
+
+def parse_cells(texts: list[str]) -> list[Cell]:
+    """Cells written `cores/mode/connections` (cores as in LAYOUTS), in all_cells()' order."""
+    wanted = set()
+    for part in texts:
+        try:
+            cores, mode, conns = part.strip().split("/")
+            cell = (cores, mode, int(conns))
+        except ValueError:
+            raise SystemExit(f"--cells: {part!r} is not cores/mode/connections") from None
+        if cell not in all_cells():
+            raise SystemExit(f"--cells: {part!r} is none of "
+                             f"{', '.join('/'.join(map(str, c)) for c in all_cells())}")
+        wanted.add(cell)
+    return [c for c in all_cells() if c in wanted]
+
+
 def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     fleet = Fleet(workdir)
     cells: list[dict[str, Any]] = []
+    layouts = sorted({c[0] for c in args.cells}, key=LAYOUTS.index)
     try:
         engine_urls = start_engine(fleet, build_engine(workdir))
         engine_pids = process_tree(fleet.procs[0].pid)
         nodes = {(cores, w): start_node(fleet, engine_urls, cores, w)
-                 for cores in LAYOUTS for w in WORKERS}
+                 for cores in layouts for w in WORKERS}
         for target in nodes.values():  # warm-up: connections, learnt models, first intervals
             run_wrk(target.url, "nonstream", 16, args.warmup, target.cpu_pids, engine_pids)
-        for run, cores, mode, conns in itertools.product(range(args.runs), LAYOUTS, MODES,
-                                                         CONNECTIONS):
+        for run, (cores, mode, conns) in itertools.product(range(args.runs), args.cells):
             for w in WORKERS:
                 target = nodes[cores, w]
                 child, root = accounting_child(target), target.cpu_pids()[:1]
@@ -148,7 +172,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         restarts = {f"{c}/{w}": child_restarts(t) for (c, w), t in nodes.items()}
     finally:
         fleet.stop_all()
-    return {"meta": meta(args), "cells": cells, "summary": summary(cells),
+    return {"meta": meta(args), "cells": cells, "summary": summary(cells, args.cells),
             "requests_per_worker": {str(w): s for w, s in spread.items()},
             "child_restarts": {str(w): n for w, n in restarts.items()}}
 
@@ -158,9 +182,9 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-def summary(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary(cells: list[dict[str, Any]], which: list[Cell]) -> list[dict[str, Any]]:
     out = []
-    for cores, mode, conns in itertools.product(LAYOUTS, MODES, CONNECTIONS):
+    for cores, mode, conns in which:
         row: dict[str, Any] = {"cores": cores, "mode": mode, "connections": conns}
         for w in WORKERS:
             mine = [c for c in cells if c["mode"] == mode and c["workers"] == w
@@ -248,9 +272,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--settle", type=float, default=2.0)
     p.add_argument("--quick", action="store_true", help="1 run of 3 s per cell, no files")
+    p.add_argument("--cells", nargs="+", metavar="CORES/MODE/CONNECTIONS",
+                   help="only these cells, e.g. 1/nonstream/1 0,1/stream16/16 (no files)")
     args = p.parse_args(argv)
     if args.quick:
         args.runs, args.duration, args.warmup = 1, 3.0, 1.0
+    args.partial = args.cells is not None
+    args.cells = parse_cells(args.cells) if args.partial else all_cells()
     return args
 
 
@@ -261,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         result = bench(args, Path(tmp))
     result["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
     print(markdown(result))
-    if not args.quick:
+    if not args.quick and not args.partial:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "workers.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
         (RESULTS / "workers.md").write_text(markdown(result))
