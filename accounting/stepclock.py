@@ -54,9 +54,11 @@ def clocked_weights(weights: Sequence[float], own: Sequence[float], start: Seque
              and own[i] > 0.0 and res[i] > 0.0]
     if not heads:
         return None
+    reading = _union([(a, b) for a, b, _ in heads])
+    starts = [a for a, _ in reading]
     chosen = [i for i in range(len(spans))
               if decode[i] > 0.0 and own[i] > 0.0 and res[i] > 0.0 and head_s[i] <= 0.0
-              and any(a < spans[i][1] and spans[i][0] < b for a, b, _ in heads)]
+              and _meets(reading, starts, *spans[i])]
     if not chosen:
         return None
     stepping = [spans[i] for i in range(len(spans)) if own[i] > 0.0 and res[i] > 0.0]
@@ -78,6 +80,26 @@ def _span(lo: float, r: float, interval_s: float) -> tuple[float, float]:
     return lo, lo + r
 
 
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of spans, as disjoint spans in order."""
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _meets(union: list[tuple[float, float]], starts: list[float], lo: float,
+           hi: float) -> bool:
+    """Whether (lo, hi) overlaps the union (disjoint spans in order, `starts` their starts):
+    the last span starting before hi reaches furthest of those."""
+    k = bisect_left(starts, hi) - 1
+    return k >= 0 and union[k][1] > lo
+
+
 def _integrals(stepping: Sequence[tuple[float, float]],
                heads: Sequence[tuple[float, float, float]], step_s: float
                ) -> tuple[list[float], list[float], list[float]]:
@@ -86,19 +108,31 @@ def _integrals(stepping: Sequence[tuple[float, float]],
     bounds = sorted({x for s in stepping for x in s} | {x for h in heads for x in h[:2]})
     los = sorted(lo for lo, _ in stepping)
     his = sorted(hi for _, hi in stepping)
+    by_lo = sorted(range(len(heads)), key=lambda h: heads[h][0])
+    by_hi = sorted(range(len(heads)), key=lambda h: heads[h][1])
     fast = 1.0 / step_s
     per_n = [0.0]
     clock = [0.0]
-    i = j = 0
+    active: dict[int, float] = {}  # the prefill heads covering the segment, with their rates
+    clk = fast
+    i = j = a = b = 0
     for x0, x1 in pairwise(bounds):
         while i < len(los) and los[i] <= x0:
             i += 1
         while j < len(his) and his[j] <= x0:
             j += 1
         n = i - j  # spans begun by x0 and not ended: those covering (x0, x1)
-        mid = (x0 + x1) / 2.0
-        rates = [rate for lo, hi, rate in heads if lo <= mid < hi]
-        clk = min(math.fsum(rates), fast) if rates else fast
+        changed = False
+        while a < len(by_lo) and heads[by_lo[a]][0] <= x0:
+            active[by_lo[a]] = heads[by_lo[a]][2]
+            a += 1
+            changed = True
+        while b < len(by_hi) and heads[by_hi[b]][1] <= x0:
+            del active[by_hi[b]]
+            b += 1
+            changed = True
+        if changed:  # fsum over the set: the same sum whatever the rows' order
+            clk = min(math.fsum(active.values()), fast) if active else fast
         dx = x1 - x0
         per_n.append(per_n[-1] + (clk * dx / n if n else 0.0))
         clock.append(clock[-1] + clk * dx)
