@@ -58,6 +58,7 @@ def clocked_weights(weights: Sequence[float], own: Sequence[float], start: Seque
     starts = [a for a, _ in reading]
     chosen = [i for i in range(len(spans))
               if decode[i] > 0.0 and own[i] > 0.0 and res[i] > 0.0 and head_s[i] <= 0.0
+              and head_decode[i] == 0.0
               and _meets(reading, starts, *spans[i])]
     if not chosen:
         return None

@@ -47,21 +47,24 @@ def test_a_decoder_beside_a_prompt_reading_is_billed_as_its_steps_came() -> None
 
 def test_only_decoders_without_a_head_that_meet_a_prompt_reading_are_reweighed() -> None:
     """No prefill head: nothing changes; a decoder that ended before the reading, or with a
-    head of its own (its events placed it), keeps the plain integral of 1/batch."""
+    head of its own (its events placed its tokens: a cut, or one pace over its whole span),
+    keeps the plain integral of 1/batch."""
     rows = [WorkRow("before", 0, 0.0, 10.0, 0.09, 0.0), LONG,
             WorkRow("headed", 0, 0.0, 20.0, 0.3, 0.0, 0.0, 0.1, 5.0),
-            WorkRow("beside", 0, 0.0, 20.0, 0.3, 0.0)]
+            WorkRow("beside", 0, 0.0, 20.0, 0.3, 0.0),
+            WorkRow("seen", 0, 0.0, 20.0, 0.3, 0.0, 0.0, 0.3, 20.0)]  # events of one pace
+    rows = [rows[0], rows[1], rows[2], rows[4], rows[3]]
     cols = list(zip(*rows, strict=True))
-    plain = 0.09 / 3 + 0.01 / 2 + 0.2 / 3  # the integral of 1/batch over 0.0-0.3 s
-    weights = [0.09 / 3, 0.2 / 3, plain, plain]
-    got = clocked_weights(weights, [1.0] * 4, cols[5], cols[4], cols[2], cols[3], cols[7],
+    plain = 0.09 / 4 + 0.01 / 3 + 0.2 / 4  # the integral of 1/batch over 0.0-0.3 s
+    weights = [0.09 / 4, 0.2 / 4, plain, plain, plain]
+    got = clocked_weights(weights, [1.0] * 5, cols[5], cols[4], cols[2], cols[3], cols[7],
                           cols[8], 1.0, STEP_S)
     assert got is not None
-    assert got[:3] == weights[:3]
-    # 1/batch over 0-0.09, 0.09-0.1, 0.1-0.2 (the reading) and 0.2-0.3 s: 3, 2, 3, 3 rows
-    clock = (0.09 * 200 / 3 + 0.01 * 200 / 2 + 0.1 * 10 / 3 + 0.1 * 200 / 3, 41.0)
-    assert got[3] == pytest.approx(0.3 * clock[0] / clock[1]) and got[3] > plain
-    assert clocked_weights(weights, [1.0] * 4, cols[5], cols[4], [0.0] * 4, cols[3], cols[7],
+    assert got[:4] == weights[:4]
+    # 1/batch over 0-0.09, 0.09-0.1, 0.1-0.2 (the reading) and 0.2-0.3 s: 4, 3, 4, 4 rows
+    clock = (0.09 * 200 / 4 + 0.01 * 200 / 3 + 0.1 * 10 / 4 + 0.1 * 200 / 4, 41.0)
+    assert got[4] == pytest.approx(0.3 * clock[0] / clock[1]) and got[4] > plain
+    assert clocked_weights(weights, [1.0] * 5, cols[5], cols[4], [0.0] * 5, cols[3], cols[7],
                            cols[8], 1.0, STEP_S) is None  # no prompt: no reading
 
 
