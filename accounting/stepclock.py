@@ -1,4 +1,4 @@
-"""Where a decode of even pace spent its steps: the engine's step clock (pure).
+"""Where a decode without token events spent its steps: the engine's step clock (pure).
 
 The apportioner counts the steps a decoder was in as its tokens times the mean of 1/batch
 over its span, which takes its tokens to have come evenly in time. They come one per engine
@@ -11,8 +11,9 @@ that decoded alone for 50 ms before a 1,000- and a 3,000-token prompt joined it,
 its steps alone; weighed evenly over its span they were counted as if mostly shared.
 
 So where the interval holds a prefill head (a row's prompt reading of SPLIT_S or more,
-accounting/heads.py), a decoder row with no head of its own (no token events, or events of
-an even pace) weighs 1/batch by the engine's step rate over its span:
+accounting/heads.py), a decoder row with no head (a request without token events: its
+decode spread over its span by assumption) weighs 1/batch by the engine's step rate over its
+span:
 
     w = r * integral(clock / n) / integral(clock)   over its span of r seconds,
 
@@ -20,7 +21,11 @@ clock(t) = 1 / step_s outside the prefill heads, and inside them the heads' chun
 second (each head's chunks / its seconds, summed over the heads at t, at most 1 / step_s);
 n(t) the rows with token work resident at t (the apportioner's batch). Where no prefill
 head meets its span the clock is even and w is the plain integral of 1/n; such rows are left
-as they are, bit for bit.
+as they are, bit for bit. So is a streamed row (a head of its own: a cut, or its whole span
+where its events show one pace): its events placed its tokens, and a prefill head placed by
+a learnt rate must not overrule them (applied to them, the clock moved the steps' fixed
+energy off 8,000-30,000-token prompts onto decoders whose events showed no stall, and
+bench.accounting_truth billed those prompts 23-25 % under at p95, against 12-15 %).
 """
 
 from __future__ import annotations
