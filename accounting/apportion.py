@@ -50,6 +50,7 @@ from typing import NamedTuple
 from accounting.coefficients import Coefficients
 from accounting.heads import SPLIT_S
 from accounting.prefill import CHUNK_TOKENS
+from accounting.stepclock import clocked_weights
 from accounting.work import Work, WorkColumns
 
 
@@ -242,6 +243,12 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         split = any(0.0 < f < r for f, r in zip(hs, res, strict=True))
         heads = [f if 0.0 < f < r else 0.0 for f, r in zip(hs, res, strict=True)] if split else None
         weights_d, head_w = _stepping_weights(own, start, res, interval_s, heads)
+        # A decoder of even pace beside a prompt's reading ran one step in all that reading
+        # (accounting/stepclock.py): its 1/batch weighed by the engine's step rate.
+        clocked = clocked_weights(weights_d, own, start, res, pre, dec, hs, cols.head_decode,
+                                  interval_s, step_s) if step_s > 0.0 else None
+        if clocked is not None:
+            weights_d = clocked
         chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
         part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
                 for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]

@@ -22,7 +22,11 @@ So a row's span is cut once, into a head and a tail, each weighed over its own t
   A cut where the pace does not change leaves the steps as they were (both parts weigh the
   same tokens per second).
 
-A row carries the head as `head_s` (seconds from its span's start) and `head_decode`.
+A row carries the head as `head_s` (seconds from its span's start) and `head_decode`. A
+decoding row whose events show one pace (or are too few to tell two apart) carries its whole
+span as its head, with all its decode tokens: it weighs as a row without a head does, and
+says that its tokens' times were seen, which the step clock (accounting/stepclock.py) leaves
+alone; a row without token events (non-streamed) has no head.
 """
 
 from __future__ import annotations
@@ -84,7 +88,8 @@ except ImportError:  # pragma: no cover - a build without a C compiler
 def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: Sequence[int],
                off: float, interval_s: float, per_event: float, first: float) -> list[Work]:
     """`rows` (each ending with its prefill seconds) with `head_decode` appended: 0 where the
-    head is the prefill or the pace is even; where it changes, the cut as `head_s`."""
+    head is the prefill (or a row without token events); where the pace changes, the cut as
+    `head_s`; where it does not, the whole span, holding all the row's decode."""
     if not times or per_event <= 0.0:
         return [(*r, 0.0) for r in rows]
     cum = None if len(events) == sum(events) else _accumulate(events)
@@ -92,15 +97,18 @@ def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: S
     out: list[Work] = []
     for r in rows:
         res, pf, d = r[4], r[7], r[3]
-        if d <= 0.0 or pf >= SPLIT_S or res < 2.0 * SPLIT_S:
+        if d <= 0.0 or pf >= SPLIT_S or res <= 0.0:
             out.append((*r, 0.0))
             continue
         s = r[1] * interval_s + r[5]
         e = s + res
-        got = split(times, cum, off, s, e)
+        got = split(times, cum, off, s, e) if res >= 2.0 * SPLIT_S else None
         if got is None or got[2] < MIN_SHIFT_EVENTS or got[1] - s < SPLIT_S \
                 or e - got[1] < SPLIT_S:
-            out.append((*r, 0.0))
+            # its events show one pace (or too few to tell another): a head of the whole
+            # span with all its decode, which weighs as none does, and tells the step clock
+            # (accounting/stepclock.py) that the tokens' times were seen, not assumed
+            out.append((r[0], r[1], r[2], d, res, r[5], r[6], res, d))
             continue
         dh = got[0] * per_event - (first if t_first >= s else 0.0)
         dh = min(max(dh, 0.0), d)

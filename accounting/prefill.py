@@ -96,8 +96,34 @@ def length_class(prompt_tokens: float) -> int:
     return max(int(prompt_tokens).bit_length() - 1, 0)
 
 
+# The longest length class whose prompts are read in one step (4,096-8,191 tokens).
+ONE_CHUNK_CLASS = length_class(CHUNK_TOKENS) - 1
+
+
+def _one_chunk_floor(rates: dict[int, float]) -> dict[int, float]:
+    """The rates a prompt without a first token is placed by: each class of one-chunk
+    prompts at least as fast as the shorter classes. One step reads such a prompt, in a fixed
+    time plus its tokens' time, so a longer prompt is read at more tokens a second, not
+    fewer. A class learnt slower than a shorter one was learnt from queued samples only (a
+    burst's prompts each waited for the others' steps: 3,200 tokens/s learnt for 512-1,023
+    tokens beside 25,000 for 128-255 tokens in bench.accounting_strategies), and spread a
+    1,000-token prompt's reading over ten times the 30 ms it took. A streamed prompt keeps
+    its own class's rate: its reading is placed by its first token and the engine's steps
+    (read_span), which a queued burst's samples describe."""
+    out: dict[int, float] = {}
+    floor = 0.0
+    for k in sorted(rates):
+        r = rates[k]
+        if k <= ONE_CHUNK_CLASS:
+            if r < floor:
+                r = floor
+            floor = r
+        out[k] = r
+    return out
+
+
 class _EngineRates:
-    __slots__ = ("ordered", "rates", "samples", "tpots")
+    __slots__ = ("ordered", "placed", "rates", "samples", "tpots")
 
     def __init__(self) -> None:
         self.samples: dict[int, deque[float]] = {}
@@ -105,6 +131,7 @@ class _EngineRates:
         # window at every sample was a microsecond of every record
         self.ordered: dict[int, list[float]] = {}
         self.rates: dict[int, float] = {}  # length class -> learnt rate
+        self.placed: dict[int, float] = {}  # length class -> rate placed by (_one_chunk_floor)
         self.tpots: deque[float] = deque(maxlen=TPOT_WINDOW)
 
 
@@ -146,21 +173,27 @@ class PrefillRates:
         window.append(sample)
         insort(ordered, sample)
         if len(ordered) >= MIN_SAMPLES:
-            eng.rates[k] = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
+            got = ordered[min(len(ordered) - 1, int(QUANTILE * len(ordered)))]
+            if eng.rates.get(k) != got:
+                eng.rates[k] = got
+                eng.placed = _one_chunk_floor(eng.rates)
 
-    def rate(self, engine: str, prompt_tokens: float = 0.0) -> float:
+    def rate(self, engine: str, prompt_tokens: float = 0.0, stepped: bool = True) -> float:
         """Prompt tokens per second the engine prefills a prompt of this length at: its length
         class's rate, else the nearest class's learnt (the longer one on a tie), else the
-        default."""
+        default. `stepped=False`: for a request without a first token (non-streamed), whose
+        record shows no step of the engine to place its prompt in, the learnt rates with a
+        one-chunk class at least as fast as the shorter ones (_one_chunk_floor)."""
         eng = self._engines.get(engine)
         if eng is None or not eng.rates:
             return self._default
         k = length_class(prompt_tokens)
-        got = eng.rates.get(k)
+        rates = eng.rates if stepped else eng.placed
+        got = rates.get(k)
         if got is not None:
             return got
-        nearest = min(eng.rates, key=lambda c: (abs(c - k), -c))
-        return eng.rates[nearest]
+        nearest = min(rates, key=lambda c: (abs(c - k), -c))
+        return rates[nearest]
 
     def tpot(self, engine: str) -> float:
         """Seconds per output token the engine decodes at (median of recent TPOTs)."""

@@ -191,8 +191,9 @@ class LedgerRecorder:
             observe(rec)
             engine = rec.engine
             # the decode pace places only the decode of a request without a token event
-            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens),
-                             default_tpot if rec.first_token_s is not None else tpot(engine))
+            stepped = rec.first_token_s is not None
+            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens, stepped),
+                             default_tpot if stepped else tpot(engine))
             append(from_record(rec, dt, replica, work))
             if work:  # the ledger packs them by engine (ledger/packs.py): no row is rebuilt
                 if engine in by_engine:
@@ -278,7 +279,8 @@ def pending_request(request_id: str, records: Sequence[RequestRecord],
     written, as the ledger's request read shows it (no energy yet, not final)."""
     dt = config.interval_s
     found = [RequestRow.from_record(r, dt, replica, work_rows(
-                 r, dt, rates.rate(r.engine, r.prompt_tokens), rates.tpot(r.engine)))
+                 r, dt, rates.rate(r.engine, r.prompt_tokens, r.first_token_s is not None),
+                 rates.tpot(r.engine)))
              for r in records if r.request_id == request_id]
     found += [r for r in rows if r.request_id == request_id]
     if not found:

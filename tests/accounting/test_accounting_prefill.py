@@ -99,3 +99,21 @@ def test_the_rate_is_the_quantile_of_the_window_of_recent_samples_as_they_come_a
             ordered = sorted(window)
             assert rates.rate("e", prompt) == ordered[min(len(ordered) - 1,
                                                           int(QUANTILE * len(ordered)))]
+
+
+def test_a_prompt_without_a_first_token_is_read_no_slower_than_shorter_one_chunk_prompts() -> None:
+    """A class learnt slower than a shorter one (a queued burst's samples) does not spread a
+    non-streamed prompt's reading over the queueing; a streamed prompt keeps its class's
+    rate (its first token places it), and prompts longer than a chunk keep theirs."""
+    rates = PrefillRates()
+    for _ in range(MIN_SAMPLES):
+        rates.observe(rec(200, 200 / 25_000))  # read alone
+        rates.observe(rec(700, 700 / 3_200))  # queued behind a burst's other prompts
+        rates.observe(rec(3_000, 3_000 / 36_000))
+        rates.observe(rec(30_000, 30_000 / 24_000))
+    assert rates.rate("e", 700) == pytest.approx(3_200)
+    assert rates.rate("e", 700, stepped=False) == pytest.approx(25_000)
+    assert rates.rate("e", 400, stepped=False) == pytest.approx(25_000)  # nearest: 700's
+    assert rates.rate("e", 3_000, stepped=False) == pytest.approx(36_000)
+    assert rates.rate("e", 30_000, stepped=False) == pytest.approx(24_000)  # many chunks
+    assert rates.rate("e", 200, stepped=False) == pytest.approx(25_000)

@@ -85,7 +85,9 @@ def test_work_rows_carry_the_prefills_seconds_in_each_interval() -> None:
     it."""
     rows = _rows()
     assert rows[1001].head_s == pytest.approx(0.25) and rows[1001].head_decode == 0.0
-    assert rows[1002].head_s == rows[1003].head_s == 0.0
+    # even-paced decode after it: each row's whole span is its head, with all its decode
+    assert [(rows[k].head_s, rows[k].head_decode) for k in (1002, 1003)] == [
+        (rows[k].residency_s, rows[k].decode_tokens) for k in (1002, 1003)]
     split = _rows(first_token_s=1.1, read_times=(1.1, 2.2, 3.5))
     assert split[1000].head_s == pytest.approx(0.15)  # 1000.85..1001.0
     assert split[1001].head_s == pytest.approx(0.1)  # 1001.0..1001.1

@@ -3,6 +3,7 @@ is billed the steps it ran alone, not an even share of the interval's batches.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -37,14 +38,20 @@ def test_a_decoder_joined_by_a_burst_is_cut_where_its_pace_changed() -> None:
     assert row.head_decode == pytest.approx(40.0)
 
 
-def test_an_even_stream_has_no_head() -> None:
-    """Tokens every 10 ms over the interval: no change of pace, no head."""
+def test_an_even_stream_s_head_is_its_whole_span_and_a_non_streamed_request_has_none() -> None:
+    """Tokens every 10 ms over the interval: no change of pace, a head of the whole span with
+    all its decode (weighed as none, its tokens' times seen); the same request without token
+    events has no head (its decode is spread by assumption)."""
     times = tuple(0.1 + 0.01 * i for i in range(80))
     rec = record(prompt_tokens=36, completion_tokens=80, dispatched_s=0.09,
                  first_token_s=times[0], read_times=times, read_events=(1,) * 80,
                  finished_s=times[-1])
     (row,) = map(WorkRow._make, work_rows(rec, 1.0, 24_000.0))
-    assert row.head_s < heads.SPLIT_S and row.head_decode == 0.0
+    assert row.head_s == row.residency_s and row.head_decode == row.decode_tokens > 0.0
+    blind = dataclasses.replace(rec, stream=False, first_token_s=None, read_times=(),
+                                read_events=())
+    (row,) = map(WorkRow._make, work_rows(blind, 1.0, 24_000.0))
+    assert row.decode_tokens > 0.0 and row.head_s < heads.SPLIT_S and row.head_decode == 0.0
 
 
 def test_the_head_bills_the_decoder_its_solo_steps() -> None:
