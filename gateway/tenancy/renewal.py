@@ -1,8 +1,8 @@
 """The ledger side of an admission (store.py): its verdict, its purge and reads, and an
 allowance's renewal (allowance.py): one admission transaction, run in the background, that
-writes the rows of the requests admitted from the old allowance so far, takes them out of
-it, and takes the next allowance if every budget and the cap still have room for one of the
-same size. The old allowance stays usable while it runs; the caller retires it after."""
+takes the next allowance if every budget and the cap still have room for one of the same
+size. The old allowance stays usable while it runs, and keeps the requests admitted from it;
+the caller retires it after (it goes back with their rows at the next flush)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from accounting.ledger import reservation_schema as reservations
 from accounting.ledger import sql
 from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from gateway.config import Tenant
-from gateway.tenancy.allowance import Allowance, Pending, size
+from gateway.tenancy.allowance import Allowance, size
 from gateway.tenancy.budget import Cost, Rates, Spend, spends
 
 REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
@@ -81,23 +81,19 @@ def successor(tenant: Tenant, old: Allowance, new_id: str, rows: Sequence[Sequen
                      now, each=old.each, n=n)
 
 
-async def renew(ledger: BudgetStore, tenant: Tenant, old: Allowance, pending: Pending,
-                new_id: str, reads: Sequence[Query], replicas: int, now: float
-                ) -> Allowance | None:
-    """Write `pending` (taken from `old.pending` by the caller, put back by it if this
-    raises) and take `old`'s successor, in one transaction under the tenant's lock;
-    `reads`: the admission's purge and reads (store.py) as of `now`."""
-    moves = old.moves(pending)
+async def renew(ledger: BudgetStore, tenant: Tenant, old: Allowance, new_id: str,
+                reads: Sequence[Query], replicas: int, now: float) -> Allowance | None:
+    """Take `old`'s successor in one transaction under the tenant's lock; `reads`: the
+    admission's purge and reads (store.py) as of `now`."""
     taken: list[Allowance] = []
 
     def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
         taken.clear()
-        rows = rows[len(moves):]
         new = successor(tenant, old, new_id, rows[3], rows[2], replicas, now)
         if new is None:
             return ()
         taken.append(new)
         return [(reservations.UPSERT_ALLOWANCE, [new.row()])]
 
-    await ledger.locked(lock_key(tenant.name), [*moves, *reads], decide)
+    await ledger.locked(lock_key(tenant.name), reads, decide)
     return taken[0] if taken else None

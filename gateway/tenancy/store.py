@@ -34,7 +34,7 @@ from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
-from gateway.tenancy.allowance import Allowance, allowance_id, flush_allowances, size
+from gateway.tenancy.allowance import Allowance, Unwritten, allowance_id, flush_allowances, size
 from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, estimate, period_start_hour, spends
 from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
@@ -73,7 +73,7 @@ class TenancyStore:
         self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
         # this store's own among the replica's allowances: a node's workers share its name
         self._holder = secrets.token_hex(4)
-        self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
+        self._unwritten = Unwritten()  # admitted from one, their rows not committed yet
         self._flushing: asyncio.Event | None = None  # set when the flush under way ends
         self._renewing: dict[str, asyncio.Task[None]] = {}  # per tenant (renewal.py)
         self._retired: list[Allowance] = []  # renewed, to give back; ids: _next_id
@@ -105,7 +105,7 @@ class TenancyStore:
                 cost = estimate(prompt_tokens, output_tokens, rates[first])
             now = self.wall()
             if allowance.take(request_id, cost, now):
-                self._unwritten.add(request_id)
+                self._unwritten.ids.add(request_id)
                 if allowance.due(now) and tenant.name not in self._renewing:
                     task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
                     self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
@@ -160,7 +160,9 @@ class TenancyStore:
         self._retired = [a for a in self._retired if a.tenant != name]
         back = [*retired, *([old] if old is not None else [])]
         pendings = [a.pending for a in back]
-        before = [q for a in back for q in a.give_back()]
+        written = [(name, rid) for p in pendings for rid, _, _ in p]
+        consumed = self._unwritten.consumed(written)
+        before = [q for a in back for q in a.give_back(self._unwritten.settled)]
         now, new_id = self.wall(), self._next_id(name)  # not on the ledger's thread (decide)
         verdicts: list[StoreVerdict] = []
         taken: list[Allowance] = []
@@ -226,7 +228,7 @@ class TenancyStore:
             if isinstance(exc, LedgerError):
                 return
             raise
-        self._unwritten.difference_update(rid for p in pendings for rid, _, _ in p)
+        self._queue += self._unwritten.wrote(written, consumed)
         if taken:
             self._allow[name] = taken[0]
         for a, verdict in zip(asks, verdicts, strict=True):
@@ -250,16 +252,13 @@ class TenancyStore:
             if self._allow.get(name) is not old:  # given back meanwhile
                 return
             now = self.wall()
-            pending, old.pending = old.pending, []
             try:
                 reads = self._reads(name, now, tenant.budgets.budgets)
-                new = await renew_allowance(self.ledger, tenant, old, pending,
-                                            self._next_id(name), reads, self.replicas, now)
-            except BaseException:  # nothing was written: it holds its requests still
-                old.pending[:0] = pending
+                new = await renew_allowance(self.ledger, tenant, old, self._next_id(name),
+                                            reads, self.replicas, now)
+            except BaseException:
                 old.renewable = False
                 raise
-            self._unwritten.difference_update(rid for rid, _, _ in pending)
             if new is None:
                 old.renewable = False
             elif self._allow.get(name) is old:
@@ -273,12 +272,13 @@ class TenancyStore:
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
-        """Queue a reservation's settlement (None cost: no engine ran it, drop it)."""
-        if cost is None or not engine or last_interval is None:
-            self._queue.append((tenant, request_id, None))
-        else:
-            self._queue.append((tenant, request_id, (cost.j, cost.gco2e, cost.usd, engine,
-                                                     last_interval, request_id)))
+        """Queue a reservation's settlement (None cost: no engine ran it, drop it); that of
+        a request admitted from an allowance whose row is not written waits for its row
+        (written settled, if the settlement is there by then)."""
+        row = None if cost is None or not engine or last_interval is None else (
+            cost.j, cost.gco2e, cost.usd, engine, last_interval, request_id)
+        if not self._unwritten.settle(request_id, row):
+            self._queue.append((tenant, request_id, row))
 
     async def flush(self, give_back: bool = False) -> None:
         """Settle what is queued, in one transaction, in tenant order: each replica's
@@ -289,19 +289,15 @@ class TenancyStore:
         PostgreSQL then aborts one of the two (the flush is retried, the admission's requests
         answered 503).
 
-        First the rows admitted from allowances are written and taken out of them, retired
-        ones and those LIFE_S old (all: `give_back`) go back, one being renewed is left to
-        its renewal; a request whose row a transaction under way writes settles later."""
-        settled = {rid: row for _, rid, row in self._queue if rid in self._unwritten}
+        First the retired allowances and those LIFE_S old (all: `give_back`) go back with the
+        rows of the requests admitted from them (allowance.py); one being renewed is left to
+        its renewal."""
         retired, self._retired = self._retired, []
-        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled,
-                                         self._renewing, retired)
-        written = {rid for _, pending, _ in moved for rid, _, _ in pending}
-        unwritten = self._unwritten - written
-        # their rows written settled above; waiting for a transaction under way to write them
-        merged = [q for q in self._queue if q[1] in written]
-        queue = [q for q in self._queue if q[1] not in unwritten and q[1] not in written]
-        self._queue = [q for q in self._queue if q[1] in unwritten] if unwritten else []
+        before, moved = flush_allowances(self._allow, self.wall(), give_back,
+                                         self._unwritten.settled, self._renewing, retired)
+        written = [(a.tenant, rid) for a, pending in moved for rid, _, _ in pending]
+        consumed = self._unwritten.consumed(written)
+        queue, self._queue = self._queue, []
         if not queue and not before:
             return
         queue.sort(key=lambda q: (q[0], q[1]))
@@ -313,18 +309,18 @@ class TenancyStore:
             else:
                 await self.ledger.settle_reservations(changes)
         except LedgerError:
-            self._queue[:0] = queue + merged
-            for a, pending, gone in moved:  # nothing was written: they hold their requests
+            self._queue[:0] = queue
+            for a, pending in moved:  # nothing was written: they hold their requests
                 a.pending[:0] = pending
                 if any(a is r for r in retired):
                     self._retired.append(a)
-                elif gone:
+                else:
                     self._allow.setdefault(a.tenant, a)
             raise
         finally:
             self._flushing = None
             flushing.set()
-        self._unwritten -= written
+        self._queue += self._unwritten.wrote(written, consumed)
 
     async def standing(self, tenant: Tenant) -> list[Spend]:
         """A budgeted tenant's spend per budget, as its next admission would see it (after
