@@ -38,7 +38,7 @@ from gateway.tenancy.allowance import Allowance, Unwritten, allowance_id, flush_
 from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, estimate, period_start_hour, spends
 from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
-from gateway.tenancy.rates import TenantRates
+from gateway.tenancy.rates import RatesMemo, TenantRates
 from gateway.tenancy.renewal import REPLICA_LIVE_S, Ask, StoreVerdict, admission_reads, held_of
 from gateway.tenancy.renewal import renew as renew_allowance
 
@@ -47,8 +47,6 @@ log = logging.getLogger("wattgate.tenancy")
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
 STOP_WAIT_S = 5.0  # how long a stop waits for the admission transactions under way
-
-_NO_RATES = TenantRates()
 
 
 class TenancyStore:
@@ -61,6 +59,7 @@ class TenancyStore:
         self.wall = wall
         self.replicas = 1
         self.rates: dict[str, TenantRates] = {}  # budgeted tenant -> its learnt rates
+        self._priced = RatesMemo(pricing)
         self.budgeted: tuple[str, ...] = ()  # whose rates `refresh` learns
         self.interval_s = 1.0  # the accounting grid: a request's shares start this before it
         self._rates_at = -math.inf
@@ -82,8 +81,7 @@ class TenancyStore:
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
         """What a prompt and an output token of `tenant`'s request cost at `precision`."""
-        return (self.rates.get(tenant) or _NO_RATES).rates(precision, prompt_tokens,
-                                                           self.pricing, now_s)
+        return self._priced.rates(self.rates, tenant, precision, prompt_tokens, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
                     output_tokens: float, first: str, cheaper: Sequence[str],
