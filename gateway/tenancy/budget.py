@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from accounting.pricing import Pricing
+from core.vocab import value_type
 from gateway.tenancy.config import Budget
 
 HOUR_S = 3600.0
@@ -33,7 +34,7 @@ def period_start_hour(period: str, now_s: float) -> int:
     return math.floor(start.timestamp() / HOUR_S)
 
 
-@dataclass(frozen=True, slots=True)
+@value_type  # built several times per admission: a frozen dataclass's __init__ cost 3x
 class Cost:
     """An amount in each budget unit."""
 

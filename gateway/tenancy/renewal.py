@@ -14,6 +14,7 @@ from typing import Any
 from accounting.ledger import reservation_schema as reservations
 from accounting.ledger import sql
 from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
+from core.vocab import value_type
 from gateway.config import Tenant
 from gateway.tenancy.allowance import Allowance, size
 from gateway.tenancy.budget import Cost, Rates, Spend, spends
@@ -22,7 +23,7 @@ REPLICA_LIVE_S = 10.0  # as the apportioner's REPLICA_STALE_S
 NEW_REPLICA_S = 30.0  # a reservation this young counts as open whatever its replica published
 
 
-@dataclass(frozen=True, slots=True)
+@value_type  # one per admission
 class StoreVerdict:
     allowed: bool
     reason: str = ""  # "budget" or "concurrency" when refused
