@@ -12,8 +12,8 @@ share of what is left. A request admitted from it is decided here in arrival ord
 while a request of the tenant waits for a transaction), and stays in it (`pending`, its
 estimate and slot part of the allowance's row) until the allowance is given back: then, in the
 transaction that deletes the allowance, the requests still running get a row of their own and
-those that ended are written settled, one row per engine and last interval holding their
-estimates' sum (they are purged together, once that interval is final), so a request that ends
+those that ended are written settled, one row per engine and last interval holding the sum
+of their settlements (purged together, once that interval is final), so a request that ends
 within the allowance's life costs the ledger no write of its own and the ledger never holds
 it twice nor not at all. A request it has no room for goes to a transaction, which first gives
 the allowance back (its unused room goes back), then decides against exact totals, so
@@ -30,8 +30,8 @@ held (a short overlap erring on the side of holding). A flush leaves an allowanc
 renewal alone, and an admission transaction of its tenant waits for the renewal to end, so
 one transaction at a time decides on an allowance.
 
-Until the allowance goes back (LIFE_S after it was taken, at the next flush) a request that
-ended still holds in it the estimate it was admitted at (which counts all of its max_tokens,
+Until the allowance goes back (at the flush after its renewal, LIFE_S after it was taken at
+the latest) a request that ended still holds in it the estimate it was admitted at (which counts all of its max_tokens,
 so it is seldom below the estimate it settles to) and, for a capped tenant, its slot: a
 cap or a budget errs on the side of holding for that while.
 """
