@@ -80,7 +80,8 @@ def estimate(prompt_tokens: float, output_tokens: float, rates: Rates) -> Cost:
     p, o = rates.prompt, rates.output
     x, y = min(prompt_tokens, rates.prompt_upto), min(output_tokens, rates.output_upto)
     j, g, usd = p.j * x + o.j * y, p.gco2e * x + o.gco2e * y, p.usd * x + o.usd * y
-    if rates.beyond is not None:
+    # no token beyond what the rates were learnt up to: the rest would add exact zeros
+    if rates.beyond is not None and (prompt_tokens > x or output_tokens > y):
         more = estimate(max(0.0, prompt_tokens - rates.prompt_upto),
                         max(0.0, output_tokens - rates.output_upto), rates.beyond)
         j, g, usd = j + more.j, g + more.gco2e, usd + more.usd
