@@ -31,9 +31,9 @@ renewal alone, and an admission transaction of its tenant waits for the renewal 
 one transaction at a time decides on an allowance.
 
 Until the allowance goes back (at the flush after its renewal, LIFE_S after it was taken at
-the latest) a request that ended still holds in it the estimate it was admitted at (which counts all of its max_tokens,
-so it is seldom below the estimate it settles to) and, for a capped tenant, its slot: a
-cap or a budget errs on the side of holding for that while.
+the latest) a request that ended still holds in it the estimate it was admitted at (which
+counts all of its max_tokens, so it is seldom below the estimate it settles to) and, for a
+capped tenant, its slot: a cap or a budget errs on the side of holding for that while.
 """
 
 from __future__ import annotations

@@ -28,18 +28,24 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from accounting.ledger import reservation_schema as reservations
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
-from gateway.tenancy.allowance import Allowance, Unwritten, allowance_id, flush_allowances, size
-from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, estimate, period_start_hour, spends
+from gateway.tenancy.allowance import Allowance, Unwritten, allowance_id, flush_allowances
+from gateway.tenancy.budget import Cost, Rates, Spend, estimate, period_start_hour, spends
 from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
 from gateway.tenancy.rates import RatesMemo, TenantRates
-from gateway.tenancy.renewal import REPLICA_LIVE_S, Ask, StoreVerdict, admission_reads, held_of
+from gateway.tenancy.renewal import (
+    REPLICA_LIVE_S,
+    Ask,
+    StoreVerdict,
+    admission_reads,
+    decide_asks,
+    held_of,
+)
 from gateway.tenancy.renewal import renew as renew_allowance
 
 log = logging.getLogger("wattgate.tenancy")
@@ -101,13 +107,7 @@ class TenancyStore:
         if allowance is not None and tenant.name not in self._asks:  # none waits before it
             if cost is None:
                 cost = estimate(prompt_tokens, output_tokens, rates[first])
-            now = self.wall()
-            if allowance.take(request_id, cost, now):
-                self._unwritten.ids.add(request_id)
-                if allowance.due(now) and tenant.name not in self._renewing:
-                    task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
-                    self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
-                    task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
+            if self._from_allowance(tenant, allowance, request_id, cost):
                 return StoreVerdict(True, precision=first, cost=cost)
         loop = asyncio.get_running_loop()
         ask = Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
@@ -126,6 +126,36 @@ class TenancyStore:
                 self.settle(tenant.name, request_id, None, "", None)
             raise
 
+    def _from_allowance(self, tenant: Tenant, allowance: Allowance, request_id: str,
+                        cost: Cost) -> bool:
+        """Admit a request costing `cost` from `allowance` if it has room for it; start its
+        renewal once it is due."""
+        now = self.wall()
+        if not allowance.take(request_id, cost, now):
+            return False
+        self._unwritten.ids.add(request_id)
+        if allowance.due(now) and tenant.name not in self._renewing:
+            task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
+            self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
+            task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
+        return True
+
+    def _admit_queued(self, name: str, queue: list[Ask]) -> None:
+        """The asks that queued while a transaction ran, in arrival order, from the allowance
+        it took while that has room: else under load each transaction's newcomers waited for
+        the next one, and the tenant never left the transactions for its allowance."""
+        allowance = self._allow.get(name)
+        done = 0
+        while done < len(queue) and allowance is not None and not self._stopping:
+            a = queue[done]
+            if not a.future.done():
+                cost = estimate(a.prompt_tokens, a.output_tokens, a.rates[a.first])
+                if not self._from_allowance(a.tenant, allowance, a.request_id, cost):
+                    break
+                a.future.set_result(StoreVerdict(True, precision=a.first, cost=cost))
+            done += 1
+        del queue[:done]
+
     async def _drain(self, name: str, queue: list[Ask]) -> None:
         """Decide `name`'s asks a batch per transaction until none waits."""
         batch: list[Ask] = []
@@ -135,6 +165,7 @@ class TenancyStore:
                 del queue[:MAX_BATCH]
                 if batch:
                     await self._decide(name, batch)
+                self._admit_queued(name, queue)
         except BaseException as exc:  # stopped (cancelled) or a fault: nobody waits for ever
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("tenant controls: admission of %s failed", name)
@@ -166,47 +197,9 @@ class TenancyStore:
         taken: list[Allowance] = []
 
         def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
-            verdicts.clear()
-            taken.clear()
-            rows = rows[len(before):]
-            held, open_now = held_of(rows[3][0])
-            last = rows[3][0][4]
-            settled_last = None if last is None else int(last)
-            inserts: list[tuple[Any, ...]] = []
-            for a in asks:
-                standing = tuple(spends(a.tenant.budgets.budgets, rows[2], held, now))
-                cap = a.tenant.limits.max_concurrent
-                if cap is not None and open_now >= cap:
-                    verdicts.append(StoreVerdict(False, "concurrency", standing=standing))
-                    continue
-                chosen = choose_precision(standing, a.prompt_tokens, a.output_tokens, a.first,
-                                          a.cheaper, a.rates)
-                if chosen is None:
-                    verdicts.append(StoreVerdict(False, "budget", standing=standing,
-                                                 open_now=open_now, settled_last=settled_last))
-                    continue
-                precision, c = chosen
-                verdicts.append(StoreVerdict(True, precision=precision, cost=c,
-                                             standing=standing))
-                held, open_now = held.plus(c), open_now + 1
-                inserts.append((a.request_id, name, self.replica, now, c.j, c.gco2e, c.usd))
-            if not inserts:
-                return ()
-            out: list[Batch] = [(reservations.INSERT_RESERVATION, inserts)]
-            last_ask, last_verdict = asks[-1], verdicts[-1]
-            if len(inserts) == len(asks) and all(
-                    v.precision == a.first for a, v in zip(asks, verdicts, strict=True)):
-                # every one admitted at its first precision: room for an allowance of its size?
-                n = size(spends(last_ask.tenant.budgets.budgets, rows[2], held, now),
-                         last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
-                         self.replicas)
-                if n:
-                    new = Allowance(name, new_id, self.replica,
-                                    last_verdict.cost.times(n), n,
-                                    last_ask.tenant.limits.max_concurrent is not None, now,
-                                    each=last_verdict.cost, n=n)
-                    taken.append(new)
-                    out.append((reservations.UPSERT_ALLOWANCE, [new.row()]))
+            verdicts[:], new, out = decide_asks(asks, rows[len(before):], self.replica,
+                                                self.replicas, now, new_id)
+            taken[:] = [new] if new is not None else []
             return out
 
         try:
