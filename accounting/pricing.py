@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +42,13 @@ class Series:
             return self.values[0]
         i = bisect.bisect_right(self.times_s, t_s) - 1
         return self.values[max(i, 0)]
+
+    def span(self, t_s: float) -> tuple[float, float]:
+        """[from, until): the times around `t_s` over which `at` gives what it gives at
+        `t_s` (the first value holds from the start, the last to the end)."""
+        times = self.times_s
+        j = max(bisect.bisect_right(times, t_s), 1)  # `at` takes values[j - 1]
+        return (times[j - 1] if j > 1 else -math.inf, times[j] if j < len(times) else math.inf)
 
 
 def _parse_time(text: str) -> float:

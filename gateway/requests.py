@@ -158,7 +158,11 @@ def prompt_estimate(body: Mapping[str, Any]) -> float:
     text = prompt_text(body)
     if isinstance(text, list):
         return float(len(text))
-    return len(text.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN if text else 0.0
+    if not text:
+        return 0.0
+    # an ASCII string's length is its UTF-8 size (isascii reads a flag: no pass, no copy)
+    return (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            ) / BYTES_PER_TOKEN
 
 
 def prefix_key(body: Mapping[str, Any], chars: int) -> bytes:

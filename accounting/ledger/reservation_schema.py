@@ -138,11 +138,9 @@ UPSERT_ALLOWANCE = """INSERT INTO reservations (request_id, tenant, replica, cre
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL) ON CONFLICT (request_id) DO UPDATE SET
     created_s = excluded.created_s, energy_j = excluded.energy_j,
     carbon_g = excluded.carbon_g, cost_usd = excluded.cost_usd, open = excluded.open"""
-# The requests admitted from it, their own rows written, taken out of it.
-SHRINK_ALLOWANCE = """UPDATE reservations SET energy_j = energy_j - ?, carbon_g = carbon_g - ?,
-    cost_usd = cost_usd - ?, open = open - ? WHERE request_id = ?"""
-# The row of a request admitted from an allowance that ended before its row was written:
-# written settled (as SETTLE_RESERVATION leaves one).
+# The row of a request admitted from an allowance that ended before its row was written, or
+# one row for those of them that ended on one engine in one last interval (their settlements'
+# sum): written settled (as SETTLE_RESERVATION leaves one).
 INSERT_SETTLED = """INSERT INTO reservations (request_id, tenant, replica, created_s, energy_j,
     carbon_g, cost_usd, open, engine, last_interval) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)
     ON CONFLICT (request_id) DO NOTHING"""

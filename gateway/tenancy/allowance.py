@@ -9,32 +9,37 @@ slots where the tenant has a cap), so every replica's admission counts it as hel
 taken in an admission transaction that admitted every request of its batch, only while each
 budget and the cap keep room for HEADROOM x replicas allowances of that size: it is a small
 share of what is left. A request admitted from it is decided here in arrival order (none is
-while a request of the tenant waits for a transaction); its own reservation row is written
-later, by the flush or the tenant's next transaction, in the same transaction that takes its
-estimate (and slot) out of the allowance, so the ledger never holds it twice nor not at all.
-A request it has no room for goes to a transaction, which first moves those rows out and
-deletes the allowance (its room goes back), then decides against exact totals, so admission
-near a limit stays exact. The flush gives an allowance back once it is LIFE_S old, used or
-not; a crashed replica's expires as its reservations do (`reservation_ttl_s`).
+while a request of the tenant waits for a transaction), and stays in it (`pending`, its
+estimate and slot part of the allowance's row) until the allowance is given back: then, in the
+transaction that deletes the allowance, the requests still running get a row of their own and
+those that ended are written settled, one row per engine and last interval holding the sum
+of their settlements (purged together, once that interval is final), so a request that ends
+within the allowance's life costs the ledger no write of its own and the ledger never holds
+it twice nor not at all. A request it has no room for goes to a transaction, which first gives
+the allowance back (its unused room goes back), then decides against exact totals, so
+admission near a limit stays exact. The flush gives an allowance back once it is LIFE_S old,
+used or not; a crashed replica's expires as its reservations do (`reservation_ttl_s`).
 
 Renewal: once an allowance has RENEW_SHARE of its slots or of its life left, the admission
-that finds it so starts a transaction in the background that writes the rows admitted from
-it so far (taken out of it) and takes the next allowance, sized as the first, under another
-id; requests go on being admitted from the old one meanwhile, so none waits for it. Once it
-commits the new one admits and the old one is retired: the next flush (or the tenant's next
-admission transaction) writes the rows of the requests admitted from it during the renewal
-and deletes it (what is left goes back). Each request's row is written once, by whichever
-transaction took it out of `pending`, in the same statement list that takes it out of its
-own allowance; while the old and the new allowance are both in the ledger both count as
+that finds it so starts a transaction in the background that takes the next allowance, sized
+as the first, under another id; requests go on being admitted from the old one meanwhile, so
+none waits for it. Once it commits the new one admits and the old one is retired: the next
+flush (or the tenant's next admission transaction) gives it back with the rows of the requests
+admitted from it. While the old and the new allowance are both in the ledger both count as
 held (a short overlap erring on the side of holding). A flush leaves an allowance under
 renewal alone, and an admission transaction of its tenant waits for the renewal to end, so
-one transaction at a time moves an allowance's rows.
+one transaction at a time decides on an allowance.
+
+Until the allowance goes back (at the flush after its renewal, LIFE_S after it was taken at
+the latest) a request that ended still holds in it the estimate it was admitted at (which
+counts all of its max_tokens, so it is seldom below the estimate it settles to) and, for a
+capped tenant, its slot: a cap or a budget errs on the side of holding for that while.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,61 +111,104 @@ class Allowance:
         return (self.request_id, self.tenant, self.replica, self.taken_s, self.free.j,
                 self.free.gco2e, self.free.usd, self.slots if self.capped else 0)
 
-    def moves(self, pending: Sequence[tuple[str, float, Cost]],
-              settled: Mapping[str, Sequence[Any] | None] | None = None) -> list[Query]:
-        """The statements that write `pending`'s rows and take them out of the allowance;
-        a request in `settled` (its SETTLE_RESERVATION row; None: no engine ran it) has
-        ended already: its row is written settled (none if no engine ran it), so a request
-        that starts and ends between two flushes costs the ledger one write, not two."""
-        settled = settled or {}
-        out: list[Query] = []
-        for rid, at, c in pending:
-            if rid not in settled:
-                out.append((reservations.INSERT_RESERVATION, (
-                    rid, self.tenant, self.replica, at, c.j, c.gco2e, c.usd)))
-            elif (row := settled[rid]) is not None:
-                j, g, usd, engine, last, _ = row
-                out.append((reservations.INSERT_SETTLED, (
-                    rid, self.tenant, self.replica, at, j, g, usd, engine, last)))
-        if pending:
-            out.append((reservations.SHRINK_ALLOWANCE, (
-                math.fsum(c.j for _, _, c in pending), math.fsum(c.gco2e for _, _, c in pending),
-                math.fsum(c.usd for _, _, c in pending), len(pending) if self.capped else 0,
-                self.request_id)))
-        return out
-
-    def give_back(self, settled: Mapping[str, Sequence[Any] | None] | None = None
-                  ) -> list[Query]:
-        """Write the pending rows and delete the allowance (what is left of it goes back)."""
+    def give_back(self, settled: Mapping[str, Sequence[Any] | None]) -> list[Query]:
+        """Write the rows of the requests admitted from it and delete it (what is left of
+        it goes back): `pending_rows` of them, then the allowance's DELETE, in one list."""
         pending, self.pending = self.pending, []
-        return [*self.moves(pending, settled),
+        return [*pending_rows(self.tenant, self.replica, pending, settled),
                 (reservations.DELETE_RESERVATION, (self.request_id,))]
 
 
 Pending = list[tuple[str, float, Cost]]
 
 
+def pending_rows(tenant: str, replica: str, pending: Pending,
+                 settled: Mapping[str, Sequence[Any] | None]) -> list[Query]:
+    """The rows of requests admitted from an allowance, as it goes back: a request still
+    running gets a reservation of its own at its estimate; one in `settled` (its
+    SETTLE_RESERVATION row; None: no engine ran it, no row) ended, and those that ended on
+    one engine in one last interval share one settled row holding their estimates' sum
+    (created as the latest of them: it expires no earlier than any would have), which the
+    admission's purge deletes once that interval is final, as it would have deleted each.
+    A group of one is the request's own row; a larger one is named after its first request
+    (`settled:<id>:<count>`), so a flush retried after a failure writes it under the same
+    name, and no request's own id names a row holding others."""
+    out: list[Query] = []
+    groups: dict[tuple[Any, Any], list[tuple[str, float, Sequence[Any]]]] = {}
+    for rid, at, c in pending:
+        if rid not in settled:
+            out.append((reservations.INSERT_RESERVATION, (
+                rid, tenant, replica, at, c.j, c.gco2e, c.usd)))
+        elif (row := settled[rid]) is not None:
+            groups.setdefault((row[3], row[4]), []).append((rid, at, row))
+    for (engine, last), members in groups.items():
+        first = members[0][0]
+        name = first if len(members) == 1 else f"settled:{first}:{len(members)}"
+        out.append((reservations.INSERT_SETTLED, (
+            name, tenant, replica, max(at for _, at, _ in members),
+            math.fsum(row[0] for _, _, row in members),
+            math.fsum(row[1] for _, _, row in members),
+            math.fsum(row[2] for _, _, row in members), engine, last)))
+    return out
+
+
+Settlement = tuple[Any, ...] | None  # a SETTLE_RESERVATION row; None: no engine ran it
+
+
+class Unwritten:
+    """The requests admitted from allowances whose rows are not in the ledger yet (`ids`),
+    and the settlements of those of them that ended, kept for their rows (`settled`)."""
+
+    __slots__ = ("ids", "settled")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.settled: dict[str, Settlement] = {}
+
+    def settle(self, request_id: str, row: Settlement) -> bool:
+        """Keep `request_id`'s settlement for its row; False: its row is written already."""
+        if request_id not in self.ids:
+            return False
+        self.settled[request_id] = row
+        return True
+
+    def consumed(self, written: Iterable[tuple[str, str]]) -> set[str]:
+        """Of the requests ((tenant, request id) each) whose rows are about to be written,
+        those that are written settled (or not at all: no engine ran them)."""
+        return {rid for _, rid in written if rid in self.settled}
+
+    def wrote(self, written: Iterable[tuple[str, str]], consumed: Collection[str]
+              ) -> list[tuple[str, str, Settlement]]:
+        """Their rows committed: the settlements to queue, of those written running that
+        ended meanwhile, as (tenant, request id, settlement)."""
+        out = []
+        for tenant, rid in written:
+            self.ids.discard(rid)
+            if rid in self.settled:
+                row = self.settled.pop(rid)
+                if rid not in consumed:
+                    out.append((tenant, rid, row))
+        return out
+
+
 def flush_allowances(allowances: dict[str, Allowance], now_s: float, give_back: bool,
                      settled: Mapping[str, Sequence[Any] | None],
                      renewing: Collection[str] = (), retired: Sequence[Allowance] = ()
-                     ) -> tuple[list[Query], list[tuple[Allowance, Pending, bool]]]:
+                     ) -> tuple[list[Query], list[tuple[Allowance, Pending]]]:
     """A flush's statements for the allowances (tenant -> its; those of the tenants in
-    `renewing` left alone) and the `retired` ones, in tenant order: their pending rows
-    written (settled where `settled` has them) and taken out of them, and the retired ones,
-    those LIFE_S old (all, with `give_back`) given back and dropped from `allowances`; with
-    what each moved and whether it went, so a flush that fails can put them back."""
+    `renewing` left alone) and the `retired` ones, in tenant order: the retired ones and
+    those LIFE_S old (all, with `give_back`) given back with their requests' rows (settled
+    where `settled` has them) and dropped from `allowances`; the others keep their requests.
+    With each allowance given back and the requests it held, so a flush that fails can put
+    them back."""
     before: list[Query] = []
-    moved: list[tuple[Allowance, Pending, bool]] = []
-    current = [(name, a) for name, a in allowances.items() if name not in renewing]
+    moved: list[tuple[Allowance, Pending]] = []
+    current = [(name, a) for name, a in allowances.items() if name not in renewing and (
+        give_back or now_s - a.taken_s >= LIFE_S)]
     for name, a in sorted([*current, *((a.tenant, a) for a in retired)], key=lambda x: x[0]):
+        if allowances.get(name) is a:
+            del allowances[name]
         pending = a.pending
-        if allowances.get(name) is not a or give_back or now_s - a.taken_s >= LIFE_S:
-            if allowances.get(name) is a:
-                del allowances[name]
-            before += a.give_back(settled)
-            moved.append((a, pending, True))
-        elif pending:
-            a.pending = []
-            before += a.moves(pending, settled)
-            moved.append((a, pending, False))
+        before += a.give_back(settled)
+        moved.append((a, pending))
     return before, moved

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from accounting.pricing import Pricing
+from core.vocab import value_type
 from gateway.tenancy.config import Budget
 
 HOUR_S = 3600.0
@@ -33,7 +34,7 @@ def period_start_hour(period: str, now_s: float) -> int:
     return math.floor(start.timestamp() / HOUR_S)
 
 
-@dataclass(frozen=True, slots=True)
+@value_type  # built several times per admission: a frozen dataclass's __init__ cost 3x
 class Cost:
     """An amount in each budget unit."""
 
@@ -79,7 +80,8 @@ def estimate(prompt_tokens: float, output_tokens: float, rates: Rates) -> Cost:
     p, o = rates.prompt, rates.output
     x, y = min(prompt_tokens, rates.prompt_upto), min(output_tokens, rates.output_upto)
     j, g, usd = p.j * x + o.j * y, p.gco2e * x + o.gco2e * y, p.usd * x + o.usd * y
-    if rates.beyond is not None:
+    # no token beyond what the rates were learnt up to: the rest would add exact zeros
+    if rates.beyond is not None and (prompt_tokens > x or output_tokens > y):
         more = estimate(max(0.0, prompt_tokens - rates.prompt_upto),
                         max(0.0, output_tokens - rates.output_upto), rates.beyond)
         j, g, usd = j + more.j, g + more.gco2e, usd + more.usd

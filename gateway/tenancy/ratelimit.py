@@ -10,7 +10,7 @@ With N live replicas each process enforces limit / N (its share).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.tenancy.config import TenantLimits
 
@@ -21,16 +21,28 @@ class Bucket:
     period_s: float
     level: float
     at_s: float
-    share: float = 1.0  # this process's share of the limit (1 / live replicas)
+    share: float = 1.0  # this process's share of the limit (1 / live replicas): set_share
+    # limit x share, its refill per second and its header text, kept as the share changes:
+    # every admission reads them (as properties they were a fifth of its time)
+    capacity: float = field(init=False, default=0.0)
+    rate_per_s: float = field(init=False, default=0.0)
+    limit_text: str = field(init=False, default="")
 
-    @property
-    def capacity(self) -> float:
-        return self.limit * self.share
+    def __post_init__(self) -> None:
+        self.set_share(self.share)
+
+    def set_share(self, share: float) -> None:
+        self.share = share
+        self.capacity = self.limit * share
+        self.rate_per_s = self.capacity / self.period_s
+        self.limit_text = f"{math.floor(self.capacity)}"
+        self.level = min(self.level, self.capacity)
 
     def refill(self, now_s: float) -> None:
-        rate = self.capacity / self.period_s
-        self.level = min(self.capacity, self.level + max(0.0, now_s - self.at_s) * rate)
-        self.at_s = max(self.at_s, now_s)
+        # the level never exceeds the capacity, so a clock that has not moved changes nothing
+        if now_s > self.at_s:
+            self.level = min(self.capacity, self.level + (now_s - self.at_s) * self.rate_per_s)
+            self.at_s = now_s
 
     def wait_s(self, amount: float) -> float:
         """Seconds until `amount` is there (0 now; inf when it never fits)."""
@@ -60,6 +72,9 @@ def duration_text(seconds: float) -> str:
     return f"{int(minutes)}m{rest:.0f}s"
 
 
+_ALLOWED = Verdict(True)
+
+
 class TenantRateLimiter:
     """The buckets of one tenant in this process."""
 
@@ -70,31 +85,43 @@ class TenantRateLimiter:
         self.rps = bucket(limits.requests_per_second, 1.0)
         self.rpm = bucket(limits.requests_per_minute, 60.0)
         self.tpm = bucket(limits.tokens_per_minute, 60.0)
+        self._requests = tuple(b for b in (self.rps, self.rpm) if b is not None)
+        # the headers' buckets: requests from the per-minute one (else the per-second one)
+        req = self.rpm or self.rps
+        self._headed = tuple((b, f"x-ratelimit-limit-{name}", f"x-ratelimit-remaining-{name}",
+                              f"x-ratelimit-reset-{name}")
+                             for name, b in (("requests", req), ("tokens", self.tpm))
+                             if b is not None)
 
     def _buckets(self) -> list[Bucket]:
         return [b for b in (self.rps, self.rpm, self.tpm) if b is not None]
 
     def set_share(self, share: float) -> None:
         for b in self._buckets():
-            b.share = share
-            b.level = min(b.level, b.capacity)
+            b.set_share(share)
 
     def take(self, now_s: float, tokens: int) -> Verdict:
-        """Take one request and `tokens` tokens if all buckets allow, else nothing."""
-        for b in self._buckets():
+        """Take one request and `tokens` tokens if all buckets allow, else nothing. Refused:
+        the bucket with the longest wait says why (tokens, where they wait as long)."""
+        wait, reason = 0.0, ""
+        for b in self._requests:
             b.refill(now_s)
-        waits = [(b.wait_s(1.0), "requests") for b in (self.rps, self.rpm) if b is not None]
-        if self.tpm is not None:
-            waits.append((self.tpm.wait_s(float(tokens)), "tokens"))
-        worst = max(waits, default=(0.0, ""))
-        if worst[0] > 0.0:
-            return Verdict(False, worst[1], worst[0])
-        for req in (self.rps, self.rpm):
-            if req is not None:
-                req.level -= 1.0
-        if self.tpm is not None:
-            self.tpm.level -= tokens
-        return Verdict(True)
+            w = b.wait_s(1.0)
+            if w > wait:
+                wait, reason = w, "requests"
+        tpm = self.tpm
+        if tpm is not None:
+            tpm.refill(now_s)
+            w = tpm.wait_s(float(tokens))
+            if w > 0.0 and w >= wait:
+                wait, reason = w, "tokens"
+        if wait > 0.0:
+            return Verdict(False, reason, wait)
+        for b in self._requests:
+            b.level -= 1.0
+        if tpm is not None:
+            tpm.level -= tokens
+        return _ALLOWED
 
     def settle(self, reserved: int, used: int) -> None:
         """The request used `used` tokens of the `reserved` it took."""
@@ -105,13 +132,9 @@ class TenantRateLimiter:
         """OpenAI's `x-ratelimit-*` headers: requests from the per-minute bucket (else the
         per-second one), tokens from the per-minute token bucket."""
         out: dict[str, str] = {}
-        req = self.rpm or self.rps
-        pairs: tuple[tuple[str, Bucket | None], ...] = (("requests", req), ("tokens", self.tpm))
-        for name, b in pairs:
-            if b is None:
-                continue
+        for b, limit, remaining, reset in self._headed:
             b.refill(now_s)
-            out[f"x-ratelimit-limit-{name}"] = f"{math.floor(b.capacity)}"
-            out[f"x-ratelimit-remaining-{name}"] = f"{max(0, math.floor(b.level))}"
-            out[f"x-ratelimit-reset-{name}"] = duration_text(b.reset_s())
+            out[limit] = b.limit_text
+            out[remaining] = f"{max(0, math.floor(b.level))}"
+            out[reset] = duration_text(b.reset_s())
         return out

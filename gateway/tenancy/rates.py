@@ -182,3 +182,39 @@ class TenantRates:
         if joined is None or joined[0] is not base:  # the prior is re-priced (prior() keeps one)
             joined = self._joined[key] = (base, replace(got, beyond=base))
         return joined[1]
+
+
+_NO_RATES = TenantRates()
+
+
+class RatesMemo:
+    """`TenantRates.rates` per tenant, precision and prompt band, kept while they cannot
+    change: the same learnt rates (the mapping a refresh replaces) and the same prices (the
+    step of each pricing series that `now_s` is in). Every admission asks for its candidate
+    precisions' and every settlement for its own; worked out each time, they were a fifth of
+    the admission's Python."""
+
+    __slots__ = ("_from_s", "_got", "_learnt", "_until_s", "pricing")
+
+    def __init__(self, pricing: Pricing):
+        self.pricing = pricing
+        self._got: dict[tuple[str, str, int], Rates] = {}
+        self._learnt: Mapping[str, TenantRates] | None = None
+        self._from_s, self._until_s = math.inf, -math.inf
+
+    def rates(self, learnt: Mapping[str, TenantRates], tenant: str, precision: str,
+              prompt_tokens: float, now_s: float) -> Rates:
+        """`tenant`'s rates (`learnt`: every tenant's, replaced whole, never changed in
+        place) at `precision` for a prompt of `prompt_tokens`, priced as at `now_s`."""
+        if learnt is not self._learnt or not self._from_s <= now_s < self._until_s:
+            self._got.clear()
+            self._learnt = learnt
+            p = self.pricing
+            (a, b), (c, d) = p.intensity_g_per_kwh.span(now_s), p.price_usd_per_kwh.span(now_s)
+            self._from_s, self._until_s = max(a, c), min(b, d)
+        key = (tenant, precision, band_of(prompt_tokens))
+        got = self._got.get(key)
+        if got is None:
+            got = self._got[key] = (learnt.get(tenant) or _NO_RATES).rates(
+                precision, prompt_tokens, self.pricing, now_s)
+        return got

@@ -28,18 +28,24 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from accounting.ledger import reservation_schema as reservations
 from accounting.ledger.base import LedgerError
 from accounting.ledger.budget_store import Batch, BudgetStore, Query, lock_key
 from accounting.pricing import Pricing
 from core.tasks import cancel_and_wait
 from gateway.config import Tenant
-from gateway.tenancy.allowance import Allowance, allowance_id, flush_allowances, size
-from gateway.tenancy.budget import Cost, Rates, Spend, choose_precision, estimate, period_start_hour, spends
+from gateway.tenancy.allowance import Allowance, Unwritten, allowance_id, flush_allowances
+from gateway.tenancy.budget import Cost, Rates, Spend, estimate, period_start_hour, spends
 from gateway.tenancy.config import Budget, TenantControlsConfig
 from gateway.tenancy.learning import RATE_EVERY_S, learn
-from gateway.tenancy.rates import TenantRates
-from gateway.tenancy.renewal import REPLICA_LIVE_S, Ask, StoreVerdict, admission_reads, held_of
+from gateway.tenancy.rates import RatesMemo, TenantRates
+from gateway.tenancy.renewal import (
+    REPLICA_LIVE_S,
+    Ask,
+    StoreVerdict,
+    admission_reads,
+    decide_asks,
+    held_of,
+)
 from gateway.tenancy.renewal import renew as renew_allowance
 
 log = logging.getLogger("wattgate.tenancy")
@@ -47,8 +53,6 @@ log = logging.getLogger("wattgate.tenancy")
 SETTLE_EVERY_S = 0.05
 MAX_BATCH = 256  # admissions of one tenant decided in one transaction at most
 STOP_WAIT_S = 5.0  # how long a stop waits for the admission transactions under way
-
-_NO_RATES = TenantRates()
 
 
 class TenancyStore:
@@ -61,6 +65,7 @@ class TenancyStore:
         self.wall = wall
         self.replicas = 1
         self.rates: dict[str, TenantRates] = {}  # budgeted tenant -> its learnt rates
+        self._priced = RatesMemo(pricing)
         self.budgeted: tuple[str, ...] = ()  # whose rates `refresh` learns
         self.interval_s = 1.0  # the accounting grid: a request's shares start this before it
         self._rates_at = -math.inf
@@ -73,7 +78,7 @@ class TenancyStore:
         self._allow: dict[str, Allowance] = {}  # per tenant, this replica's (allowance.py)
         # this store's own among the replica's allowances: a node's workers share its name
         self._holder = secrets.token_hex(4)
-        self._unwritten: set[str] = set()  # admitted from one, its row not committed yet
+        self._unwritten = Unwritten()  # admitted from one, their rows not committed yet
         self._flushing: asyncio.Event | None = None  # set when the flush under way ends
         self._renewing: dict[str, asyncio.Task[None]] = {}  # per tenant (renewal.py)
         self._retired: list[Allowance] = []  # renewed, to give back; ids: _next_id
@@ -82,8 +87,7 @@ class TenancyStore:
     def rates_of(self, tenant: str, precision: str, prompt_tokens: float, now_s: float
                  ) -> Rates:
         """What a prompt and an output token of `tenant`'s request cost at `precision`."""
-        return (self.rates.get(tenant) or _NO_RATES).rates(precision, prompt_tokens,
-                                                           self.pricing, now_s)
+        return self._priced.rates(self.rates, tenant, precision, prompt_tokens, now_s)
 
     async def admit(self, tenant: Tenant, request_id: str, prompt_tokens: float,
                     output_tokens: float, first: str, cheaper: Sequence[str],
@@ -103,13 +107,7 @@ class TenancyStore:
         if allowance is not None and tenant.name not in self._asks:  # none waits before it
             if cost is None:
                 cost = estimate(prompt_tokens, output_tokens, rates[first])
-            now = self.wall()
-            if allowance.take(request_id, cost, now):
-                self._unwritten.add(request_id)
-                if allowance.due(now) and tenant.name not in self._renewing:
-                    task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
-                    self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
-                    task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
+            if self._from_allowance(tenant, allowance, request_id, cost):
                 return StoreVerdict(True, precision=first, cost=cost)
         loop = asyncio.get_running_loop()
         ask = Ask(tenant, request_id, prompt_tokens, output_tokens, first, cheaper, rates,
@@ -128,6 +126,36 @@ class TenancyStore:
                 self.settle(tenant.name, request_id, None, "", None)
             raise
 
+    def _from_allowance(self, tenant: Tenant, allowance: Allowance, request_id: str,
+                        cost: Cost) -> bool:
+        """Admit a request costing `cost` from `allowance` if it has room for it; start its
+        renewal once it is due."""
+        now = self.wall()
+        if not allowance.take(request_id, cost, now):
+            return False
+        self._unwritten.ids.add(request_id)
+        if allowance.due(now) and tenant.name not in self._renewing:
+            task = asyncio.get_running_loop().create_task(self._renew(tenant, allowance))
+            self._renewing[tenant.name] = task  # until it ends, even cancelled unstarted
+            task.add_done_callback(lambda _: self._renewing.pop(tenant.name, None))
+        return True
+
+    def _admit_queued(self, name: str, queue: list[Ask]) -> None:
+        """The asks that queued while a transaction ran, in arrival order, from the allowance
+        it took while that has room: else under load each transaction's newcomers waited for
+        the next one, and the tenant never left the transactions for its allowance."""
+        allowance = self._allow.get(name)
+        done = 0
+        while done < len(queue) and allowance is not None and not self._stopping:
+            a = queue[done]
+            if not a.future.done():
+                cost = estimate(a.prompt_tokens, a.output_tokens, a.rates[a.first])
+                if not self._from_allowance(a.tenant, allowance, a.request_id, cost):
+                    break
+                a.future.set_result(StoreVerdict(True, precision=a.first, cost=cost))
+            done += 1
+        del queue[:done]
+
     async def _drain(self, name: str, queue: list[Ask]) -> None:
         """Decide `name`'s asks a batch per transaction until none waits."""
         batch: list[Ask] = []
@@ -137,6 +165,7 @@ class TenancyStore:
                 del queue[:MAX_BATCH]
                 if batch:
                     await self._decide(name, batch)
+                self._admit_queued(name, queue)
         except BaseException as exc:  # stopped (cancelled) or a fault: nobody waits for ever
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("tenant controls: admission of %s failed", name)
@@ -160,53 +189,17 @@ class TenancyStore:
         self._retired = [a for a in self._retired if a.tenant != name]
         back = [*retired, *([old] if old is not None else [])]
         pendings = [a.pending for a in back]
-        before = [q for a in back for q in a.give_back()]
+        written = [(name, rid) for p in pendings for rid, _, _ in p]
+        consumed = self._unwritten.consumed(written)
+        before = [q for a in back for q in a.give_back(self._unwritten.settled)]
         now, new_id = self.wall(), self._next_id(name)  # not on the ledger's thread (decide)
         verdicts: list[StoreVerdict] = []
         taken: list[Allowance] = []
 
         def decide(rows: list[list[tuple[Any, ...]]]) -> Sequence[Batch]:
-            verdicts.clear()
-            taken.clear()
-            rows = rows[len(before):]
-            held, open_now = held_of(rows[3][0])
-            last = rows[3][0][4]
-            settled_last = None if last is None else int(last)
-            inserts: list[tuple[Any, ...]] = []
-            for a in asks:
-                standing = tuple(spends(a.tenant.budgets.budgets, rows[2], held, now))
-                cap = a.tenant.limits.max_concurrent
-                if cap is not None and open_now >= cap:
-                    verdicts.append(StoreVerdict(False, "concurrency", standing=standing))
-                    continue
-                chosen = choose_precision(standing, a.prompt_tokens, a.output_tokens, a.first,
-                                          a.cheaper, a.rates)
-                if chosen is None:
-                    verdicts.append(StoreVerdict(False, "budget", standing=standing,
-                                                 open_now=open_now, settled_last=settled_last))
-                    continue
-                precision, c = chosen
-                verdicts.append(StoreVerdict(True, precision=precision, cost=c,
-                                             standing=standing))
-                held, open_now = held.plus(c), open_now + 1
-                inserts.append((a.request_id, name, self.replica, now, c.j, c.gco2e, c.usd))
-            if not inserts:
-                return ()
-            out: list[Batch] = [(reservations.INSERT_RESERVATION, inserts)]
-            last_ask, last_verdict = asks[-1], verdicts[-1]
-            if len(inserts) == len(asks) and all(
-                    v.precision == a.first for a, v in zip(asks, verdicts, strict=True)):
-                # every one admitted at its first precision: room for an allowance of its size?
-                n = size(spends(last_ask.tenant.budgets.budgets, rows[2], held, now),
-                         last_verdict.cost, open_now, last_ask.tenant.limits.max_concurrent,
-                         self.replicas)
-                if n:
-                    new = Allowance(name, new_id, self.replica,
-                                    last_verdict.cost.times(n), n,
-                                    last_ask.tenant.limits.max_concurrent is not None, now,
-                                    each=last_verdict.cost, n=n)
-                    taken.append(new)
-                    out.append((reservations.UPSERT_ALLOWANCE, [new.row()]))
+            verdicts[:], new, out = decide_asks(asks, rows[len(before):], self.replica,
+                                                self.replicas, now, new_id)
+            taken[:] = [new] if new is not None else []
             return out
 
         try:
@@ -226,7 +219,7 @@ class TenancyStore:
             if isinstance(exc, LedgerError):
                 return
             raise
-        self._unwritten.difference_update(rid for p in pendings for rid, _, _ in p)
+        self._queue += self._unwritten.wrote(written, consumed)
         if taken:
             self._allow[name] = taken[0]
         for a, verdict in zip(asks, verdicts, strict=True):
@@ -250,16 +243,13 @@ class TenancyStore:
             if self._allow.get(name) is not old:  # given back meanwhile
                 return
             now = self.wall()
-            pending, old.pending = old.pending, []
             try:
                 reads = self._reads(name, now, tenant.budgets.budgets)
-                new = await renew_allowance(self.ledger, tenant, old, pending,
-                                            self._next_id(name), reads, self.replicas, now)
-            except BaseException:  # nothing was written: it holds its requests still
-                old.pending[:0] = pending
+                new = await renew_allowance(self.ledger, tenant, old, self._next_id(name),
+                                            reads, self.replicas, now)
+            except BaseException:
                 old.renewable = False
                 raise
-            self._unwritten.difference_update(rid for rid, _, _ in pending)
             if new is None:
                 old.renewable = False
             elif self._allow.get(name) is old:
@@ -273,12 +263,13 @@ class TenancyStore:
 
     def settle(self, tenant: str, request_id: str, cost: Cost | None, engine: str,
                last_interval: int | None) -> None:
-        """Queue a reservation's settlement (None cost: no engine ran it, drop it)."""
-        if cost is None or not engine or last_interval is None:
-            self._queue.append((tenant, request_id, None))
-        else:
-            self._queue.append((tenant, request_id, (cost.j, cost.gco2e, cost.usd, engine,
-                                                     last_interval, request_id)))
+        """Queue a reservation's settlement (None cost: no engine ran it, drop it); that of
+        a request admitted from an allowance whose row is not written waits for its row
+        (written settled, if the settlement is there by then)."""
+        row = None if cost is None or not engine or last_interval is None else (
+            cost.j, cost.gco2e, cost.usd, engine, last_interval, request_id)
+        if not self._unwritten.settle(request_id, row):
+            self._queue.append((tenant, request_id, row))
 
     async def flush(self, give_back: bool = False) -> None:
         """Settle what is queued, in one transaction, in tenant order: each replica's
@@ -289,19 +280,15 @@ class TenancyStore:
         PostgreSQL then aborts one of the two (the flush is retried, the admission's requests
         answered 503).
 
-        First the rows admitted from allowances are written and taken out of them, retired
-        ones and those LIFE_S old (all: `give_back`) go back, one being renewed is left to
-        its renewal; a request whose row a transaction under way writes settles later."""
-        settled = {rid: row for _, rid, row in self._queue if rid in self._unwritten}
+        First the retired allowances and those LIFE_S old (all: `give_back`) go back with the
+        rows of the requests admitted from them (allowance.py); one being renewed is left to
+        its renewal."""
         retired, self._retired = self._retired, []
-        before, moved = flush_allowances(self._allow, self.wall(), give_back, settled,
-                                         self._renewing, retired)
-        written = {rid for _, pending, _ in moved for rid, _, _ in pending}
-        unwritten = self._unwritten - written
-        # their rows written settled above; waiting for a transaction under way to write them
-        merged = [q for q in self._queue if q[1] in written]
-        queue = [q for q in self._queue if q[1] not in unwritten and q[1] not in written]
-        self._queue = [q for q in self._queue if q[1] in unwritten] if unwritten else []
+        before, moved = flush_allowances(self._allow, self.wall(), give_back,
+                                         self._unwritten.settled, self._renewing, retired)
+        written = [(a.tenant, rid) for a, pending in moved for rid, _, _ in pending]
+        consumed = self._unwritten.consumed(written)
+        queue, self._queue = self._queue, []
         if not queue and not before:
             return
         queue.sort(key=lambda q: (q[0], q[1]))
@@ -313,18 +300,18 @@ class TenancyStore:
             else:
                 await self.ledger.settle_reservations(changes)
         except LedgerError:
-            self._queue[:0] = queue + merged
-            for a, pending, gone in moved:  # nothing was written: they hold their requests
+            self._queue[:0] = queue
+            for a, pending in moved:  # nothing was written: they hold their requests
                 a.pending[:0] = pending
                 if any(a is r for r in retired):
                     self._retired.append(a)
-                elif gone:
+                else:
                     self._allow.setdefault(a.tenant, a)
             raise
         finally:
             self._flushing = None
             flushing.set()
-        self._unwritten -= written
+        self._queue += self._unwritten.wrote(written, consumed)
 
     async def standing(self, tenant: Tenant) -> list[Spend]:
         """A budgeted tenant's spend per budget, as its next admission would see it (after

@@ -169,3 +169,22 @@ async def test_a_stop_lets_admissions_under_way_finish_and_refuses_new_ones(
         assert (await asyncio.wait_for(waiting, 1)).allowed
         rows = await ledger._fetch("SELECT request_id FROM reservations ORDER BY 1", ())
         assert [r[0] for r in rows] == ["q0", "q1", "q2"]
+
+
+async def test_requests_that_queued_behind_a_transaction_are_admitted_from_its_allowance(
+        tmp_path: Path) -> None:
+    """Those that came while a transaction ran are admitted from the allowance it took, in
+    arrival order: no second transaction for them (under load each transaction's newcomers
+    waited for the next one, and the tenant never went back to its allowance)."""
+    async with _opened(tmp_path) as ledger:
+        gated, store, tenant, _ = _setup(ledger)
+        gated.gate.clear()
+        first = asyncio.ensure_future(store.admit(tenant, "q0", 100, 100, "bf16", ()))
+        await asyncio.sleep(0.01)  # its transaction has its batch and waits
+        later = [asyncio.ensure_future(store.admit(tenant, f"q{i}", 100, 100, "bf16", ()))
+                 for i in range(1, 10)]
+        await asyncio.sleep(0.01)
+        gated.gate.set()
+        verdicts = await asyncio.wait_for(asyncio.gather(first, *later), 5)
+        assert all(v.allowed for v in verdicts) and gated.transactions == 1
+        await _exactly(ledger, store, [f"q{i}" for i in range(10)])

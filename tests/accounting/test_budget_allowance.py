@@ -20,7 +20,7 @@ from accounting.ledger.base import LedgerError
 from accounting.ledger.sqlite import SqliteLedger
 from accounting.pricing import Pricing
 from gateway.config import parse_config
-from gateway.tenancy.allowance import HEADROOM, MIN_REQUESTS
+from gateway.tenancy.allowance import HEADROOM, LIFE_S, MIN_REQUESTS
 from gateway.tenancy.budget import estimate
 from gateway.tenancy.store import TenancyStore
 from tests.support.gateway import raw_config
@@ -140,10 +140,13 @@ async def test_another_replica_counts_an_allowance_as_held_until_it_is_given_bac
 
 async def test_a_request_admitted_from_an_allowance_is_settled_after_its_row_is_written(
         tmp_path: Path) -> None:
+    """Its row waits in the allowance until that goes back (LIFE_S after it was taken); a
+    request that ended by then is written settled, one that never ran not at all."""
     each = _each()
     cfg = _tenant(budgets=[{"period": "day", "j": each * 1e6}])
+    clock = [NOW]
     async with _opened(tmp_path) as ledger:
-        _, store = await _store(ledger, cfg)
+        store = TenancyStore(ledger, "r", cfg.tenant_controls, Pricing(), lambda: clock[0])
         tenant = cfg.tenants[0]
         for i in range(3):
             assert (await store.admit(tenant, f"q{i}", 100, 100, "bf16", ())).allowed
@@ -151,6 +154,10 @@ async def test_a_request_admitted_from_an_allowance_is_settled_after_its_row_is_
         store.settle("tenant-a", "q1", None, "", None)  # left before it ran
         store.settle("tenant-a", "q2", estimate(100, 7, store.rates_of(
             "tenant-a", "bf16", 100, NOW)), "e", 5)
+        held = await _held(ledger)
+        await store.flush()  # the allowance is young: it keeps its requests
+        assert await _held(ledger) == held
+        clock[0] += LIFE_S
         await store.flush()
         rows = await ledger._fetch(
             "SELECT request_id, open, engine FROM reservations WHERE engine IS NOT NULL "

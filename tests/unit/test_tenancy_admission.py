@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from accounting.ledger.base import LedgerError
 from accounting.pricing import Pricing
 from core.errors import OverloadedError
+from core.tokenizer import BYTES_PER_TOKEN
 from gateway.config import parse_config
 from gateway.requests import asked_tokens, prompt_estimate
 from gateway.tenancy.admission import Admission
@@ -103,3 +106,14 @@ async def test_the_active_gauge_reads_the_requests_in_flight_when_scraped() -> N
     assert active("tenant-a") == 2
     admission.active["tenant-a"] -= 1  # as a release does
     assert active("tenant-a") == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec=None), max_size=60), st.booleans())
+def test_a_prompts_estimate_is_its_utf8_size_over_four(text: str, chat: bool) -> None:
+    """ASCII or not (surrogates included), as the bytes the engine would read say."""
+    body: dict[str, Any] = ({"messages": [{"role": "user", "content": text}]} if chat
+                            else {"prompt": text})
+    joined = f"user\n{text}" if chat else text
+    want = len(joined.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN if joined else 0.0
+    assert prompt_estimate(body) == want

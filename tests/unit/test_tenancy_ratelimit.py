@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gateway.tenancy.config import TenantLimits
 from gateway.tenancy.ratelimit import TenantRateLimiter, duration_text
 
@@ -60,3 +63,92 @@ def test_openai_headers_and_reset_format() -> None:
                  "x-ratelimit-remaining-tokens": "750", "x-ratelimit-reset-tokens": "15s"}
     assert (duration_text(0.02), duration_text(1.5), duration_text(360.0)) == (
         "20ms", "1.5s", "6m0s")
+
+
+class _Plain:
+    """The buckets' arithmetic written out plainly (each limit x share and its refill rate
+    worked out where used), to hold the limiter's kept values to."""
+
+    def __init__(self, limits: TenantLimits) -> None:
+        self.buckets = {name: [limit, period, limit, 0.0, 1.0] for name, limit, period in (
+            ("rps", limits.requests_per_second, 1.0), ("rpm", limits.requests_per_minute, 60.0),
+            ("tpm", limits.tokens_per_minute, 60.0)) if limit is not None}
+
+    def _refill(self, b: list[float], now: float) -> None:
+        cap = b[0] * b[4]
+        b[2] = min(cap, b[2] + max(0.0, now - b[3]) * (cap / b[1]))
+        b[3] = max(b[3], now)
+
+    def _wait(self, b: list[float], amount: float) -> float:
+        cap = b[0] * b[4]
+        return math.inf if amount > cap else max(0.0, (amount - b[2]) * b[1] / cap)
+
+    def take(self, now: float, tokens: int) -> tuple[bool, str, float]:
+        for b in self.buckets.values():
+            self._refill(b, now)
+        waits = [(self._wait(self.buckets[k], 1.0), "requests") for k in ("rps", "rpm")
+                 if k in self.buckets]
+        if "tpm" in self.buckets:
+            waits.append((self._wait(self.buckets["tpm"], float(tokens)), "tokens"))
+        worst = max(waits, default=(0.0, ""))
+        if worst[0] > 0.0:
+            return False, worst[1], worst[0]
+        for k, b in self.buckets.items():
+            b[2] -= tokens if k == "tpm" else 1.0
+        return True, "", 0.0
+
+    def settle(self, reserved: int, used: int) -> None:
+        if "tpm" in self.buckets:
+            b = self.buckets["tpm"]
+            b[2] = min(b[0] * b[4], b[2] + reserved - used)
+
+    def set_share(self, share: float) -> None:
+        for b in self.buckets.values():
+            b[4] = share
+            b[2] = min(b[2], b[0] * share)
+
+    def headers(self, now: float) -> dict[str, str]:
+        out = {}
+        for name, key in (("requests", "rpm" if "rpm" in self.buckets else "rps"),
+                          ("tokens", "tpm")):
+            if key not in self.buckets:
+                continue
+            b = self.buckets[key]
+            self._refill(b, now)
+            cap = b[0] * b[4]
+            out[f"x-ratelimit-limit-{name}"] = f"{math.floor(cap)}"
+            out[f"x-ratelimit-remaining-{name}"] = f"{max(0, math.floor(b[2]))}"
+            out[f"x-ratelimit-reset-{name}"] = duration_text(
+                max(0.0, (cap - b[2]) * b[1] / cap))
+        return out
+
+
+limit = st.one_of(st.none(), st.integers(1, 50).map(float), st.floats(0.5, 1e4))
+step = st.tuples(st.sampled_from(["take", "settle", "share", "headers"]),
+                 st.floats(-0.5, 3.0), st.integers(0, 120), st.integers(1, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(limit, limit, limit, st.lists(step, max_size=60))
+def test_the_limiter_takes_refuses_and_reports_as_the_plain_arithmetic(
+        rps: float | None, rpm: float | None, tpm: float | None,
+        steps: list[tuple[str, float, int, int]]) -> None:
+    """Same verdicts (reason and wait), same headers, through refills, settlements (debt
+    included), shares and a clock that stands still or steps back."""
+    limits = TenantLimits(requests_per_second=rps, requests_per_minute=rpm,
+                          tokens_per_minute=tpm)
+    rl, plain = TenantRateLimiter(limits, 0.0), _Plain(limits)
+    now = 0.0
+    for op, dt, tokens, replicas in steps:
+        now += dt
+        if op == "take":
+            v = rl.take(now, tokens)
+            assert (v.allowed, v.reason, v.retry_after_s) == plain.take(now, tokens)
+        elif op == "settle":
+            rl.settle(tokens, tokens * replicas // 2)
+            plain.settle(tokens, tokens * replicas // 2)
+        elif op == "share":
+            rl.set_share(1.0 / replicas)
+            plain.set_share(1.0 / replicas)
+        else:
+            assert rl.headers(now) == plain.headers(now)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from accounting.pricing import Pricing
+from accounting.pricing import Pricing, Series
 from gateway.tenancy.budget import estimate
 from gateway.tenancy.rates import (
     MAX_MARGIN,
     PRIOR_J_PER_OUTPUT_TOKEN,
     PRIOR_J_PER_PROMPT_TOKEN,
     Bill,
+    RatesMemo,
     TenantRates,
     band_of,
     fit_j,
@@ -121,3 +124,30 @@ def test_estimate_is_the_sum_of_its_parts_to_the_last_bit() -> None:
         tail = learnt.beyond.prompt.times(max(0.0, prompt - learnt.prompt_upto)).plus(
             learnt.beyond.output.times(max(0.0, output - learnt.output_upto)))
         assert estimate(prompt, output, learnt) == head.plus(tail)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3), max_size=6, unique=True), st.floats(-2e3, 2e3),
+       st.floats(-2e3, 2e3))
+def test_a_series_span_is_where_it_gives_the_same_value(times: list[float], t: float,
+                                                        u: float) -> None:
+    series = Series(tuple(sorted(times)), tuple(range(max(1, len(times)))))
+    start, until = series.span(t)
+    assert start <= t < until
+    assert (series.at(u) == series.at(t)) == (start <= u < until)
+
+
+def test_the_memo_gives_the_rates_worked_out_each_time_across_price_steps_and_refreshes(
+        ) -> None:
+    """A price step and a refresh's new learnt rates each change what it gives, at once."""
+    pricing = Pricing(intensity_g_per_kwh=Series((100.0, 200.0), (300.0, 600.0)),
+                      price_usd_per_kwh=Series((150.0,), (0.1,)))
+    memo = RatesMemo(pricing)
+    learnt = {"t": TenantRates.from_bills([bill(100, 200), bill(300, 10), bill(200, 100)])}
+    for now in (50.0, 99.9, 100.0, 149.0, 150.0, 199.0, 200.0, 250.0, 120.0):
+        for precision, prompt in (("bf16", 100), ("bf16", 5000), ("fp8", 100)):
+            for who in ("t", "other"):
+                want = (learnt.get(who) or TenantRates()).rates(precision, prompt, pricing, now)
+                assert memo.rates(learnt, who, precision, prompt, now) == want
+        if now == 149.0:  # a refresh; the price steps at 200 with the same learnt rates
+            learnt = {"t": TenantRates.from_bills([bill(100, 200, a=0.05)] * 3)}
