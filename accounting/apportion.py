@@ -50,6 +50,7 @@ from typing import NamedTuple
 from accounting.coefficients import Coefficients
 from accounting.heads import SPLIT_S
 from accounting.prefill import CHUNK_TOKENS
+from accounting.shortspan import short_span_weights
 from accounting.stepclock import clocked_weights
 from accounting.work import Work, WorkColumns
 
@@ -249,6 +250,11 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
                                   interval_s, step_s) if step_s > 0.0 else None
         if clocked is not None:
             weights_d = clocked
+        # A span of a few steps weighs by the batch it mostly ran in, not by the relay's
+        # jitter at its edges (accounting/shortspan.py).
+        short = short_span_weights(weights_d, [o > 0.0 for o in own], start, res, interval_s)
+        if short is not None:
+            weights_d = short
         chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
         part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
                 for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]

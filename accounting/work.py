@@ -1,10 +1,11 @@
 """Per-request work on the wall-clock interval grid (pure).
 
 A finished request becomes one `WorkRow` per interval it touched on its engine:
-- prefill tokens: prompt tokens spread uniformly over the time the engine takes to read them
+- prefill tokens: prompt tokens spread over the time the engine takes to read them
   (prompt_tokens / the engine's prefill rate, `accounting.prefill`) just before the
-  first token, bounded by the dispatch (what comes before is queueing in the engine: not
-  resident in its batch, and charged nothing); a prompt of one chunk (MIN_PROMPT_TOKENS to
+  first token, chunk by chunk, each chunk's step as long as its work (`chunk_spans`),
+  bounded by the dispatch (what comes before is queueing in the engine: not resident in
+  its batch, and charged nothing); a prompt of one chunk (MIN_PROMPT_TOKENS to
   CHUNK_TOKENS) whose step began earlier (`step_from_s`: the engine's previous step's last
   token event) is spread from there, the step it shared with other prompts; a longer prompt
   queued behind others ends its reading inside its last step, which it shared with the next
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from itertools import accumulate
 
 from accounting.heads import with_heads
-from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S, read_span
+from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S, chunk_spans, read_span
 from accounting.workrow import EMPTY_COLUMNS, HeadlessWork, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
@@ -203,8 +204,9 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
         k = math.floor(t_disp / interval_s)
         if t_prefilled <= t_disp or math.floor(t_prefilled / interval_s) == k:
             prefill[k] = prompt  # the usual case: the prefill lies in one interval
-        else:
-            spread(prompt, t_disp, t_prefilled, interval_s, prefill)
+        else:  # chunk by chunk: each step as long as its work (prefill.chunk_spans)
+            for tokens, lo, hi in chunk_spans(prompt, t_disp, t_prefilled):
+                spread(tokens, lo, hi, interval_s, prefill)
     # where the prefill's placement ends inside the residency span (no prefill: its start)
     t_pf = (t_prefilled if t_prefilled < t_end else t_end) if prompt else t_disp
     # The engine emits the first token in the prompt's last step: it is no decode step, and

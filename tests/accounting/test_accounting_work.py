@@ -11,6 +11,7 @@ import pytest
 
 from accounting.coefficients import fit_intervals, fitted, nnls
 from accounting.energy import Boundary, EnergyTrack
+from accounting.prefill import chunk_spans
 from accounting.work import WorkRow, spread, work_rows
 from core.records import RequestRecord
 from core.timing import latency, split_reads
@@ -80,16 +81,29 @@ def test_long_prefill_is_placed_over_its_whole_span_before_the_first_token() -> 
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
     # its one token came with the prompt's last step: no decode after it
     assert sorted(rows) == [1001, 1002, 1003]
+    # chunk by chunk, each step as long as its work: the later chunks attend over more
+    # context, so the first second holds more of the prompt than the last
     assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx(
-        [10_000, 10_000, 10_000])
+        _chunked(30_000, 1001.0, 1004.0))
+    assert rows[1001].prefill_tokens > 10_000 > rows[1003].prefill_tokens
+    assert math.fsum(r.prefill_tokens for r in rows.values()) == pytest.approx(30_000)
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(3.0)
+
+
+def _chunked(prompt: float, t0: float, t1: float) -> list[float]:
+    """A prompt's tokens per 1-s interval, read over t0..t1 chunk by chunk."""
+    acc: dict[int, float] = {}
+    for tokens, lo, hi in chunk_spans(prompt, t0, t1):
+        spread(tokens, lo, hi, 1.0, acc)
+    return [acc[k] for k in sorted(acc)]
 
 
 def test_long_prefill_is_bounded_by_the_dispatch() -> None:
     rec = record(prompt_tokens=30_000, dispatched_s=2.5, first_token_s=4.0,
                  read_times=(4.0,), read_events=(1,), completion_tokens=1, finished_s=4.0)
     rows = {r.interval_idx: r for r in map(WorkRow._make, work_rows(rec, 1.0, 10_000.0))}
-    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx([10_000, 20_000])
+    assert [rows[k].prefill_tokens for k in sorted(rows)] == pytest.approx(
+        _chunked(30_000, 1002.5, 1004.0))
     assert math.fsum(r.residency_s for r in rows.values()) == pytest.approx(1.5)
 
 

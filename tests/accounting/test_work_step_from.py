@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from accounting.prefill import CHUNK_TOKENS, MIN_PROMPT_TOKENS
-from accounting.work import WorkRow, work_rows
+from accounting.prefill import CHUNK_TOKENS, MIN_PROMPT_TOKENS, chunk_spans
+from accounting.work import WorkRow, spread, work_rows
 from gateway.pipeline.flight import STEP_GAP_S, Flight
 from tests.accounting.test_accounting_work import record
 
@@ -65,8 +65,11 @@ def test_a_queued_long_prompt_ends_its_reading_inside_a_full_last_step() -> None
     row = _queued(1.2 + _STEP, 1.2)
     end = 1.2 + _STEP / 2.0
     assert row.start_s == pytest.approx(end - _LONG / 25_000.0)  # in interval 1000
-    # its tokens spread over that reading: the part before 1001.0 in interval 1000
-    assert row.prefill_tokens == pytest.approx(_LONG * (1.0 - row.start_s) / (_LONG / 25_000.0))
+    # its tokens spread over that reading, chunk by chunk: the part before 1001.0 in 1000
+    before: dict[int, float] = {}
+    for tokens, lo, hi in chunk_spans(_LONG, 1000.0 + row.start_s, 1000.0 + end):
+        spread(tokens, lo, hi, 1.0, before)
+    assert row.prefill_tokens == pytest.approx(before[1000])
     # a step longer than a chunk's time: half way through it
     slow = _queued(1.2 + 2 * _STEP, 1.2)
     assert slow.start_s == pytest.approx(1.2 + _STEP - _LONG / 25_000.0 - 1.0)  # in 1001
