@@ -77,12 +77,16 @@ def cusum_split(times: tuple[float, ...], cum: list[int] | None, off: float, s: 
 
 
 split: Split = cusum_split
+# with_heads' loop over a request with token events in C, where it was built: the same
+# operations in the same order (tests/accounting/test_streamed_compiled.py compares the two)
+compiled: Callable[..., list[Work]] | None
 try:
     from accounting._streamed import cusum_split as _compiled
+    from accounting._streamed import with_heads as compiled
 
     split = _compiled
 except ImportError:  # pragma: no cover - a build without a C compiler
-    pass
+    compiled = None
 
 
 def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: Sequence[int],
@@ -93,6 +97,9 @@ def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: S
     if not times or per_event <= 0.0:
         return [(*r, 0.0) for r in rows]
     cum = None if len(events) == sum(events) else _accumulate(events)
+    if compiled is not None and type(rows) is list and type(times) is tuple:
+        return compiled(rows, times, cum, off, interval_s, per_event, first, SPLIT_S,
+                        MIN_SHIFT_EVENTS)
     t_first = times[0] + off
     out: list[Work] = []
     for r in rows:
