@@ -3,11 +3,12 @@
 
    A stream's work rows, one per interval of its residency, were most of the accounting
    child's CPU per record spent in Python (one bisection, a dozen float operations and a
-   tuple per interval; then a pass over the rows for their heads). Every operation below is the one work.py performs, in its order, on
-   IEEE doubles (built with -ffp-contract=off: no fused multiply-add, which would round
-   differently), so the rows are equal to the Python loops'; tests/accounting/
-   test_streamed_compiled.py compares them on random records. work.py and heads.py fall back
-   to their Python loops where this module was not built. */
+   tuple per interval; then a pass over the rows for their heads). Every operation below is
+   the one the Python performs, in its order, on IEEE doubles (built with -ffp-contract=off:
+   no fused multiply-add, which would round differently), so the rows are equal to the
+   Python loops'; tests/accounting/test_streamed_compiled.py compares them on random
+   records. work.py and heads.py fall back to their Python loops where this module was not
+   built. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
