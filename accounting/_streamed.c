@@ -31,6 +31,18 @@ static Py_ssize_t bisect_left(PyObject *times, double x, int *failed) {
     return lo;
 }
 
+/* A row holds a str, an int and floats, none of which refers to anything: it can be in no
+   reference cycle, so the garbage collector need not walk it (CPython untracks such a tuple
+   itself, but only once a collection has walked it). A flush's rows live until they are
+   written, and walking them in every collection meanwhile cost the child more than building
+   them. */
+static void untrack(PyObject *row) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(row); i++)
+        if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(row, i)))
+            return;
+    PyObject_GC_UnTrack(row);
+}
+
 static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, double d,
                       double res, double start, double kv, double pf) {
     double values[6] = {p, d, res, start, kv, pf};
@@ -49,6 +61,7 @@ static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, 
         }
         PyTuple_SET_ITEM(row, 2 + i, v);
     }
+    untrack(row);
     int rc = PyList_Append(rows, row);
     Py_DECREF(row);
     return rc;
@@ -265,6 +278,7 @@ static PyObject *row_of(PyObject *row, const int keep[9], const double *extra) {
         }
         PyTuple_SET_ITEM(out, i, v);
     }
+    untrack(out);
     return out;
 }
 

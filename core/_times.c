@@ -41,6 +41,9 @@ static PyObject *unpack_times(PyObject *self, PyObject *args) {
         PyTuple_SET_ITEM(out, i, v);
     }
     PyBuffer_Release(&data);
+    /* floats only: in no reference cycle, so the garbage collector need not walk it (CPython
+       untracks such a tuple itself, but only once a collection has walked it) */
+    PyObject_GC_UnTrack(out);
     return out;
 error:
     PyBuffer_Release(&data);
