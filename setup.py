@@ -1,9 +1,14 @@
-"""The one compiled module (accounting/_streamed.c); everything else is in pyproject.toml.
-Optional: where it cannot be built, accounting/work.py runs the same loop in Python."""
+"""The compiled modules (accounting/_streamed.c, core/_times.c); everything else is in
+pyproject.toml. Optional: where they cannot be built, accounting/work.py, accounting/heads.py
+and core/codec.py run the same loops in Python."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(
-    "accounting._streamed", ["accounting/_streamed.c"],
-    # IEEE doubles as Python computes them: no fused multiply-add, no fast-math
-    extra_compile_args=["-O2", "-ffp-contract=off", "-fno-fast-math"], optional=True)])
+# IEEE doubles as Python computes them: no fused multiply-add, no fast-math
+_FLAGS = ["-O2", "-ffp-contract=off", "-fno-fast-math"]
+
+setup(ext_modules=[
+    Extension("accounting._streamed", ["accounting/_streamed.c"], extra_compile_args=_FLAGS,
+              optional=True),
+    Extension("core._times", ["core/_times.c"], extra_compile_args=_FLAGS, optional=True),
+])

@@ -1,12 +1,14 @@
-/* accounting/work.py's _streamed_rows loop, compiled: the same rows, bit for bit.
+/* accounting/work.py's _streamed_rows loop and accounting/heads.py's with_heads, compiled:
+   the same rows, bit for bit.
 
    A stream's work rows, one per interval of its residency, were most of the accounting
    child's CPU per record spent in Python (one bisection, a dozen float operations and a
-   tuple per interval). Every operation below is the one work.py performs, in its order, on
-   IEEE doubles (built with -ffp-contract=off: no fused multiply-add, which would round
-   differently), so the rows are equal to the Python loop's; tests/accounting/
-   test_streamed_compiled.py compares the two on random records. work.py falls back to its
-   Python loop where this module was not built. */
+   tuple per interval; then a pass over the rows for their heads). Every operation below is
+   the one the Python performs, in its order, on IEEE doubles (built with -ffp-contract=off:
+   no fused multiply-add, which would round differently), so the rows are equal to the
+   Python loops'; tests/accounting/test_streamed_compiled.py compares them on random
+   records. work.py and heads.py fall back to their Python loops where this module was not
+   built. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,6 +31,18 @@ static Py_ssize_t bisect_left(PyObject *times, double x, int *failed) {
     return lo;
 }
 
+/* A row holds a str, an int and floats, none of which refers to anything: it can be in no
+   reference cycle, so the garbage collector need not walk it (CPython untracks such a tuple
+   itself, but only once a collection has walked it). A flush's rows live until they are
+   written, and walking them in every collection meanwhile cost the child more than building
+   them. */
+static void untrack(PyObject *row) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(row); i++)
+        if (PyObject_GC_IsTracked(PyTuple_GET_ITEM(row, i)))
+            return;
+    PyObject_GC_UnTrack(row);
+}
+
 static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, double d,
                       double res, double start, double kv, double pf) {
     double values[6] = {p, d, res, start, kv, pf};
@@ -47,6 +61,7 @@ static int append_row(PyObject *rows, PyObject *rid, PyObject *k_obj, double p, 
         }
         PyTuple_SET_ITEM(row, 2 + i, v);
     }
+    untrack(row);
     int rc = PyList_Append(rows, row);
     Py_DECREF(row);
     return rc;
@@ -155,48 +170,43 @@ error:
 
 /* heads.py's cusum_split, the same operations in the same order: over the reads whose wall
    times (times + off) lie in [s, e], the read where the count of events departs most from an
-   even pace. (events in the head, the cut's wall time, the departure) or None. */
-static PyObject *cusum_split(PyObject *self, PyObject *args) {
-    PyObject *times, *cum;
-    double off, s, e;
-    if (!PyArg_ParseTuple(args, "O!Oddd", &PyTuple_Type, &times, &cum, &off, &s, &e))
-        return NULL;
-    if (cum != Py_None && !PyList_Check(cum)) {
-        PyErr_SetString(PyExc_TypeError, "cum: a list or None");
-        return NULL;
-    }
+   even pace: 1 with (events in the head, the cut's wall time, the departure) in *got, *cut,
+   *best; 0 with fewer than two reads there; -1 with an error set. */
+static int split_of(PyObject *times, PyObject *cum, double off, double s, double e,
+                    long long *got, double *cut, double *best) {
     int failed = 0;
     Py_ssize_t n_times = PyTuple_GET_SIZE(times);
     Py_ssize_t i0 = bisect_left(times, s - off, &failed);
     Py_ssize_t i1 = failed ? 0 : bisect_left(times, e - off, &failed);
     if (failed)
-        return NULL;
+        return -1;
     while (i1 < n_times) {
         double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i1));
         if (t == -1.0 && PyErr_Occurred())
-            return NULL;
+            return -1;
         if (!(t + off <= e))
             break;
         i1++;
     }
     if (i1 - i0 < 2 || e <= s)
-        Py_RETURN_NONE;
+        return 0;
     long long base = 0, n;
     if (cum != Py_None && i0 > 0) {
         base = PyLong_AsLongLong(PyList_GET_ITEM(cum, i0 - 1));
         if (base == -1 && PyErr_Occurred())
-            return NULL;
+            return -1;
     }
     if (cum == Py_None) {
         n = (long long)(i1 - i0);
     } else {
         n = PyLong_AsLongLong(PyList_GET_ITEM(cum, i1 - 1));
         if (n == -1 && PyErr_Occurred())
-            return NULL;
+            return -1;
         n -= base;
     }
-    double best = -1.0, cut = s;
-    long long got = 0;
+    *best = -1.0;
+    *cut = s;
+    *got = 0;
     for (Py_ssize_t i = i0; i < i1 - 1; i++) {
         long long c;
         if (cum == Py_None) {
@@ -204,23 +214,149 @@ static PyObject *cusum_split(PyObject *self, PyObject *args) {
         } else {
             c = PyLong_AsLongLong(PyList_GET_ITEM(cum, i));
             if (c == -1 && PyErr_Occurred())
-                return NULL;
+                return -1;
             c -= base;
         }
         double t = PyFloat_AsDouble(PyTuple_GET_ITEM(times, i));
         if (t == -1.0 && PyErr_Occurred())
-            return NULL;
+            return -1;
         t = t + off;
         double dev = (double)c - (double)n * (t - s) / (e - s);
         if (dev < 0.0)
             dev = -dev;
-        if (dev > best) {
-            best = dev;
-            got = c;
-            cut = t;
+        if (dev > *best) {
+            *best = dev;
+            *got = c;
+            *cut = t;
         }
     }
+    return 1;
+}
+
+static int cum_ok(PyObject *cum) {
+    if (cum != Py_None && !PyList_Check(cum)) {
+        PyErr_SetString(PyExc_TypeError, "cum: a list or None");
+        return 0;
+    }
+    return 1;
+}
+
+/* heads.py's cusum_split: (events in the head, the cut's wall time, the departure) or None. */
+static PyObject *cusum_split(PyObject *self, PyObject *args) {
+    PyObject *times, *cum;
+    double off, s, e, cut, best;
+    long long got;
+    if (!PyArg_ParseTuple(args, "O!Oddd", &PyTuple_Type, &times, &cum, &off, &s, &e))
+        return NULL;
+    if (!cum_ok(cum))
+        return NULL;
+    int found = split_of(times, cum, off, s, e, &got, &cut, &best);
+    if (found < 0)
+        return NULL;
+    if (found == 0)
+        Py_RETURN_NONE;
     return Py_BuildValue("(Ldd)", got, cut, best);
+}
+
+/* A 9-tuple of row's first eight items' objects (the indices in `keep`, in order) and the
+   doubles of `extra` where keep holds -1, in order. */
+static PyObject *row_of(PyObject *row, const int keep[9], const double *extra) {
+    PyObject *out = PyTuple_New(9);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < 9; i++) {
+        PyObject *v;
+        if (keep[i] >= 0) {
+            v = PyTuple_GET_ITEM(row, keep[i]);
+            Py_INCREF(v);
+        } else {
+            v = PyFloat_FromDouble(*extra++);
+            if (v == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    untrack(out);
+    return out;
+}
+
+static int field(PyObject *row, int i, double *out) {
+    *out = PyFloat_AsDouble(PyTuple_GET_ITEM(row, i));
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* heads.py's with_heads for rows of a request with token events (times a non-empty tuple,
+   per_event > 0), the same operations in the same order. Row fields: 0 request, 1 interval,
+   2 prefill, 3 decode, 4 residency, 5 start, 6 kv, 7 the prefill's seconds. */
+static PyObject *with_heads(PyObject *self, PyObject *args) {
+    PyObject *rows, *times, *cum;
+    double off, interval_s, per_event, first, split_s, min_shift;
+    static const int none[9] = {0, 1, 2, 3, 4, 5, 6, 7, -1};  /* (*r, 0.0) */
+    static const int whole[9] = {0, 1, 2, 3, 4, 5, 6, 4, 3};  /* the whole span, all decode */
+    static const int cut_at[9] = {0, 1, 2, 3, 4, 5, 6, -1, -1};
+    if (!PyArg_ParseTuple(args, "O!O!Odddddd", &PyList_Type, &rows, &PyTuple_Type, &times, &cum,
+                          &off, &interval_s, &per_event, &first, &split_s, &min_shift))
+        return NULL;
+    if (!cum_ok(cum))
+        return NULL;
+    if (PyTuple_GET_SIZE(times) == 0) {
+        PyErr_SetString(PyExc_ValueError, "times: none");
+        return NULL;
+    }
+    double t_first = PyFloat_AsDouble(PyTuple_GET_ITEM(times, 0));
+    if (t_first == -1.0 && PyErr_Occurred())
+        return NULL;
+    t_first = t_first + off;
+    Py_ssize_t n_rows = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n_rows);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < n_rows; j++) {
+        PyObject *r = PyList_GET_ITEM(rows, j);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 8) {
+            PyErr_SetString(PyExc_TypeError, "rows: tuples of 8");
+            goto error;
+        }
+        double res, pf, d, start, k;
+        if (field(r, 4, &res) < 0 || field(r, 7, &pf) < 0 || field(r, 3, &d) < 0)
+            goto error;
+        PyObject *row;
+        double zero = 0.0;
+        if (d <= 0.0 || pf >= split_s || res <= 0.0) {
+            row = row_of(r, none, &zero);
+        } else {
+            if (field(r, 1, &k) < 0 || field(r, 5, &start) < 0)
+                goto error;
+            double s = k * interval_s + start;
+            double e = s + res;
+            long long got = 0;
+            double cut = 0.0, best = 0.0;
+            int found = 0;
+            if (res >= 2.0 * split_s) {
+                found = split_of(times, cum, off, s, e, &got, &cut, &best);
+                if (found < 0)
+                    goto error;
+            }
+            if (!found || best < min_shift || cut - s < split_s || e - cut < split_s) {
+                row = row_of(r, whole, NULL);
+            } else {
+                double dh = (double)got * per_event - (t_first >= s ? first : 0.0);
+                dh = 0.0 > dh ? 0.0 : dh;  /* max(dh, 0.0) */
+                dh = d < dh ? d : dh;  /* min(dh, d) */
+                double extra[2] = {cut - s, dh};
+                row = row_of(r, cut_at, extra);
+            }
+        }
+        if (row == NULL)
+            goto error;
+        PyList_SET_ITEM(out, j, row);
+    }
+    return out;
+error:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -230,6 +366,9 @@ static PyMethodDef methods[] = {
      "first)"},
     {"cusum_split", cusum_split, METH_VARARGS,
      "heads.py's cusum_split: (times, cum | None, off, s, e) -> (events, cut, departure) | None"},
+    {"with_heads", with_heads, METH_VARARGS,
+     "heads.py's with_heads for a request with token events: (rows, times, cum | None, off, "
+     "interval_s, per_event, first, split_s, min_shift_events) -> rows with their heads"},
     {NULL, NULL, 0, NULL},
 };
 

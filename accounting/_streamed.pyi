@@ -8,3 +8,8 @@ def streamed_rows(rid: str, times: tuple[float, ...], cum: list[int] | None, tot
 
 def cusum_split(times: tuple[float, ...], cum: list[int] | None, off: float, s: float,
                 e: float) -> tuple[int, float, float] | None: ...
+
+def with_heads(rows: list[_Row], times: tuple[float, ...], cum: list[int] | None, off: float,
+               interval_s: float, per_event: float, first: float, split_s: float,
+               min_shift_events: float
+               ) -> list[tuple[str, int, float, float, float, float, float, float, float]]: ...

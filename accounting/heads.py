@@ -77,22 +77,31 @@ def cusum_split(times: tuple[float, ...], cum: list[int] | None, off: float, s: 
 
 
 split: Split = cusum_split
+# with_heads' loop over a request with token events in C, where it was built: the same
+# operations in the same order (tests/accounting/test_streamed_compiled.py compares the two)
+compiled: Callable[..., list[Work]] | None
 try:
     from accounting._streamed import cusum_split as _compiled
+    from accounting._streamed import with_heads as compiled
 
     split = _compiled
 except ImportError:  # pragma: no cover - a build without a C compiler
-    pass
+    compiled = None
 
 
 def with_heads(rows: Sequence[HeadlessWork], times: tuple[float, ...], events: Sequence[int],
-               off: float, interval_s: float, per_event: float, first: float) -> list[Work]:
+               total: int, off: float, interval_s: float, per_event: float, first: float
+               ) -> list[Work]:
     """`rows` (each ending with its prefill seconds) with `head_decode` appended: 0 where the
     head is the prefill (or a row without token events); where the pace changes, the cut as
-    `head_s`; where it does not, the whole span, holding all the row's decode."""
+    `head_s`; where it does not, the whole span, holding all the row's decode. `total`: the
+    sum of `events`."""
     if not times or per_event <= 0.0:
         return [(*r, 0.0) for r in rows]
-    cum = None if len(events) == sum(events) else _accumulate(events)
+    cum = None if len(events) == total else _accumulate(events)
+    if compiled is not None and type(rows) is list and type(times) is tuple:
+        return compiled(rows, times, cum, off, interval_s, per_event, first, SPLIT_S,
+                        MIN_SHIFT_EVENTS)
     t_first = times[0] + off
     out: list[Work] = []
     for r in rows:

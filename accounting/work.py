@@ -150,16 +150,18 @@ def work_rows(rec: RequestRecord, interval_s: float,
     prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
     token events at the end of its span.
     `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
-    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut)
-    total = sum(rec.read_events) if rec.read_times else 0
-    return with_heads(rows, rec.read_times, rec.read_events, rec.arrived_wall_s - rec.arrived_s,
-                      interval_s, rec.completion_tokens / total if total else 0.0,
+    total = sum(rec.read_events) if rec.read_times else 0  # summed once: reads are many
+    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut, total)
+    return with_heads(rows, rec.read_times, rec.read_events, total,
+                      rec.arrived_wall_s - rec.arrived_s, interval_s,
+                      rec.completion_tokens / total if total else 0.0,
                       1.0 if rec.prompt_tokens and rec.completion_tokens else 0.0)
 
 
 def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tpot_s: float,
-          shortcut: bool) -> list[_Row]:
-    """work_rows' rows without the head's decode (the last field is the prefill's seconds)."""
+          shortcut: bool, total: int) -> list[_Row]:
+    """work_rows' rows without the head's decode (the last field is the prefill's seconds);
+    `total`: the record's token events."""
     if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
         return []
     off = rec.arrived_wall_s - rec.arrived_s  # monotonic -> wall clock
@@ -220,7 +222,7 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
         k_r0 = math.floor((times[0] + off) / interval_s)
         k_rl = math.floor((times[-1] + off) / interval_s)
         if (k_r0 >= k_first and k_rl <= k_last and max(prefill, default=k_last) <= k_last
-                and (len(prefill) <= 1 or k_r0 <= k_rl) and (total := sum(events))):
+                and (len(prefill) <= 1 or k_r0 <= k_rl) and total):
             if shortcut and k_first == k_last:
                 # One interval (most streams): _streamed_rows' row without its loop.
                 d = total * (completion / total)

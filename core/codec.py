@@ -31,7 +31,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from operator import attrgetter
 from typing import Annotated, Any, Final, Literal
 
@@ -149,6 +150,17 @@ def unpack_times(data: bytes) -> tuple[float, ...]:
     return out
 
 
+# unpack_times in C, where it was built: one pass from the bytes to the tuple, each time
+# checked as it is read (the same times, the same ValueError)
+compiled_unpack: Callable[[float, bytes], tuple[float, ...]] | None
+try:
+    from core._times import unpack_times as compiled_unpack
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled_unpack = None
+_times_of: Callable[[bytes], tuple[float, ...]] = (
+    unpack_times if compiled_unpack is None else partial(compiled_unpack, MAX_TIME_S))
+
+
 # A line's values read from a record by name, in the line's order (the latency's three by
 # their dotted path), in one C call each side of the read times: positional construction of
 # the line, half the time of keywords (a record is encoded on the gateway's event loop)
@@ -185,7 +197,7 @@ if _missing or _RECORD_FIELDS[-1] != "trace":
 def record_of(line: UnversionedLine) -> RequestRecord:
     """The record a line carries (any version), its latency without ITL samples; ValueError
     for version 3's read times that are not times."""
-    times = (unpack_times(line.read_times) if isinstance(line, (RecordLine, VersionThreeLine))
+    times = (_times_of(line.read_times) if isinstance(line, (RecordLine, VersionThreeLine))
              else line.read_times)
     values: tuple[Any, ...] = (*_before_times(line), times, *_times_to_latency(line),
                                Latency(line.ttft_s, line.tpot_s, line.e2e_s, (), ()),

@@ -76,15 +76,14 @@ class RequestRow(NamedTuple):
             if last is None or hi > last:
                 last = hi  # work stamped after the finish (clock skew) still has shares
         times = rec.read_times
+        # Positional, in the fields' order (tests/accounting/test_ledger_rows.py checks each
+        # by name): a row per request, and keywords took twice the time to build it
         return cls(
-            request_id=rec.request_id, tenant=rec.tenant, model=rec.model, engine=rec.engine,
-            precision=rec.precision, slo_class=rec.slo_class, status=rec.status,
-            stream=1 if rec.stream else 0, arrived_s=rec.arrived_wall_s, finished_s=finished,
-            finished_hour=math.floor(finished / HOUR_S), prompt_tokens=rec.prompt_tokens,
-            completion_tokens=rec.completion_tokens, slo_met=1 if rec.slo_met else 0,
-            first_interval=first, last_interval=last, replica=replica,
-            prompt_source=rec.prompt_source, http_status=rec.http_status, outcome=rec.outcome,
-            delivered_s=rec.arrived_wall_s + (times[-1] - rec.arrived_s) if times else None)
+            rec.request_id, rec.tenant, rec.model, rec.engine, rec.precision, rec.slo_class,
+            rec.status, 1 if rec.stream else 0, rec.arrived_wall_s, finished,
+            math.floor(finished / HOUR_S), rec.prompt_tokens, rec.completion_tokens,
+            1 if rec.slo_met else 0, first, last, replica, rec.prompt_source, rec.http_status,
+            rec.outcome, rec.arrived_wall_s + (times[-1] - rec.arrived_s) if times else None)
 
 
 _interval = itemgetter(1)  # a Work tuple's interval

@@ -42,6 +42,7 @@ BUSY_STEP_S = 0.0005  # a write transaction retries its lock this often while an
 
 class SqliteLedger(SqlLedger):
     kind = "sqlite"
+    row_locks = False  # one writer at a time (BEGIN IMMEDIATE): no order of row locks to keep
 
     def __init__(self, path: str | Path):
         super().__init__()

@@ -9,15 +9,39 @@ from pathlib import Path
 import pytest
 
 from accounting.counters import CounterState
-from accounting.ledger.base import EngineState, IntervalRow
+from accounting.ledger.base import EngineState, IntervalRow, RequestRow
 from accounting.ledger.common import INTERVAL_FIELDS
 from accounting.ledger.rollups import IntervalAccounts
 from accounting.ledger.sqlite import SqliteLedger
+from core.records import RequestRecord
+from core.timing import Latency
 
 
 def test_an_interval_rows_fields_are_the_columns_its_select_names() -> None:
     assert tuple(f.name for f in dataclasses.fields(IntervalRow)) == INTERVAL_FIELDS
     assert len(IntervalAccounts._fields) == 13  # sql.USAGE_IDLE's columns
+
+
+def test_a_request_rows_fields_hold_their_records_values_by_name() -> None:
+    """RequestRow.from_record builds its row positionally: each field, read by name, holds
+    the record's value of that name (every value distinct, so a swap shows)."""
+    rec = RequestRecord(
+        request_id="rid", tenant="ten", model="mod", engine="eng", precision="fp8",
+        slo_class="cls", status="upstream_timeout", http_status=504, stream=True,
+        arrived_wall_s=7200.5, arrived_s=10.0, dispatched_s=10.25, first_byte_s=10.375,
+        first_token_s=10.5, finished_s=13.0, read_times=(10.5, 11.75), read_events=(1, 2),
+        prompt_tokens=17, completion_tokens=23, attempts=2,
+        latency=Latency(0.5, 0.625, 3.0, (), ()), slo_met=True, prompt_source="gateway")
+    work = [("rid", 7201, 17.0, 2.0, 0.5, 0.0, 40.0, 0.0, 0.0),
+            ("rid", 7202, 0.0, 21.0, 0.5, 0.0, 500.0, 0.0, 0.0)]
+    row = RequestRow.from_record(rec, 1.0, "rep", work)
+    assert row._asdict() == {
+        "request_id": "rid", "tenant": "ten", "model": "mod", "engine": "eng",
+        "precision": "fp8", "slo_class": "cls", "status": "upstream_timeout", "stream": 1,
+        "arrived_s": 7200.5, "finished_s": 7203.5, "finished_hour": 2, "prompt_tokens": 17,
+        "completion_tokens": 23, "slo_met": 1, "first_interval": 7201, "last_interval": 7203,
+        "replica": "rep", "prompt_source": "gateway", "http_status": 504, "outcome": "failed",
+        "delivered_s": 7202.25}
 
 
 @pytest.mark.timeout(30)

@@ -6,12 +6,13 @@ span (clock skew), intervals of several lengths."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 
 import pytest
 
-from accounting import work
-from accounting.work import work_rows
+from accounting import heads, work
+from accounting.work import WorkRow, work_rows
 from bench.apportion_workload import make_records
 from core.records import RequestRecord
 
@@ -43,3 +44,24 @@ def test_the_compiled_loop_gives_the_python_loops_rows_bit_for_bit(
     python = [work_rows(r, interval_s, rates[i % 2]) for i, r in enumerate(recs)]
     assert list(map(repr, compiled)) == list(map(repr, python))
     assert sum(len(rows) > 1 for rows in python) > 100  # streams over several intervals
+
+
+@pytest.mark.skipif(heads.compiled is None, reason="accounting/_streamed.c was not built")
+@pytest.mark.parametrize("interval_s", [1.0, 0.25, 2.5])
+def test_the_compiled_heads_are_the_python_heads_bit_for_bit(
+        interval_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """heads.with_heads in C and in Python (its cut found in Python too) give the same rows:
+    prefill heads, heads cut where the pace changes, whole-span heads and none."""
+    recs = _streams(int(interval_s * 100) + 1, 600)
+    rates = (2_000.0, 20_000.0)
+    compiled = [work_rows(r, interval_s, rates[i % 2]) for i, r in enumerate(recs)]
+    monkeypatch.setattr(heads, "compiled", None)
+    monkeypatch.setattr(heads, "split", heads.cusum_split)
+    python = [work_rows(r, interval_s, rates[i % 2]) for i, r in enumerate(recs)]
+    assert list(map(repr, compiled)) == list(map(repr, python))
+    # rows of atoms, in no reference cycle: the collector does not walk them while they wait
+    assert not any(gc.is_tracked(w) for ws in compiled for w in ws)
+    rows = [WorkRow._make(w) for ws in python for w in ws]
+    assert sum(0.0 < r.head_s < r.residency_s for r in rows) > 20  # cut where the pace changed
+    assert sum(r.head_s == r.residency_s > 0.0 for r in rows) > 100  # one pace: the whole span
+    assert sum(r.head_s == 0.0 and r.head_decode == 0.0 for r in rows) > 20  # none

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
+import gc
 import math
+import random
 import struct
 from pathlib import Path
 
 import orjson
+import pytest
 
+from core import codec
 from core.codec import (
     MAX_TIME_S,
     MAX_TOKENS,
@@ -157,3 +162,29 @@ def test_version_4_carries_the_step_before_the_first_token_and_version_3_lines_a
     assert decode(v3) == _as_journalled(dataclasses.replace(rec, step_from_s=None))
     assert decode_lines(v3 + encode(rec)) == (
         [_as_journalled(dataclasses.replace(rec, step_from_s=None)), _as_journalled(rec)], 0)
+
+
+@pytest.mark.skipif(codec.compiled_unpack is None, reason="core/_times.c was not built")
+def test_the_compiled_unpack_gives_the_pythons_times_and_refusals() -> None:
+    """core/_times.c reads the same floats (their bits) as unpack_times, and refuses the same
+    bytes with the same ValueError."""
+    assert codec.compiled_unpack is not None
+    compiled = functools.partial(codec.compiled_unpack, MAX_TIME_S)
+    rnd = random.Random(3)
+    edges = [0.0, -0.0, 5e-324, 2.0 ** 33, math.nextafter(2.0 ** 33, 0.0), MAX_TIME_S, 1e-300]
+    for _ in range(300):
+        times = [rnd.choice(edges) if rnd.random() < 0.1 else rnd.uniform(0.0, 1e6)
+                 for _ in range(rnd.randint(0, 200))]
+        data = struct.pack(f"<{len(times)}d", *times)
+        got = compiled(data)
+        assert struct.pack(f"<{len(got)}d", *got) == data
+        assert all(type(t) is float for t in got) and got == unpack_times(data)
+        assert not gc.is_tracked(got)  # floats only: the collector need not walk it
+    for bad in (struct.pack("<2d", 100.0, math.nan), struct.pack("<d", -1.0),
+                struct.pack("<d", math.inf), struct.pack("<d", -math.inf),
+                struct.pack("<d", math.nextafter(MAX_TIME_S, math.inf)),
+                struct.pack("<3d", 1.0, 2.0, -5e-324), struct.pack("<d", 100.0)[:7]):
+        with pytest.raises(ValueError) as want:
+            unpack_times(bad)
+        with pytest.raises(ValueError, match=str(want.value)):
+            compiled(bad)
