@@ -73,9 +73,10 @@ def test_queued_prompts_are_placed_in_the_engines_steps(prompts: list[int], fixe
     rate = CHUNK_TOKENS / (fixed_s + per_token_s * CHUNK_TOKENS)
     places = QueuedPrompts()
     got = [places.place(rec, rate) for rec in recs]  # in order of dispatch
-    assert got[0] is None  # read from its dispatch: nothing queued before it
-    for j in range(1, len(prompts)):
+    for j in range(len(prompts)):
         chunks = got[j]
+        if j == 0 and chunks is None:  # read in about its own time: placed by its record
+            continue
         assert chunks is not None
         want = [(n, 1000.0 + a, 1000.0 + b) for _, n, a, b in read[j]]
         assert [c[0] for c in chunks] == pytest.approx([w[0] for w in want])
@@ -106,6 +107,22 @@ def test_an_interval_holds_the_tokens_the_engine_read_in_it() -> None:
     assert set(truth) == {1000, 1001}
     assert new[1000] == pytest.approx(truth[1000]) and new[1001] == pytest.approx(truth[1001])
     assert abs(old.get(1000, 0.0) - truth[1000]) > 1000.0
+
+
+def test_the_first_prompt_of_a_queue_holds_its_tail_in_its_last_step() -> None:
+    """13,608 tokens then 10,148 (the second round's wave): the first read 8,192 in a step of
+    its own and its last 5,416 in the step that also read the second's first 2,776; its
+    first token came after its reading time plus a quarter of a chunk's, so its own record
+    ended its reading half way through that last step. Its chunks are the engine's steps: a
+    whole chunk from its dispatch, its tail over the step it shared."""
+    recs, read = fcfs([13608, 10148], 0.012, 2.8e-5)
+    rate = CHUNK_TOKENS / (0.012 + 2.8e-5 * CHUNK_TOKENS)
+    chunks = QueuedPrompts().place(recs[0], rate)
+    assert chunks is not None
+    want = [(n, 1000.0 + a, 1000.0 + b) for _, n, a, b in read[0]]
+    assert [c[0] for c in chunks] == [w[0] for w in want] == [8192.0, 5416.0]
+    assert [c[1] for c in chunks] == pytest.approx([w[1] for w in want], abs=1e-9)
+    assert [c[2] for c in chunks] == pytest.approx([w[2] for w in want], abs=1e-9)
 
 
 def test_a_prompt_read_from_its_dispatch_keeps_its_own_placement() -> None:
