@@ -11,14 +11,15 @@ import gc
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from accounting.chunks import in_chunks
 from accounting.config import AccountingConfig
 from accounting.journal import Journal, recover
 from accounting.ledger.base import Ledger, LedgerError, RequestRow, Watermark
 from accounting.metrics import RecorderMetrics
-from accounting.prefill import DEFAULT_TPOT_S, PrefillRates
+from accounting.prefill import CHUNK_TOKENS, DEFAULT_TPOT_S, PrefillRates
+from accounting.queued import QueuedPrompts, queued_behind
 from accounting.work import Work, work_rows
 from core.records import RequestRecord
 
@@ -42,6 +43,16 @@ def _nothing_open() -> float | None:
     return None
 
 
+class _Held(NamedTuple):
+    """A queued long prompt's record waiting for the records of the prompts read before it."""
+
+    rec: RequestRecord
+    seq: int  # its place in recording order
+    floor: int  # the journal segment it may be in, at the lowest
+    since: float  # when it began to wait (the recorder's clock)
+    dispatched: float  # wall clock
+
+
 class LedgerRecorder:
     """Writes finished requests to the ledger for one replica: queued, journalled, turned
     into rows and written in batches with the replica's watermark."""
@@ -60,6 +71,11 @@ class LedgerRecorder:
         self._open_since: Callable[[], float | None] = _nothing_open
         self._published: tuple[float | None, float] | None = None  # (open since, when)
         self.prefill_rates = PrefillRates()  # learnt from the records, sizes prefill spans
+        self.queued_prompts = QueuedPrompts()  # places queued prompts' chunks (queued.py)
+        self._held: list[_Held] = []  # in recording order
+        self._settled: set[str] = set()  # held records whose predecessors are all recorded
+        self._taken = 0  # records taken from _pending, in recording order
+        self._written_raw = 0  # records written, whatever their order
         jc = config.journal
         self.journal = (Journal(Path(jc.directory(config.ledger)), jc.fsync_s)
                         if jc.enabled else None)
@@ -154,6 +170,7 @@ class LedgerRecorder:
         second, and the ledger fell seconds behind the requests (a crash would have lost them)."""
         pending, self._pending = self._pending, []
         cut = self._journal_cut(pending)
+        pending = self._hold(pending)
         chunk = max(chunk, -(-len(pending) // slices))
         done = 0
         try:
@@ -166,11 +183,50 @@ class LedgerRecorder:
         self._journal_ingested = max(self._journal_ingested, cut)
 
     def ingest(self) -> None:
-        """Turn every queued record into ledger rows now."""
+        """Turn every queued record into ledger rows now (held ones too)."""
         pending, self._pending = self._pending, []
         cut = self._journal_cut(pending)
-        self._rows_from(pending)
+        self._rows_from(self._hold(pending, release_all=True))
         self._journal_ingested = max(self._journal_ingested, cut)
+
+    def _hold(self, pending: list[RequestRecord], release_all: bool = False
+              ) -> list[RequestRecord]:
+        """The records to turn into rows now: `pending` but the long prompts that queued
+        behind others, which wait until every request that came before their dispatch is
+        recorded (the gateways' watermark has passed it; at most `hold_s`), so that the
+        prompts read before them are known (accounting/queued.py); then, after the others,
+        in order of dispatch."""
+        seq = self._taken
+        self._taken += len(pending)
+        hold_s = self.config.hold_s
+        if hold_s <= 0.0 and not self._held:
+            return pending
+        now = self._clock()
+        out: list[RequestRecord] = []
+        rate = self.prefill_rates.rate
+        for i, rec in enumerate(pending):
+            if (hold_s > 0.0 and not release_all and rec.prompt_tokens > CHUNK_TOKENS
+                    and rec.dispatched_s is not None and rec.first_token_s is not None
+                    and queued_behind(rec, rate(rec.engine, rec.prompt_tokens))):
+                wall = rec.dispatched_s + rec.arrived_wall_s - rec.arrived_s
+                self._held.append(_Held(rec, seq + i, self._journal_ingested, now, wall))
+            else:
+                out.append(rec)
+        if not self._held:
+            return out
+        since = None if release_all else self._open_since()
+        go: list[_Held] = []
+        keep: list[_Held] = []
+        for h in self._held:
+            if not release_all and (since is None or since > h.dispatched):
+                self._settled.add(h.rec.request_id)  # every prompt before it is recorded
+            elif not release_all and now - h.since < hold_s:
+                keep.append(h)
+                continue
+            go.append(h)
+        self._held = keep
+        out += [h.rec for h in sorted(go, key=lambda h: h.dispatched)]
+        return out
 
     def _journal_cut(self, pending: Sequence[RequestRecord]) -> int:
         """Cut the journal where `pending` ends (0: nothing to cut)."""
@@ -186,14 +242,22 @@ class LedgerRecorder:
         by_engine = self._work
         rates = self.prefill_rates
         observe, rate, tpot = rates.observe, rates.rate, rates.tpot
+        place, settled = self.queued_prompts.place, self._settled
         default_tpot = DEFAULT_TPOT_S
         for rec in pending:
             observe(rec)
             engine = rec.engine
             # the decode pace places only the decode of a request without a token event
             stepped = rec.first_token_s is not None
-            work = work_rows(rec, dt, rate(engine, rec.prompt_tokens, stepped),
-                             default_tpot if stepped else tpot(engine))
+            r = rate(engine, rec.prompt_tokens, stepped)
+            # every record is remembered; a queued prompt's chunks are placed only where it
+            # waited for the records of the prompts before it (_hold)
+            chunks = place(rec, r) if stepped else None
+            if chunks is not None and rec.request_id not in settled:
+                chunks = None
+            settled.discard(rec.request_id)
+            work = work_rows(rec, dt, r, default_tpot if stepped else tpot(engine),
+                             chunks=chunks)
             append(from_record(rec, dt, replica, work))
             if work:  # the ledger packs them by engine (ledger/packs.py): no row is rebuilt
                 if engine in by_engine:
@@ -219,9 +283,12 @@ class LedgerRecorder:
             self._work = work
             raise
         self._published = (since, now)
-        if self.journal is not None:
-            self.journal.release(self._journal_ingested)
-        self.records_written += len(requests)
+        if self.journal is not None:  # a held record's segment stays
+            self.journal.release(min([self._journal_ingested, *(h.floor for h in self._held)]))
+        self._written_raw += len(requests)
+        # in recording order: a held record's frame is not acknowledged before it is written
+        self.records_written = (min(self._written_raw, self._held[0].seq) if self._held
+                                else self._written_raw)
         if self.on_written is not None:
             self.on_written(self.records_written)
 
@@ -229,7 +296,7 @@ class LedgerRecorder:
         """The earliest wall-clock time this replica may still record work at: the arrival of
         its oldest request being served, or recorded but not in this flush (None: none)."""
         since = self._open_since()
-        for rec in self._pending:
+        for rec in (*self._pending, *(h.rec for h in self._held)):
             if since is None or rec.arrived_wall_s < since:
                 since = rec.arrived_wall_s
         return since
@@ -246,8 +313,10 @@ class LedgerRecorder:
 
     @property
     def queued(self) -> int:
-        """Records recorded and not yet written, whether turned into rows or not."""
-        return len(self._pending) + len(self._requests)
+        """Records recorded and not yet written (or written after a held one), whether turned
+        into rows or not."""
+        return (len(self._pending) + len(self._requests) + len(self._held)
+                + self._written_raw - self.records_written)
 
     @property
     def unwritten(self) -> int:
@@ -267,7 +336,8 @@ class LedgerRecorder:
                         ) -> dict[str, Any] | None:
         """A request recorded here but not yet written to the ledger (within one flush);
         `estimated(engine)`: whether that engine's energy is estimated."""
-        return pending_request(request_id, self._pending, self._requests, self.config,
+        return pending_request(request_id, [*self._pending, *(h.rec for h in self._held)],
+                               self._requests, self.config,
                                self.replica, self.prefill_rates, estimated)
 
 

@@ -43,6 +43,7 @@ from itertools import accumulate
 
 from accounting.heads import with_heads
 from accounting.prefill import DEFAULT_TOKENS_PER_S, DEFAULT_TPOT_S, chunk_spans, read_span
+from accounting.queued import Chunks
 from accounting.workrow import EMPTY_COLUMNS, HeadlessWork, Work, WorkColumns, WorkRow
 from core.records import RequestRecord
 
@@ -143,15 +144,18 @@ def _events_per_interval(times: tuple[float, ...], events: tuple[int, ...],
 
 def work_rows(rec: RequestRecord, interval_s: float,
               prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S,
-              tpot_s: float = DEFAULT_TPOT_S, *, shortcut: bool = True) -> list[Work]:
+              tpot_s: float = DEFAULT_TPOT_S, *, shortcut: bool = True,
+              chunks: Chunks | None = None) -> list[Work]:
     """The request's work per interval of its engine (empty when it never reached one, or
     when the engine refused it with a 4xx: it read nothing).
     `prefill_tokens_per_s`: the engine's prefill rate for this prompt, which sizes the
     prefill's span; `tpot_s`: its decode pace, which places the decode of a request without
     token events at the end of its span.
-    `shortcut=False` builds a one-interval request's row the general way (tests compare)."""
+    `shortcut=False` builds a one-interval request's row the general way (tests compare).
+    `chunks`: where the engine read a queued prompt's chunks, found from the records of the
+    prompts read before it (accounting/queued.py), in place of its own record's guess."""
     total = sum(rec.read_events) if rec.read_times else 0  # summed once: reads are many
-    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut, total)
+    rows = _rows(rec, interval_s, prefill_tokens_per_s, tpot_s, shortcut, total, chunks)
     return with_heads(rows, rec.read_times, rec.read_events, total,
                       rec.arrived_wall_s - rec.arrived_s, interval_s,
                       rec.completion_tokens / total if total else 0.0,
@@ -159,7 +163,7 @@ def work_rows(rec: RequestRecord, interval_s: float,
 
 
 def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tpot_s: float,
-          shortcut: bool, total: int) -> list[_Row]:
+          shortcut: bool, total: int, chunks: Chunks | None = None) -> list[_Row]:
     """work_rows' rows without the head's decode (the last field is the prefill's seconds);
     `total`: the record's token events."""
     if not rec.engine or rec.dispatched_s is None or rec.status.startswith("upstream_http_4"):
@@ -180,8 +184,11 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
         t_first = first + off
         # Time to first token is mostly queueing behind other requests when the engine is
         # busy: the request is resident, and prefilling, only for its prefill's span.
-        start, t_prefilled = read_span(rec.step_from_s, off, prompt, t_disp, t_first,
-                                        prefill_s, prefill_tokens_per_s)
+        if chunks:
+            start, t_prefilled = chunks[0][1], chunks[-1][2]
+        else:
+            start, t_prefilled = read_span(rec.step_from_s, off, prompt, t_disp, t_first,
+                                            prefill_s, prefill_tokens_per_s)
         if start > t_disp:
             t_disp = start
         if t_disp > t_end:
@@ -207,7 +214,7 @@ def _rows(rec: RequestRecord, interval_s: float, prefill_tokens_per_s: float, tp
         if t_prefilled <= t_disp or math.floor(t_prefilled / interval_s) == k:
             prefill[k] = prompt  # the usual case: the prefill lies in one interval
         else:  # chunk by chunk: each step as long as its work (prefill.chunk_spans)
-            for tokens, lo, hi in chunk_spans(prompt, t_disp, t_prefilled):
+            for tokens, lo, hi in chunks or chunk_spans(prompt, t_disp, t_prefilled):
                 spread(tokens, lo, hi, interval_s, prefill)
     # where the prefill's placement ends inside the residency span (no prefill: its start)
     t_pf = (t_prefilled if t_prefilled < t_end else t_end) if prompt else t_disp
