@@ -21,6 +21,13 @@ from accounting.metrics import RecorderMetrics
 from accounting.prefill import DEFAULT_TPOT_S, PrefillRates
 from accounting.work import Work, work_rows
 from core.records import RequestRecord
+from core.timing import Latency
+
+compiled_untrack: Callable[[list[Any], tuple[type, ...]], int] | None  # where it was built
+try:
+    from accounting._untrack import untrack as compiled_untrack
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled_untrack = None
 
 log = logging.getLogger("wattgate.accounting")
 
@@ -36,6 +43,18 @@ def child_gc() -> None:
     of CPU per record but its RSS grew 6 MB/h in the 30-minute soak (bench/soak.py), where
     it grows 1.5 MB/h with the defaults: cyclic garbage waited hours for a full collection."""
     gc.freeze()
+
+
+def untrack(values: list[Any]) -> None:
+    """Take records and request rows (their latencies and tuples with them) off the garbage
+    collector's lists: they hold only strings and numbers, so no cycle can go through them,
+    and each collection walked every one still waiting for a flush (accounting/_untrack.c).
+    Where that module was not built, they stay tracked."""
+    if compiled_untrack is not None:
+        compiled_untrack(values, _NESTED)
+
+
+_NESTED = (Latency,)  # what a record holds that may be untracked with it
 
 
 def _nothing_open() -> float | None:
@@ -187,6 +206,7 @@ class LedgerRecorder:
         rates = self.prefill_rates
         observe, rate, tpot = rates.observe, rates.rate, rates.tpot
         default_tpot = DEFAULT_TPOT_S
+        new = len(self._requests)
         for rec in pending:
             observe(rec)
             engine = rec.engine
@@ -200,6 +220,7 @@ class LedgerRecorder:
                     by_engine[engine] += work
                 else:
                     by_engine[engine] = work
+        untrack(self._requests[new:])
         if self.metrics:
             self.metrics.pending.set(len(self._requests))
 
