@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,12 @@ from accounting.work import Work, work_rows
 from core.records import RequestRecord
 from core.timing import Latency
 
+# RequestRow.from_record in C (accounting/_requestrow.c), where it was built
+compiled_request_row: Callable[..., RequestRow] | None
+try:
+    from accounting._requestrow import request_row as compiled_request_row
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled_request_row = None
 compiled_untrack: Callable[[list[Any], tuple[type, ...]], int] | None  # where it was built
 try:
     from accounting._untrack import untrack as compiled_untrack
@@ -200,7 +207,8 @@ class LedgerRecorder:
     def _rows_from(self, pending: Sequence[RequestRecord]) -> None:
         dt = self.config.interval_s
         replica = self.replica
-        from_record = RequestRow.from_record
+        from_record = (RequestRow.from_record if compiled_request_row is None
+                       else partial(compiled_request_row, RequestRow))
         append = self._requests.append
         by_engine = self._work
         rates = self.prefill_rates

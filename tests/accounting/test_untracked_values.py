@@ -54,12 +54,12 @@ def test_rows_are_the_same_tracked_or_not() -> None:
     tracked = _recorder()
     for rec in recs:
         tracked.record(rec)
-    saved = recorder_mod.compiled_untrack
-    recorder_mod.compiled_untrack = None
+    saved = recorder_mod.compiled_untrack, recorder_mod.compiled_request_row
+    recorder_mod.compiled_untrack = recorder_mod.compiled_request_row = None  # Python only
     try:
         tracked.ingest()
     finally:
-        recorder_mod.compiled_untrack = saved
+        recorder_mod.compiled_untrack, recorder_mod.compiled_request_row = saved
     assert all(map(gc.is_tracked, tracked._requests))
     untracked = _recorder()
     for rec in recs:
