@@ -37,7 +37,7 @@ from typing import NamedTuple, cast
 
 from accounting.link import ACK, FRAME_HEAD, MAX_FRAME, SHIP_S
 from accounting.priority import Background
-from accounting.recorder import LedgerRecorder
+from accounting.recorder import LedgerRecorder, untrack
 from core.codec import DecodeError, FrameHead, decode_head, decode_lines
 from core.records import RequestRecord
 
@@ -220,6 +220,7 @@ class RecordIntake:
             return
         lines = parts[0] if len(parts) == 1 else b"".join(parts)
         recs, bad = decode_lines(lines)
+        untrack(recs)  # they wait for the next flush (recorder.untrack)
         if bad:
             log.error("accounting child: %d records from the gateway could not be read", bad)
         if recs:  # handed to the recorder with the other frames of this read (`hand_over`)

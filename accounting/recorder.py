@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +23,19 @@ from accounting.prefill import CHUNK_TOKENS, DEFAULT_TPOT_S, PrefillRates
 from accounting.queued import QueuedPrompts, queued_behind
 from accounting.work import Work, work_rows
 from core.records import RequestRecord
+from core.timing import Latency
+
+# RequestRow.from_record in C (accounting/_requestrow.c), where it was built
+compiled_request_row: Callable[..., RequestRow] | None
+try:
+    from accounting._requestrow import request_row as compiled_request_row
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled_request_row = None
+compiled_untrack: Callable[[list[Any], tuple[type, ...]], int] | None  # where it was built
+try:
+    from accounting._untrack import untrack as compiled_untrack
+except ImportError:  # pragma: no cover - a build without a C compiler
+    compiled_untrack = None
 
 log = logging.getLogger("wattgate.accounting")
 
@@ -37,6 +51,18 @@ def child_gc() -> None:
     of CPU per record but its RSS grew 6 MB/h in the 30-minute soak (bench/soak.py), where
     it grows 1.5 MB/h with the defaults: cyclic garbage waited hours for a full collection."""
     gc.freeze()
+
+
+def untrack(values: list[Any]) -> None:
+    """Take records and request rows (their latencies and tuples with them) off the garbage
+    collector's lists: they hold only strings and numbers, so no cycle can go through them,
+    and each collection walked every one still waiting for a flush (accounting/_untrack.c).
+    Where that module was not built, they stay tracked."""
+    if compiled_untrack is not None:
+        compiled_untrack(values, _NESTED)
+
+
+_NESTED = (Latency,)  # what a record holds that may be untracked with it
 
 
 def _nothing_open() -> float | None:
@@ -237,13 +263,15 @@ class LedgerRecorder:
     def _rows_from(self, pending: Sequence[RequestRecord]) -> None:
         dt = self.config.interval_s
         replica = self.replica
-        from_record = RequestRow.from_record
+        from_record = (RequestRow.from_record if compiled_request_row is None
+                       else partial(compiled_request_row, RequestRow))
         append = self._requests.append
         by_engine = self._work
         rates = self.prefill_rates
         observe, rate, tpot = rates.observe, rates.rate, rates.tpot
         place, settled = self.queued_prompts.place, self._settled
         default_tpot = DEFAULT_TPOT_S
+        new = len(self._requests)
         for rec in pending:
             observe(rec)
             engine = rec.engine
@@ -264,6 +292,7 @@ class LedgerRecorder:
                     by_engine[engine] += work
                 else:
                     by_engine[engine] = work
+        untrack(self._requests[new:])
         if self.metrics:
             self.metrics.pending.set(len(self._requests))
 

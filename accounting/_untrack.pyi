@@ -1,0 +1,3 @@
+from typing import Any
+
+def untrack(objs: list[Any], nested: tuple[type, ...]) -> int: ...
