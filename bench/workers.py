@@ -13,7 +13,7 @@ one worker had) and on cores 0 and 1 (a second worker also competes with the eng
 client for core 0). CPU is utime+stime of the
 node's whole process tree from /proc, read after a settle window (the child's deferred
 recording and apportioning is charged to the run that caused it). Runs are interleaved
-(1 worker, 2 workers, 1 worker, ...) so drift on a shared machine falls on both.
+(1 worker then 2 workers, then 2 then 1, ...) so drift on a shared machine falls on both.
 
 What a 2-core machine can show: the CPU each request costs the node with one worker and with
 two (the parent and the merged /metrics cost nothing per request; a node's worker sends a
@@ -141,7 +141,9 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for target in nodes.values():  # warm-up: connections, learnt models, first intervals
             run_wrk(target.url, "nonstream", 16, args.warmup, target.cpu_pids, engine_pids)
         for run, (cores, mode, conns) in itertools.product(range(args.runs), args.cells):
-            for w in WORKERS:
+            # ABBA: odd runs measure 2 workers first, so a drift within a pair falls on
+            # each side equally often
+            for w in (WORKERS if run % 2 == 0 else WORKERS[::-1]):
                 target = nodes[cores, w]
                 child, root = accounting_child(target), target.cpu_pids()[:1]
                 child0, root0 = cpu_s(child), cpu_s(root)
@@ -196,7 +198,7 @@ def summary(cells: list[dict[str, Any]], which: list[Cell]) -> list[dict[str, An
             for part in ("child", "workers", "parent"):
                 row[f"{part}_cpu_us_per_req_{w}"] = _median([c.get(f"{part}_cpu_us_per_req")
                                                              for c in mine])
-        # each run's 2-worker cell against the 1-worker cell measured right before it
+        # each run's 2-worker cell against the 1-worker cell measured beside it
         ratios = sorted(b["cpu_us_per_req"] / a["cpu_us_per_req"] for a, b in zip(
             [c for c in cells if (c["cores"], c["mode"], c["connections"], c["workers"])
              == (cores, mode, conns, 1)],
@@ -227,7 +229,8 @@ def markdown(result: dict[str, Any]) -> str:
         "range over the runs); the engine and wrk on core 0; the node on core 1 alone, or on "
         f"cores 0 and 1; {m['cpus']} CPUs in all, load average at the start "
         f"{' '.join(m['loadavg'])}. The ratio is the median over the runs of each run's "
-        "2-worker CPU per request over the 1-worker one measured just before it.", "",
+        "2-worker CPU per request over the 1-worker one measured beside it (1 worker first in "
+        "even runs, 2 workers first in odd ones).", "",
         "| node's cores | mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) "
         "| ratio (range) | req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers "
         "(us) | workers' share, 1 / 2 workers (us) | parent's share, 2 workers (us) |",
