@@ -96,6 +96,12 @@ class _Engine:
         return None
 
 
+def _tail(tokens: float) -> float:
+    """The tokens of a prompt's last step where its reading began at a step's start (1 to
+    CHUNK_TOKENS)."""
+    return ((tokens - 1.0) % CHUNK_TOKENS) + 1.0
+
+
 def queued_behind(rec: RequestRecord, rate: float) -> bool:
     """Whether a streamed prompt longer than one chunk waited behind others: its first token
     came later after its dispatch than its reading time plus QUEUED_STEPS of a chunk's."""
@@ -134,7 +140,7 @@ class QueuedPrompts:
         last_start, sure = t_first - step_s, False
         if rec.step_from_s is not None and t_first - (rec.step_from_s + off) >= MIN_CHUNK_STEP_S:
             last_start, sure = rec.step_from_s + off, True
-        chunks, tail = None, ((prompt - 1.0) % CHUNK_TOKENS) + 1.0
+        chunks, tail = None, _tail(prompt)
         if pred is not None and t_first - pred.first < SAME_STEP_S:
             last_start, tail = pred.last_start, pred.tail + prompt  # read in its last step
         elif pred is not None and rec.step_from_s is not None and step_s > 0.0:
@@ -154,7 +160,7 @@ def _first(prompt: float, t_disp: float, last_start: float, t_first: float, step
     """The chunks of the first prompt of a queue (none read before it): whole chunks from a
     step's start, a chunk's time each, back to back up to its last step, which holds its
     tail and the next prompt's head."""
-    tail = ((prompt - 1.0) % CHUNK_TOKENS) + 1.0
+    tail = _tail(prompt)
     whole = round((prompt - tail) / CHUNK_TOKENS)
     if whole == 0 or (last_start - t_disp) / step_s < whole - MISMATCH_STEPS:
         return None
@@ -179,8 +185,8 @@ def _chain(pred: _Seen, prompt: float, t_disp: float, last_start: float, t_first
         first = (head, pred.last_start, pred.first) if head > 0.0 else None
     rest = prompt - head
     if rest <= 0.0 or (sure and last_start < pred.first - SAME_STEP_S):
-        return None, ((prompt - 1.0) % CHUNK_TOKENS) + 1.0
-    tail = ((rest - 1.0) % CHUNK_TOKENS) + 1.0
+        return None, _tail(prompt)
+    tail = _tail(rest)
     in_whole = prompt - tail - (head if first is not None else 0.0)
     whole = round(in_whole / CHUNK_TOKENS)
     if not sure:  # its whole steps a chunk's time each after the predecessor's
