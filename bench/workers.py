@@ -1,6 +1,6 @@
 """`wattgate serve --workers 1` and `--workers 2` side by side: CPU per request and throughput.
 
-    python -m bench.workers            # 3 interleaved runs per cell, ~9 min
+    python -m bench.workers            # 11 interleaved pairs of 4 s runs per cell, ~20 min
     python -m bench.workers --quick    # 1 short run per cell
     python -m bench.workers --cells 1/nonstream/1 0,1/stream16/16 --runs 5  # some cells, no files
 
@@ -14,6 +14,10 @@ client for core 0). CPU is utime+stime of the
 node's whole process tree from /proc, read after a settle window (the child's deferred
 recording and apportioning is charged to the run that caused it). Runs are interleaved
 (1 worker then 2 workers, then 2 then 1, ...) so drift on a shared machine falls on both.
+Each cell's ratio is the median of its pairs' ratios with a distribution-free 95 % interval
+(order statistics of the pairs): on a shared host one run's CPU per request moves by 10-20 %
+with its neighbours, so a cell needs many short pairs, not a few long runs, to tell a 10 %
+difference from noise. The host's steal share during each run is recorded beside it.
 
 What a 2-core machine can show: the CPU each request costs the node with one worker and with
 two (the parent and the merged /metrics cost nothing per request; a node's worker sends a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import platform
 import statistics
@@ -146,9 +151,11 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             for w in (WORKERS if run % 2 == 0 else WORKERS[::-1]):
                 target = nodes[cores, w]
                 child, root = accounting_child(target), target.cpu_pids()[:1]
-                child0, root0 = cpu_s(child), cpu_s(root)
+                child0, root0, steal0 = cpu_s(child), cpu_s(root), steal_ticks()
                 res = run_wrk(target.url, mode, conns, args.duration,
                               target.cpu_pids, engine_pids, settle_s=args.settle)
+                steal1 = steal_ticks()
+                steal = (steal1[0] - steal0[0]) / max(steal1[1] - steal0[1], 1)
                 # None where the child was restarted meanwhile (its CPU is then in the
                 # parent's, which the node's total counts)
                 child_us = ((cpu_s(child) - child0) * 1e6 / max(res.requests, 1)
@@ -166,10 +173,12 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               "child_cpu_us_per_req": child_us,
                               "parent_cpu_us_per_req": root_us if w > 1 else None,
                               "workers_cpu_us_per_req": workers_us,
-                              "engine_client_core_busy": res.core0_busy})
+                              "engine_client_core_busy": res.core0_busy,
+                              "steal_share": steal})
                 log(f"run {run} cores {cores} {mode} c={conns} workers={w}: "
                     f"{res.rps:.0f} req/s, {res.proxy_cpu_us_per_req:.0f} us CPU/req "
-                    f"(child {child_us}, workers {workers_us}), errors {res.errors}")
+                    f"(child {child_us}, workers {workers_us}), errors {res.errors}, "
+                    f"steal {steal:.1%}")
         spread = {f"{c}/{w}": per_worker(t) for (c, w), t in nodes.items() if w > 1}
         restarts = {f"{c}/{w}": child_restarts(t) for (c, w), t in nodes.items()}
     finally:
@@ -177,6 +186,25 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {"meta": meta(args), "cells": cells, "summary": summary(cells, args.cells),
             "requests_per_worker": {str(w): s for w, s in spread.items()},
             "child_restarts": {str(w): n for w, n in restarts.items()}}
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the median: order statistics x(k), x(n+1-k) with the
+    largest k whose binomial coverage is at least `level` (the whole range when n is small)."""
+    xs, n = sorted(values), len(values)
+    k = 1
+    while k + 1 <= n // 2:
+        tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n  # P(Binom(n, 1/2) <= k)
+        if 1 - 2 * tail < level:
+            break
+        k += 1
+    return xs[k - 1], xs[n - k]
+
+
+def steal_ticks() -> tuple[int, int]:
+    """(steal, all) ticks of the host's CPUs so far, from /proc/stat's `cpu` line."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -206,6 +234,10 @@ def summary(cells: list[dict[str, Any]], which: list[Cell]) -> list[dict[str, An
              == (cores, mode, conns, 2)], strict=True))
         row["cpu_ratio"] = statistics.median(ratios)
         row["cpu_ratio_range"] = [ratios[0], ratios[-1]]
+        row["cpu_ratio_ci95"] = list(median_interval(ratios))
+        row["steal_share"] = statistics.median(
+            c["steal_share"] for c in cells
+            if (c["cores"], c["mode"], c["connections"]) == (cores, mode, conns))
         out.append(row)
     return out
 
@@ -230,17 +262,26 @@ def markdown(result: dict[str, Any]) -> str:
         f"cores 0 and 1; {m['cpus']} CPUs in all, load average at the start "
         f"{' '.join(m['loadavg'])}. The ratio is the median over the runs of each run's "
         "2-worker CPU per request over the 1-worker one measured beside it (1 worker first in "
-        "even runs, 2 workers first in odd ones).", "",
+        "even runs, 2 workers first in odd ones), with a distribution-free 95 % interval for "
+        "that median (order statistics of the pairs) and the range; within 10 %: yes when the "
+        "whole interval is at most 1.10, median only when the median is but the interval's "
+        "top is not. Steal is the "
+        "host's steal share of all CPU time during the cell's runs (median).", "",
         "| node's cores | mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) "
-        "| ratio (range) | req/s, 1 worker | req/s, 2 workers | child's share, 1 / 2 workers "
-        "(us) | workers' share, 1 / 2 workers (us) | parent's share, 2 workers (us) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "| ratio | 95 % interval (range) | within 10 % | steal | req/s, 1 worker "
+        "| req/s, 2 workers | child's share, 1 / 2 workers (us) "
+        "| workers' share, 1 / 2 workers (us) | parent's share, 2 workers (us) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["summary"]:
         lo, hi = r["cpu_ratio_range"]
+        ci_lo, ci_hi = r["cpu_ratio_ci95"]
+        verdict = (("yes" if ci_hi <= 1.10 else "median only") if r["cpu_ratio"] <= 1.10
+                   else "**no**")
         lines.append(
             f"| {r['cores']} | {r['mode']} | {r['connections']} | "
             f"{r['cpu_us_per_req_1']:.0f} | {r['cpu_us_per_req_2']:.0f} | "
-            f"{r['cpu_ratio']:.2f} ({lo:.2f}-{hi:.2f}) | {r['rps_1']:.0f} | {r['rps_2']:.0f} | "
+            f"{r['cpu_ratio']:.2f} | {ci_lo:.2f}-{ci_hi:.2f} ({lo:.2f}-{hi:.2f}) | {verdict} | "
+            f"{r['steal_share']:.1%} | {r['rps_1']:.0f} | {r['rps_2']:.0f} | "
             f"{_us(r['child_cpu_us_per_req_1'])} / {_us(r['child_cpu_us_per_req_2'])} | "
             f"{_us(r['workers_cpu_us_per_req_1'])} / {_us(r['workers_cpu_us_per_req_2'])} | "
             f"{_us(r['parent_cpu_us_per_req_2'])} |")
@@ -270,8 +311,8 @@ def _us(value: float | None) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--duration", type=float, default=8.0)
+    p.add_argument("--runs", type=int, default=11, help="pairs per cell")
+    p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--settle", type=float, default=2.0)
     p.add_argument("--quick", action="store_true", help="1 run of 3 s per cell, no files")
