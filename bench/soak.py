@@ -4,6 +4,7 @@
     python -m bench.soak --duration-s 600     # shorter
     python -m bench.soak --quick --out DIR    # about 40 s, for the test suite
     python -m bench.soak --workers 2          # a node: parent, 2 workers, one child
+                                              # (writes bench/results/soak_workers2.*)
 
 One `wattgate serve` (accounting on: SQLite ledger, request journal, `sim` meters) in front of
 two `wattgate sim` engine processes. A steady open-loop load (`--rate` requests/s, a third
@@ -176,7 +177,7 @@ and of the accounting child sampled every {st['sample_s']:.0f} s, a line fitted 
 
 Target met (every slope, no other error, gateway alive): {'yes' if res['target_met'] else 'no'}
 
-![RSS and fds of each process](soak.png)
+![RSS and fds of each process]({result_name(workers)}.png)
 """
 
 
@@ -211,6 +212,12 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def result_name(workers: int) -> str:
+    """The result files' stem: `soak`, or `soak_workersN` for a node of N workers, so a node's
+    run does not overwrite the single process's."""
+    return "soak" if workers == 1 else f"soak_workers{workers}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="about 40 s, for the test suite")
@@ -238,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         # through JSON, so the plot reads the samples as the file holds them (dicts)
         res = orjson.loads(orjson.dumps(uvloop.run(soak(args, Path(d)))))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "soak.json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
-    (args.out / "soak.md").write_text(markdown(res))
-    plot(res, args.out / "soak.png")
+    stem = args.out / result_name(args.workers)
+    stem.with_suffix(".json").write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
+    stem.with_suffix(".md").write_text(markdown(res))
+    plot(res, stem.with_suffix(".png"))
     print(markdown(res))
     return 0 if res["target_met"] or q else 1
 

@@ -30,7 +30,9 @@ def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_
                           cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "soak " in proc.stdout  # progress lines
-    res = orjson.loads((tmp_path / "soak.json").read_bytes())
+    # a node of N workers writes soak_workersN.*, beside the single process's soak.*
+    stem = "soak" if TEST_WORKERS == 1 else f"soak_workers{TEST_WORKERS}"
+    res = orjson.loads((tmp_path / f"{stem}.json").read_bytes())
     assert res["gateway_alive"]
     assert res["engine_kills"] >= 1 and res["client_disconnects"] > 0
     assert res["other_errors"] == {}, res["other_errors"]
@@ -44,11 +46,11 @@ def test_quick_soak_samples_gateway_and_child_and_sees_only_injected_errors(tmp_
     assert all(s["child_pid"] != 0 and s["child_rss_mb"] > 10 for s in child)
     assert res["child_pids"] and all(p not in (0, None) for p in res["child_pids"])
     assert "rss_slope_mb_per_h" in res["child_fit"]
-    assert "accounting child" in (tmp_path / "soak.md").read_text()
+    assert "accounting child" in (tmp_path / f"{stem}.md").read_text()
     # fds are not leaking at the rate of requests (one per request would be hundreds)
     assert res["fit"]["fd_max"] < 200
-    assert (tmp_path / "soak.md").read_text().startswith("# Soak")
-    assert (tmp_path / "soak.png").stat().st_size > 5_000
+    assert (tmp_path / f"{stem}.md").read_text().startswith("# Soak")
+    assert (tmp_path / f"{stem}.png").stat().st_size > 5_000
     if TEST_WORKERS > 1:  # each worker sampled beside the parent and the child
         whole = [s for s in samples if len(s["workers"]) == TEST_WORKERS]
         assert len(whole) >= 0.9 * len(samples)
