@@ -8,14 +8,16 @@ The fast engine (bench/overhead/fast_engine.c, one process on four ports) and th
 (wrk) run on core 0, as in bench/gateway_overhead.py. The node (its parent, its workers and
 its accounting child, the user configuration with accounting on) runs in two layouts, each
 with 1 and with 2 workers, so within a layout the only difference is the number of workers:
-on core 1 alone (what the worker design itself costs per request: two workers share the core
-one worker had) and on cores 0 and 1 (a second worker also competes with the engine and the
-client for core 0). CPU is utime+stime of the
+on core 1 alone (over-subscribed: two workers share the core one worker had; over 1
+connection only one of them serves, which shows what the worker's link costs, and over 16
+both take turns on the core) and on cores 0 and 1 (a worker per core, as the default starts
+them; a second worker also competes with the engine and the client for core 0). CPU is utime+stime of the
 node's whole process tree from /proc, read after a settle window (the child's deferred
 recording and apportioning is charged to the run that caused it). Runs are interleaved
 (1 worker then 2 workers, then 2 then 1, ...) so drift on a shared machine falls on both.
-Each cell's ratio is the median of its pairs' ratios with a distribution-free 95 % interval
-(order statistics of the pairs): on a shared host one run's CPU per request moves by 10-20 %
+Each cell's ratio is the median of its pairs' ratios with a distribution-free interval of at
+least 95 % (order statistics of the pairs; 98.8 % with 11 pairs, none with fewer than 6): on a
+shared host one run's CPU per request moves by 10-20 %
 with its neighbours, so a cell needs many short pairs, not a few long runs, to tell a 10 %
 difference from noise. The host's steal share during each run is recorded beside it.
 
@@ -23,8 +25,9 @@ What a 2-core machine can show: the CPU each request costs the node with one wor
 two (the parent and the merged /metrics cost nothing per request; a node's worker sends a
 frame per turn of its event loop instead of one per 20 ms), and that traffic lands
 on both workers. What it cannot show: throughput scaling. The engine and the load client
-already take most of core 0, so a second worker finds no idle core; scaling needs a machine
-with cores to spare beyond the engine and the client.
+already take most of core 0; a second worker on cores 0 and 1 raises req/s where one worker
+left core 1 idle between its turns, but how a node of N workers scales on N free cores needs a
+machine with cores to spare beyond the engine and the client.
 Writes bench/results/workers.{json,md}.
 """
 
@@ -177,7 +180,7 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               "steal_share": steal})
                 log(f"run {run} cores {cores} {mode} c={conns} workers={w}: "
                     f"{res.rps:.0f} req/s, {res.proxy_cpu_us_per_req:.0f} us CPU/req "
-                    f"(child {child_us}, workers {workers_us}), errors {res.errors}, "
+                    f"(child {_us(child_us)}, workers {_us(workers_us)}), errors {res.errors}, "
                     f"steal {steal:.1%}")
         spread = {f"{c}/{w}": per_worker(t) for (c, w), t in nodes.items() if w > 1}
         restarts = {f"{c}/{w}": child_restarts(t) for (c, w), t in nodes.items()}
@@ -188,10 +191,13 @@ def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "child_restarts": {str(w): n for w, n in restarts.items()}}
 
 
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
     """Distribution-free interval for the median: order statistics x(k), x(n+1-k) with the
-    largest k whose binomial coverage is at least `level` (the whole range when n is small)."""
+    largest k whose binomial coverage is at least `level`; None where even the whole range
+    covers less (fewer than 6 values at 95 %)."""
     xs, n = sorted(values), len(values)
+    if n == 0 or 1 - 2 / 2 ** n < level:
+        return None
     k = 1
     while k + 1 <= n // 2:
         tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n  # P(Binom(n, 1/2) <= k)
@@ -234,7 +240,8 @@ def summary(cells: list[dict[str, Any]], which: list[Cell]) -> list[dict[str, An
              == (cores, mode, conns, 2)], strict=True))
         row["cpu_ratio"] = statistics.median(ratios)
         row["cpu_ratio_range"] = [ratios[0], ratios[-1]]
-        row["cpu_ratio_ci95"] = list(median_interval(ratios))
+        interval = median_interval(ratios)
+        row["cpu_ratio_ci95"] = None if interval is None else list(interval)
         row["steal_share"] = statistics.median(
             c["steal_share"] for c in cells
             if (c["cores"], c["mode"], c["connections"]) == (cores, mode, conns))
@@ -245,6 +252,8 @@ def summary(cells: list[dict[str, Any]], which: list[Cell]) -> list[dict[str, An
 def meta(args: argparse.Namespace) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
+    if subprocess.run(["git", "diff", "--quiet", "HEAD"], check=False).returncode == 1:
+        commit += "+dirty"  # the tree measured is not that commit's
     return {"commit": commit, "python": platform.python_version(), "cpus": os.cpu_count(),
             "layouts": list(LAYOUTS), "connections": list(CONNECTIONS),
             "duration_s": args.duration, "runs": args.runs, "settle_s": args.settle,
@@ -262,25 +271,31 @@ def markdown(result: dict[str, Any]) -> str:
         f"cores 0 and 1; {m['cpus']} CPUs in all, load average at the start "
         f"{' '.join(m['loadavg'])}. The ratio is the median over the runs of each run's "
         "2-worker CPU per request over the 1-worker one measured beside it (1 worker first in "
-        "even runs, 2 workers first in odd ones), with a distribution-free 95 % interval for "
-        "that median (order statistics of the pairs) and the range; within 10 %: yes when the "
-        "whole interval is at most 1.10, median only when the median is but the interval's "
-        "top is not. Steal is the "
+        "even runs, 2 workers first in odd ones), with a distribution-free interval of at least "
+        "95 % for that median (order statistics of the pairs; 98.8 % with 11 pairs; none with "
+        "fewer than 6) and the range. Being a median of paired ratios, it can differ from the "
+        "ratio of the two CPU/req columns (each a median of its own runs). Within 10 % "
+        "(2 workers at most 1.10x): yes when the interval's top is at most 1.10, median only "
+        "when the median is but the top is not. Steal is the "
         "host's steal share of all CPU time during the cell's runs (median).", "",
         "| node's cores | mode | connections | CPU/req, 1 worker (us) | CPU/req, 2 workers (us) "
-        "| ratio | 95 % interval (range) | within 10 % | steal | req/s, 1 worker "
+        "| ratio | interval (range) | within 10 % | steal | req/s, 1 worker "
         "| req/s, 2 workers | child's share, 1 / 2 workers (us) "
         "| workers' share, 1 / 2 workers (us) | parent's share, 2 workers (us) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["summary"]:
         lo, hi = r["cpu_ratio_range"]
-        ci_lo, ci_hi = r["cpu_ratio_ci95"]
-        verdict = (("yes" if ci_hi <= 1.10 else "median only") if r["cpu_ratio"] <= 1.10
-                   else "**no**")
+        if r["cpu_ratio_ci95"] is None:  # too few pairs for a 95 % interval
+            interval, verdict = f"- ({lo:.2f}-{hi:.2f})", "-"
+        else:
+            ci_lo, ci_hi = r["cpu_ratio_ci95"]
+            interval = f"{ci_lo:.2f}-{ci_hi:.2f} ({lo:.2f}-{hi:.2f})"
+            verdict = (("yes" if ci_hi <= 1.10 else "median only") if r["cpu_ratio"] <= 1.10
+                       else "**no**")
         lines.append(
             f"| {r['cores']} | {r['mode']} | {r['connections']} | "
             f"{r['cpu_us_per_req_1']:.0f} | {r['cpu_us_per_req_2']:.0f} | "
-            f"{r['cpu_ratio']:.2f} | {ci_lo:.2f}-{ci_hi:.2f} ({lo:.2f}-{hi:.2f}) | {verdict} | "
+            f"{r['cpu_ratio']:.2f} | {interval} | {verdict} | "
             f"{r['steal_share']:.1%} | {r['rps_1']:.0f} | {r['rps_2']:.0f} | "
             f"{_us(r['child_cpu_us_per_req_1'])} / {_us(r['child_cpu_us_per_req_2'])} | "
             f"{_us(r['workers_cpu_us_per_req_1'])} / {_us(r['workers_cpu_us_per_req_2'])} | "
@@ -294,14 +309,17 @@ def markdown(result: dict[str, Any]) -> str:
               f"Accounting child restarted (missed liveness probes while starved): {restarts} "
               "(a run where it was has no child share).", "",
               "CPU per request is the node's whole process tree (parent, workers, accounting "
-              "child), read after a settle window. On core 1 alone, two workers take turns on "
-              "the core one worker had: the difference is what the worker design costs per "
-              "request (a record frame per turn of each event loop, two event loops). On cores 0 and 1, a "
-              "second worker also competes with the engine and the load client for core 0. "
+              "child), read after a settle window. On core 1 alone the node is over-subscribed: "
+              "over 1 connection only one of its two workers serves (what the worker's link "
+              "costs: a record frame per turn of its event loop), over 16 both take turns on "
+              "the core one worker had. On cores 0 and 1 there is a worker per core, as the "
+              "default starts them; a second worker also competes with the engine and the load "
+              "client for core 0. "
               "What this 2-core machine cannot show is throughput scaling: the engine and the "
-              "load client take most of core 0, so a second worker finds no idle core and "
-              "req/s stays where the machine, not the gateway, puts it. Measuring scaling "
-              "needs cores to spare beyond the engine and the client.", ""]
+              "load client take most of core 0. On cores 0 and 1 a second worker raises req/s "
+              "where one worker left core 1 idle between its turns; how a node of N workers "
+              "scales on N free cores needs cores to spare beyond the engine and the client.",
+              ""]
     return "\n".join(lines)
 
 
