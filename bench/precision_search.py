@@ -57,13 +57,19 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{s.get('max_trials', s['trials'])} while a capacity interval is wider than "
              "+/-10 %. Time base: "
              f"{doc['runs'][0]['time_base']}. Intervals: 95 %, Student t (capacity: over the "
-             "per-trial capacities, widened to the search bracket).", "",
-             "| seed | verdict | recommended | " + " | ".join(
-                 f"{a['label']} capacity [95 % CI]" for a in doc["runs"][0]["arms"])
+             "per-trial capacities, widened to the search bracket).", ""]
+    lines += run_rows(doc["runs"], s["seeds"])
+    return "\n".join(lines) + "\n"
+
+
+def run_rows(runs: list[dict[str, Any]], seeds: list[int]) -> list[str]:
+    """The runs' table (capacities with intervals, the verdicts) and the checks across them."""
+    lines = ["| seed | verdict | recommended | " + " | ".join(
+                 f"{a['label']} capacity [95 % CI]" for a in runs[0]["arms"])
              + " | J/out-tok at need [95 % CI] |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in doc["runs"][0]["arms"])
+             "| --- | --- | --- | " + " | ".join("---" for _ in runs[0]["arms"])
              + " | --- |"]
-    for seed, r in zip(s["seeds"], doc["runs"], strict=True):
+    for seed, r in zip(seeds, runs, strict=True):
         caps = []
         for a in r["arms"]:
             iv = a["capacity_interval"]
@@ -76,7 +82,7 @@ def markdown(doc: dict[str, Any]) -> str:
         d = r["decision"]
         lines.append(f"| {seed} | {d['verdict']} | {d['recommended'] or '-'} | "
                      + " | ".join(caps) + f" | at {d['need_rps']:.3g} req/s: {js} |")
-    c = doc["checks"]
+    c = checks(runs)
     lines += ["", f"Same recommendation (or all 'no significant difference'): "
               f"**{c['same_recommendation']}**. Capacities inside the other runs' intervals: "
               f"**{c['capacities_inside_other_intervals']} of "
@@ -90,7 +96,7 @@ def markdown(doc: dict[str, Any]) -> str:
               "precise estimates fall outside each other's 95 % confidence interval about one "
               "time in six to ten (loadgen/capacity.py), so the first count is expected below "
               "the total even when nothing moves."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
