@@ -46,6 +46,8 @@ MISMATCH_STEPS = 1.0
 # Prompts whose first token came between a prompt's dispatch and its own looked at, at most,
 # for the one dispatched before it (a busy engine's others were dispatched after it).
 LOOK_BACK = 64
+# An engine's remembered prompts are kept in blocks of BLOCK to 2 * BLOCK (_Engine).
+BLOCK = 512
 
 Chunks = list[tuple[float, float, float]]  # (tokens, start, end) per step, wall clock
 
@@ -58,37 +60,79 @@ class _Seen(NamedTuple):
 
 
 class _Engine:
-    """One engine's remembered prompts, in order of first token (`firsts` beside them: the
-    bisections compare floats)."""
+    """One engine's remembered prompts in order of first token, in blocks of at most
+    2 * BLOCK (`firsts` beside them: the bisections compare floats; `maxes`: each block's
+    last first token). Records come as requests finish, so a prompt's first token can be a
+    long stream's length behind the latest: one flat list would move every later entry on
+    each insert."""
 
-    __slots__ = ("firsts", "latest", "seen")
+    __slots__ = ("firsts", "latest", "maxes", "seen")
 
     def __init__(self) -> None:
-        self.firsts: list[float] = []
-        self.seen: list[_Seen] = []
+        self.firsts: list[list[float]] = []
+        self.seen: list[list[_Seen]] = []
+        self.maxes: list[float] = []
         self.latest = -math.inf  # the latest dispatch seen
 
-    def add(self, s: _Seen) -> None:
-        i = bisect_right(self.firsts, s.first)
-        self.firsts.insert(i, s.first)
-        self.seen.insert(i, s)
-
     def forget(self, t_disp: float) -> None:
+        """Forget the prompts whose first token came MEMORY_S before the latest dispatch."""
         if t_disp > self.latest:
             self.latest = t_disp
-        cut = bisect_left(self.firsts, self.latest - MEMORY_S)
-        if cut:
-            del self.firsts[:cut]
-            del self.seen[:cut]
+        edge = self.latest - MEMORY_S
+        maxes = self.maxes
+        if not maxes or self.firsts[0][0] >= edge:
+            return
+        drop = bisect_left(maxes, edge)
+        if drop:
+            del self.firsts[:drop], self.seen[:drop], maxes[:drop]
+        if maxes:
+            cut = bisect_left(self.firsts[0], edge)
+            del self.firsts[0][:cut], self.seen[0][:cut]
+
+    def add(self, s: _Seen) -> None:
+        maxes, first = self.maxes, s.first
+        if not maxes:
+            self.firsts.append([first])
+            self.seen.append([s])
+            maxes.append(first)
+            return
+        k = bisect_right(maxes, first)
+        if k == len(maxes):  # after every remembered prompt: the last block's end
+            k -= 1
+        firsts, seen = self.firsts[k], self.seen[k]
+        i = bisect_right(firsts, first)
+        firsts.insert(i, first)
+        seen.insert(i, s)
+        maxes[k] = firsts[-1]
+        if len(firsts) > 2 * BLOCK:
+            self.firsts[k + 1:k + 1] = [firsts[BLOCK:]]
+            self.seen[k + 1:k + 1] = [seen[BLOCK:]]
+            del firsts[BLOCK:], seen[BLOCK:]
+            maxes.insert(k, firsts[-1])
 
     def predecessor(self, t_disp: float, t_first: float) -> _Seen | None:
         """The prompt read just before one dispatched at t_disp: of those dispatched before
-        it, the one whose first token came last up to its own (and after its dispatch)."""
-        i = bisect_right(self.firsts, t_first)
-        stop = max(0, i - LOOK_BACK)
-        while i > stop:
+        it, the one whose first token came last up to its own (and after its dispatch),
+        looked for among the LOOK_BACK prompts whose first token came last up to its own."""
+        maxes = self.maxes
+        if not maxes:
+            return None
+        k = bisect_right(maxes, t_first)
+        if k == len(maxes):
+            k -= 1
+            i = len(self.firsts[k])
+        else:
+            i = bisect_right(self.firsts[k], t_first)
+        seen = self.seen[k]
+        for _ in range(LOOK_BACK):
+            if i == 0:
+                if k == 0:
+                    return None
+                k -= 1
+                seen = self.seen[k]
+                i = len(seen)
             i -= 1
-            s = self.seen[i]
+            s = seen[i]
             if s.first <= t_disp:
                 return None
             if s.dispatched < t_disp:
@@ -125,30 +169,36 @@ class QueuedPrompts:
         """Remember a streamed record's last step and tail; where it is a queued prompt
         longer than a chunk (`queued_behind`) read after a remembered predecessor, its chunks.
         `rate`: the engine's learnt prefill rate for its length (a chunk's step time)."""
-        if (rec.first_token_s is None or rec.dispatched_s is None or not rec.engine
-                or not rec.prompt_tokens):
+        t_first, t_disp, engine = rec.first_token_s, rec.dispatched_s, rec.engine
+        if t_first is None or t_disp is None or not engine or not rec.prompt_tokens:
             return None
         off = rec.arrived_wall_s - rec.arrived_s
-        t_disp, t_first = rec.dispatched_s + off, rec.first_token_s + off
-        eng = self._engines.get(rec.engine)
+        t_disp += off
+        t_first += off
+        eng = self._engines.get(engine)
         if eng is None:
-            eng = self._engines[rec.engine] = _Engine()
+            eng = self._engines[engine] = _Engine()
         eng.forget(t_disp)
         pred = eng.predecessor(t_disp, t_first)
         prompt = float(rec.prompt_tokens)
         step_s = CHUNK_TOKENS / rate if rate > 0.0 else 0.0
+        step_from = rec.step_from_s
         last_start, sure = t_first - step_s, False
-        if rec.step_from_s is not None and t_first - (rec.step_from_s + off) >= MIN_CHUNK_STEP_S:
-            last_start, sure = rec.step_from_s + off, True
-        chunks, tail = None, _tail(prompt)
-        if pred is not None and t_first - pred.first < SAME_STEP_S:
+        if step_from is not None and t_first - (step_from + off) >= MIN_CHUNK_STEP_S:
+            last_start, sure = step_from + off, True
+        chunks = None
+        if pred is None:
+            tail = _tail(prompt)
+            if sure and step_s > 0.0:
+                chunks = _first(prompt, t_disp, last_start, t_first, step_s)
+        elif t_first - pred.first < SAME_STEP_S:
             last_start, tail = pred.last_start, pred.tail + prompt  # read in its last step
-        elif pred is not None and rec.step_from_s is not None and step_s > 0.0:
+        elif step_from is not None and step_s > 0.0:
             chunks, tail = _chain(pred, prompt, t_disp, last_start, t_first, step_s, sure)
             if chunks is not None:
                 last_start = chunks[-1][1]
-        elif pred is None and sure and step_s > 0.0:
-            chunks = _first(prompt, t_disp, last_start, t_first, step_s)
+        else:
+            tail = _tail(prompt)
         eng.add(_Seen(t_disp, t_first, last_start, tail))
         if chunks is None or not queued_behind(rec, rate):
             return None
