@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.installed-run
 .PHONY: demo test test-extras test-workers test-replicas lint typecheck unit bench install install-run clean
 
 # what serving and the demo need (pyproject's dependencies), without the dev toolchain
-$(RUN_STAMP): pyproject.toml setup.py accounting/_streamed.c core/_times.c
+$(RUN_STAMP): pyproject.toml setup.py $(wildcard accounting/*.c core/*.c)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel
 	$(BIN)/python -m pip install -q -e .

@@ -20,7 +20,7 @@ from accounting.journal import Journal, recover
 from accounting.ledger.base import Ledger, LedgerError, RequestRow, Watermark
 from accounting.metrics import RecorderMetrics
 from accounting.prefill import CHUNK_TOKENS, DEFAULT_TPOT_S, PrefillRates
-from accounting.queued import QueuedPrompts, queued_behind
+from accounting.queued import queued_behind, queued_prompts
 from accounting.work import Work, work_rows
 from core.records import RequestRecord
 from core.timing import Latency
@@ -97,7 +97,7 @@ class LedgerRecorder:
         self._open_since: Callable[[], float | None] = _nothing_open
         self._published: tuple[float | None, float] | None = None  # (open since, when)
         self.prefill_rates = PrefillRates()  # learnt from the records, sizes prefill spans
-        self.queued_prompts = QueuedPrompts()  # places queued prompts' chunks (queued.py)
+        self.queued_prompts = queued_prompts()  # places queued prompts' chunks (queued.py)
         self._held: list[_Held] = []  # in recording order
         self._settled: set[str] = set()  # held records whose predecessors are all recorded
         self._taken = 0  # records taken from _pending, in recording order
