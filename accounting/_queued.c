@@ -182,28 +182,30 @@ static int add(Engine *e, const Consts *c, Seen s) {
     Py_ssize_t k = upper_block(e, s.first);
     if (k == e->n)
         k -= 1;
-    Block *b = &e->blocks[k];
-    Py_ssize_t i = upper(b, s.first);
-    memmove(b->at + i + 1, b->at + i, (size_t)(b->n - i) * sizeof(Seen));
-    b->at[i] = s;
-    b->n += 1;
-    if (b->n > 2 * c->block) {
+    Seen *fresh = NULL;  /* the split's new block, taken before anything moves */
+    if (e->blocks[k].n == 2 * c->block) {
         if (e->n == e->cap) {
             Block *more = PyMem_Realloc(e->blocks, (size_t)(2 * e->cap) * sizeof(Block));
             if (more == NULL)
                 return -1;
             e->blocks = more;
             e->cap *= 2;
-            b = &e->blocks[k];
         }
-        Seen *at = PyMem_Malloc((size_t)(2 * c->block + 1) * sizeof(Seen));
-        if (at == NULL)
+        fresh = PyMem_Malloc((size_t)(2 * c->block + 1) * sizeof(Seen));
+        if (fresh == NULL)
             return -1;
+    }
+    Block *b = &e->blocks[k];
+    Py_ssize_t i = upper(b, s.first);
+    memmove(b->at + i + 1, b->at + i, (size_t)(b->n - i) * sizeof(Seen));
+    b->at[i] = s;
+    b->n += 1;
+    if (fresh != NULL) {
         Py_ssize_t moved = b->n - c->block;
-        memcpy(at, b->at + c->block, (size_t)moved * sizeof(Seen));
+        memcpy(fresh, b->at + c->block, (size_t)moved * sizeof(Seen));
         b->n = c->block;
         memmove(e->blocks + k + 2, e->blocks + k + 1, (size_t)(e->n - k - 1) * sizeof(Block));
-        e->blocks[k + 1].at = at;
+        e->blocks[k + 1].at = fresh;
         e->blocks[k + 1].n = moved;
         e->n += 1;
     }
@@ -254,7 +256,7 @@ static PyObject *first_chunks(const Consts *c, double prompt, double t_disp, dou
     double tail = tail_of(c, prompt), whole;
     if (py_round((prompt - tail) / c->chunk_tokens, &whole) < 0)
         return NULL;
-    if (whole == 0.0 || (last_start - t_disp) / step_s < whole - c->mismatch_steps)
+    if (whole == 0.0 || !((last_start - t_disp) / step_s >= whole - c->mismatch_steps))
         return NULL;
     double start = py_max(t_disp, last_start - whole * step_s);
     double each = (last_start - start) / whole;
@@ -262,8 +264,8 @@ static PyObject *first_chunks(const Consts *c, double prompt, double t_disp, dou
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    for (double s = 0.0; s < whole; s += 1.0)
-        if (chunk(out, per, start + s * each, start + (s + 1.0) * each) < 0)
+    for (Py_ssize_t s = 0; s < (Py_ssize_t)whole; s++)
+        if (chunk(out, per, start + (double)s * each, start + (double)(s + 1) * each) < 0)
             goto fail;
     if (chunk(out, tail, last_start, t_first) < 0)
         goto fail;
@@ -301,7 +303,7 @@ static int chain(const Consts *c, const Seen *pred, double prompt, double t_disp
         last_start = py_min(t_first, pred->first + whole * step_s);
     if (last_start < pred->first)
         last_start = pred->first;
-    if (fabs((last_start - pred->first) / step_s - whole) > c->mismatch_steps)
+    if (!(fabs((last_start - pred->first) / step_s - whole) <= c->mismatch_steps))
         return 0;
     PyObject *out = PyList_New(0);
     if (out == NULL)
@@ -311,8 +313,9 @@ static int chain(const Consts *c, const Seen *pred, double prompt, double t_disp
     if (whole != 0.0) {
         double each = (last_start - pred->first) / whole;
         double per = in_whole / whole;
-        for (double s = 0.0; s < whole; s += 1.0)
-            if (chunk(out, per, pred->first + s * each, pred->first + (s + 1.0) * each) < 0)
+        for (Py_ssize_t s = 0; s < (Py_ssize_t)whole; s++)
+            if (chunk(out, per, pred->first + (double)s * each,
+                      pred->first + (double)(s + 1) * each) < 0)
                 goto fail;
     }
     if (chunk(out, tail, last_start, t_first) < 0)
@@ -365,6 +368,10 @@ static PyObject *place(QueuedObject *self, PyObject *args) {
     double rate, t_first, t_disp, wall, arrived, step_from, prompt;
     if (!PyArg_ParseTuple(args, "Od", &rec, &rate))
         return NULL;
+    if (self->engines == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "QueuedPrompts was not initialised");
+        return NULL;
+    }
     const Consts *c = &self->c;
     int got;
     if ((got = field(rec, FIRST, &t_first)) != 0 || (got = field(rec, DISPATCHED, &t_disp)) != 0)
@@ -466,8 +473,11 @@ static int queued_init(QueuedObject *self, PyObject *args, PyObject *kwds) {
                                      &c.min_chunk_step_s, &c.queued_steps, &c.memory_s,
                                      &c.same_step_s, &c.mismatch_steps, &c.look_back, &c.block))
         return -1;
-    if (c.block < 1 || c.look_back < 0 || !(c.chunk_tokens > 0.0)) {
-        PyErr_SetString(PyExc_ValueError, "block >= 1, look_back >= 0, chunk_tokens > 0");
+    if (c.block < 1 || c.block > (PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Seen) - 1) / 2
+        || c.look_back < 0 || !(c.chunk_tokens > 0.0)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "block between 1 and what memory can hold, look_back >= 0, "
+                        "chunk_tokens > 0");
         return -1;
     }
     self->c = c;

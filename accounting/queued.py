@@ -178,20 +178,20 @@ class QueuedPrompts:
         t_first, t_disp, engine = rec.first_token_s, rec.dispatched_s, rec.engine
         if t_first is None or t_disp is None or not engine or not rec.prompt_tokens:
             return None
-        off = rec.arrived_wall_s - rec.arrived_s
+        off = float(rec.arrived_wall_s - rec.arrived_s)  # floats out, whatever came in
         t_disp += off
         t_first += off
-        eng = self._engines.get(engine)
-        if eng is None:
-            eng = self._engines[engine] = _Engine()
-        eng.forget(t_disp)
-        pred = eng.predecessor(t_disp, t_first)
-        prompt = float(rec.prompt_tokens)
+        prompt = float(rec.prompt_tokens)  # what can raise, before anything is remembered
         step_s = CHUNK_TOKENS / rate if rate > 0.0 else 0.0
         step_from = rec.step_from_s
         last_start, sure = t_first - step_s, False
         if step_from is not None and t_first - (step_from + off) >= MIN_CHUNK_STEP_S:
             last_start, sure = step_from + off, True
+        eng = self._engines.get(engine)
+        if eng is None:
+            eng = self._engines[engine] = _Engine()
+        eng.forget(t_disp)
+        pred = eng.predecessor(t_disp, t_first)
         chunks = None
         if pred is None:
             tail = _tail(prompt)
@@ -218,7 +218,7 @@ def _first(prompt: float, t_disp: float, last_start: float, t_first: float, step
     tail and the next prompt's head."""
     tail = _tail(prompt)
     whole = round((prompt - tail) / CHUNK_TOKENS)
-    if whole == 0 or (last_start - t_disp) / step_s < whole - MISMATCH_STEPS:
+    if whole == 0 or not (last_start - t_disp) / step_s >= whole - MISMATCH_STEPS:  # NaN too
         return None
     start = max(t_disp, last_start - whole * step_s)
     each = (last_start - start) / whole
@@ -249,7 +249,7 @@ def _chain(pred: _Seen, prompt: float, t_disp: float, last_start: float, t_first
         last_start = min(t_first, pred.first + whole * step_s)
     if last_start < pred.first:  # the same token event, through two records' clocks
         last_start = pred.first
-    if abs((last_start - pred.first) / step_s - whole) > MISMATCH_STEPS:
+    if not abs((last_start - pred.first) / step_s - whole) <= MISMATCH_STEPS:  # NaN too
         return None, tail
     chunks: Chunks = [first] if first is not None else []
     if whole:  # whole steps from the predecessor's first token to its own last step
