@@ -33,11 +33,10 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.precision_search import run_rows  # noqa: E402
+from bench.precision_search import run_rows, write  # noqa: E402
 from bench.provenance import commit  # noqa: E402
 from loadgen.search_repeat import checks  # noqa: E402
 
-OUT = REPO / "bench" / "results"
 WATTGATE = [sys.executable, "-m", "wattgate_cli"]
 DOC = REPO / "docs" / "loadgen.md"
 
@@ -131,10 +130,7 @@ def main() -> None:
         wall_s.append(took_s)
     doc = {"commit": ran_on, "settings": {"seeds": seeds, "command": example, "wall_s": wall_s},
            "runs": runs, "checks": checks(runs)}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    (OUT / f"{args.name}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    write(args.name, doc, markdown(doc))
 
 
 if __name__ == "__main__":

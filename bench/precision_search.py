@@ -117,10 +117,15 @@ def main() -> None:
                                  "words, 32 output tokens, Poisson arrivals, through a "
                                  "least_load gateway"},
            "runs": runs, "checks": checks(runs)}
+    write(args.name, doc, markdown(doc))
+
+
+def write(name: str, doc: dict[str, Any], md: str) -> None:
+    """bench/results/NAME.json and .md, and the Markdown printed."""
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{args.name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    (OUT / f"{args.name}.md").write_text(markdown(doc))
-    print(markdown(doc))
+    (OUT / f"{name}.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (OUT / f"{name}.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":
