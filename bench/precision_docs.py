@@ -11,6 +11,11 @@ recommendation (or "no significant difference"), each arm's capacity inside the 
 intervals and repeat ranges.
 
     .venv/bin/python -m bench.precision_docs [--seeds 0,1000,2000] [--name precision_docs]
+    .venv/bin/python -m bench.precision_docs --rerun 0 --why "..."   # one run again
+
+A run takes about half an hour. The arms' capacities are what two cores can carry at real
+time, so other load on the machine lowers them (the client falls behind its schedule):
+`--rerun` runs the seeds named again and keeps the others from the results file.
 
 Writes bench/results/N.json and .md (N: precision_docs).
 """
@@ -33,7 +38,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.precision_search import run_rows, write  # noqa: E402
+from bench.precision_search import OUT, run_rows, write  # noqa: E402
 from bench.provenance import commit  # noqa: E402
 from loadgen.search_repeat import checks  # noqa: E402
 
@@ -99,17 +104,23 @@ def one_run(seed: int, example: list[str]) -> tuple[dict[str, Any], float]:
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     r0 = doc["runs"][0]
+    per_run = ", ".join(f"seed {seed}: {x / 60:.0f} min at {c}"
+                        for seed, x, c in zip(s["seeds"], s["wall_s"], s["run_commits"],
+                                              strict=True))
     lines = ["# Precision search: three runs of the documented `loadgen compare --search` "
              "example", "",
-             f"Commit {doc['commit']}. `python -m bench.precision_docs --seeds "
-             f"{','.join(map(str, s['seeds']))}` on a shared 2-core machine: each seed on a "
-             "fresh `wattgate demo --serve` stack (four simulated vLLM-dialect H100 engines and "
-             "one TensorRT-LLM FP8 engine, llama-3.1-8b, real time, least_load gateway), then "
+             f"`python -m bench.precision_docs --seeds {','.join(map(str, s['seeds']))}` on a "
+             "shared 2-core machine: each seed on a fresh `wattgate demo --serve` stack (four "
+             "simulated vLLM-dialect H100 engines and one TensorRT-LLM FP8 engine, "
+             "llama-3.1-8b, real time, least_load gateway), then "
              f"`wattgate loadgen compare --target URL {' '.join(s['command'])} --seed S` "
              "(docs/loadgen.md's example). "
-             f"SLO {r0['slo']}; time base: {r0['time_base']}. Wall time per run: "
-             + ", ".join(f"{x / 60:.0f} min" for x in s["wall_s"]) + ".", ""]
-    lines += run_rows(doc["runs"], s["seeds"])
+             f"SLO {r0['slo']}; time base: {r0['time_base']}. Wall time and commit per run: "
+             f"{per_run}."]
+    if s.get("rerun"):
+        lines += ["", f"Seeds {', '.join(map(str, s['rerun']))} run again with `--rerun` "
+                  f"(the other runs kept from the results file): {s['rerun_why']}"]
+    lines += ["", *run_rows(doc["runs"], s["seeds"])]
     return "\n".join(lines) + "\n"
 
 
@@ -117,18 +128,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default="0,1000,2000")
     ap.add_argument("--name", default="precision_docs", help="results file name")
+    ap.add_argument("--rerun", default="",
+                    help="run only these of --seeds again, keeping the others' runs from the "
+                         "results file (e.g. a run the machine's other load disturbed)")
+    ap.add_argument("--why", default="", help="--rerun: why, for the results file")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
+    rerun = [int(x) for x in args.rerun.split(",")] if args.rerun else []
     example = documented_example()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on the way out
     ran_on = commit()  # the code as loaded, before the runs
-    runs, wall_s = [], []
+    kept: dict[int, tuple[dict[str, Any], float, str]] = {}
+    if rerun:
+        old = orjson.loads((OUT / f"{args.name}.json").read_bytes())
+        o = old["settings"]
+        if o["command"] != example:
+            raise SystemExit("the docs' example changed since the kept runs: run them all")
+        commits = o.get("run_commits", [old["commit"]] * len(o["seeds"]))
+        kept = {seed: (r, w, c) for seed, r, w, c in zip(o["seeds"], old["runs"], o["wall_s"],
+                                                         commits, strict=True)
+                if seed not in rerun}
+    runs, wall_s, run_commits = [], [], []
     for i, seed in enumerate(seeds, 1):
-        print(f"[{i}/{len(seeds)}] seed {seed}", file=sys.stderr, flush=True)
-        r, took_s = one_run(seed, example)
+        if seed in kept:
+            r, took_s, at = kept[seed]
+        else:
+            print(f"[{i}/{len(seeds)}] seed {seed}", file=sys.stderr, flush=True)
+            (r, took_s), at = one_run(seed, example), ran_on
         runs.append(r)
         wall_s.append(took_s)
-    doc = {"commit": ran_on, "settings": {"seeds": seeds, "command": example, "wall_s": wall_s},
+        run_commits.append(at)
+    doc = {"commit": ran_on,
+           "settings": {"seeds": seeds, "command": example, "wall_s": wall_s,
+                        "run_commits": run_commits, "rerun": rerun, "rerun_why": args.why},
            "runs": runs, "checks": checks(runs)}
     write(args.name, doc, markdown(doc))
 
