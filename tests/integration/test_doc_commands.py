@@ -64,7 +64,7 @@ LONG = {
     ("docs/loadgen.md", "--rates 2,4,8,16 --duration 20"): "16 runs of 20 s: over 5 minutes",
     ("docs/loadgen.md", "loadgen sweep"): "8 runs of 20 s: over 2 minutes",
     ("docs/loadgen.md", "--search --rate 8 --trials 3"):
-        "a capacity search per arm, 3 trials of 8 s at each rate: about half an hour",
+        "a capacity search per arm, 3 trials of 8 s at each rate: 20-25 minutes",
 }
 
 
